@@ -1,0 +1,1 @@
+"""Substrate shared by several systems: cost models, simulator, schedule IR, runtime, builders."""

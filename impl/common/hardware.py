@@ -1,0 +1,43 @@
+"""Hardware profile: datasheet figures plus efficiency factors, every field with its unit.
+
+Profiles live in ``conf/hardware/*.yaml``; ``local.yaml`` is written by ``system=calibrate``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass
+class HardwareProfile:
+    name: str = "???"
+    # Where the numbers come from (datasheet URL/title, or "measured by system=calibrate").
+    source: str = "???"
+    measured: bool = False
+    # Peak dense FLOP/s per dtype (keys: fp32, tf32, fp16, bf16, fp8 as applicable).
+    peak_flops: Dict[str, float] = field(default_factory=dict)
+    memory_bytes: float = 0.0
+    memory_bw_bytes_per_s: float = 0.0
+    gpus_per_node: int = 8
+    # Intra-node GPU-GPU link (NVLink / PCIe peer), per direction per GPU.
+    intra_node_bw_bytes_per_s: float = 0.0
+    intra_node_latency_s: float = 0.0
+    # Inter-node network per GPU (e.g. one 400 Gb/s NIC per GPU = 50e9 bytes/s).
+    inter_node_bw_bytes_per_s: float = 0.0
+    inter_node_latency_s: float = 0.0
+    # Host <-> device link (PCIe) and host memory.
+    host_link_bw_bytes_per_s: float = 0.0
+    host_mem_bw_bytes_per_s: float = 0.0
+    # Efficiency factors applied by cost models (fraction of peak actually achieved).
+    mfu: float = 0.4
+    comm_efficiency: float = 0.8
+    # Measured collective figures (calibration only; null for datasheet profiles).
+    allreduce_bw_bytes_per_s: Optional[float] = None
+    allreduce_latency_s: Optional[float] = None
+
+    def flops(self, dtype: str) -> float:
+        """Achievable FLOP/s for ``dtype`` (peak x mfu)."""
+        if dtype not in self.peak_flops:
+            known = ", ".join(sorted(self.peak_flops)) or "none"
+            raise ValueError(f"hardware.peak_flops has no entry for dtype {dtype!r} (profile {self.name}: {known})")
+        return self.peak_flops[dtype] * self.mfu

@@ -1,0 +1,38 @@
+"""Workload for pipeline-parallel training (ADAPTRA, Malleus, HotSPa, ... reuse it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class ModelShape:
+    """Transformer shape used by the cost model (sim) and the tiny builder (real)."""
+
+    name: str = "gpt-tiny"
+    num_layers: int = 8
+    hidden: int = 64
+    heads: int = 4
+    ffn_mult: int = 4
+    vocab: int = 256
+    seq_len: int = 32
+
+
+@dataclass
+class PipelineWorkload:
+    kind: str = "pipeline"
+    model: ModelShape = field(default_factory=ModelShape)
+    stages: int = 4
+    dp: int = 1
+    tp: int = 1
+    micro_batch_size: int = 2
+    num_microbatches: int = 12
+    dtype: str = "fp16"
+    iterations: int = 5
+    warmup_iterations: int = 2
+    # Real mode only: pad every F/B/W op to this many seconds (spec 5: keeps a 2-core CPU
+    # compute-bound in a controlled way). 0 = no padding. Recorded in the record's config.
+    op_pad_s: float = 0.0
+    # Sim only: fixed per-op times override the cost model when set (spec's "t = 10 ms").
+    sim_op_time_s: Optional[float] = None
+    torch_threads: int = 1
