@@ -1,0 +1,1 @@
+"""mlsys-bench harness: Hydra entry point, runners, record store, loggers, compare, gates."""

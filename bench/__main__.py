@@ -1,0 +1,3 @@
+from bench.app import main
+
+main()

@@ -1,0 +1,58 @@
+"""Structured configs: the typed top level, registered in Hydra's ConfigStore.
+
+Group nodes that differ per family (system knobs, workload kind, fault kind) are typed by a
+second step, :func:`bench.validate.typed_job`, which merges each into the dataclass its yaml
+names, so that an unknown key or a wrong type fails before any work.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from impl.common.hardware import HardwareProfile
+
+
+class Mode(str, enum.Enum):
+    sim = "sim"
+    real = "real"
+
+
+class Launcher(str, enum.Enum):
+    local = "local"
+    docker = "docker"
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none | wandb
+    project: str = "mlsys-bench"
+    entity: Optional[str] = None
+    # offline by default so that runs need no network; WANDB_MODE in the environment wins.
+    mode: str = "offline"
+    dir: Optional[str] = None
+
+
+@dataclass
+class BenchConfig:
+    system: Any = None
+    workload: Any = None
+    hardware: HardwareProfile = field(default_factory=HardwareProfile)
+    fault: Any = None
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # Label for records; defaults to the chosen experiment preset (experiment=...), else "adhoc".
+    experiment_name: Optional[str] = None
+    mode: Mode = Mode.sim
+    seed: int = 0
+    results_dir: str = "results/runs"
+    launcher: Launcher = Launcher.local
+    container_image: str = "mlsys-bench:cpu"
+    progress: bool = True
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="bench_schema", node=BenchConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

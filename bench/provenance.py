@@ -1,0 +1,93 @@
+"""Where a record came from: code version, packages, host, devices, container.
+
+Nothing here reads arbitrary environment variables: a record must never carry a secret.
+:func:`redact` scrubs secret-looking keys and any value equal to a secret held in the
+environment from the resolved config before it is stored or logged.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import platform
+import re
+import socket
+import subprocess
+from importlib import metadata
+from typing import Any
+
+PACKAGES = ("mlsys-bench", "torch", "hydra-core", "omegaconf", "numpy", "scipy", "diffusers",
+            "transformers", "peft", "wandb")
+# Environment names that hold secrets (WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...).
+SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL)", re.I)
+# Config keys whose string values are secrets; narrower so that e.g. `tokenizer` survives.
+SECRET_KEY = re.compile(r"(api_?key|secret|passw|credential|(^|_)token$)", re.I)
+REDACTED = "<redacted>"
+
+
+@functools.lru_cache(maxsize=1)
+def git_info() -> dict:
+    root = pathlib.Path(__file__).resolve().parent.parent
+    commit = dirty = None
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                    text=True, timeout=10, check=True).stdout.strip() or None
+            status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=10, check=True).stdout
+            dirty = bool(status.strip())
+        except (OSError, subprocess.SubprocessError):
+            commit = dirty = None
+    if commit is None:
+        # Installed from a wheel (e.g. in the container): the build may stamp the commit.
+        commit = os.environ.get("MLSYS_BENCH_GIT_COMMIT") or None
+    return {"commit": commit, "dirty": dirty}
+
+
+def package_versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def devices() -> list[dict]:
+    import torch
+
+    if torch.cuda.is_available():
+        return [{"type": "cuda", "index": i, "name": torch.cuda.get_device_name(i)}
+                for i in range(torch.cuda.device_count())]
+    return [{"type": "cpu", "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}]
+
+
+def host() -> dict:
+    return {"hostname": socket.gethostname(), "platform": platform.platform(),
+            "python": platform.python_version(), "cpu_count": os.cpu_count()}
+
+
+def collect(emulated: list[str] | None = None) -> dict:
+    return {"git": git_info(), "packages": package_versions(), "host": host(), "devices": devices(),
+            "container_image": os.environ.get("MLSYS_BENCH_CONTAINER_IMAGE") or None,
+            "emulated": list(emulated or [])}
+
+
+def _env_secrets() -> set[str]:
+    return {v for k, v in os.environ.items() if SECRET_ENV.search(k) and len(v) >= 6}
+
+
+def redact(obj: Any, _secrets: set[str] | None = None) -> Any:
+    secrets = _env_secrets() if _secrets is None else _secrets
+    if isinstance(obj, dict):
+        return {k: (REDACTED if isinstance(k, str) and SECRET_KEY.search(k) and isinstance(v, str) and v
+                    else redact(v, secrets)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v, secrets) for v in obj]
+    if isinstance(obj, str):
+        for s in secrets:
+            if s in obj:
+                obj = obj.replace(s, REDACTED)
+        return obj
+    return obj

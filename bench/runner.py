@@ -1,0 +1,131 @@
+"""Run one job: type the config, seed, run the system, write the record (even on failure)."""
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import time
+import traceback
+from typing import Any, Optional
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from bench import provenance
+from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
+from bench.validate import typed_job
+from impl.common.api import ConfigError, JobContext, RunResult
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ConfigError):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def _choice(cfg: DictConfig, group: str) -> str:
+    """Name of the yaml chosen for a group (from Hydra's runtime choices when available)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().runtime.choices.get(group) or "")
+    except Exception:
+        return ""
+
+
+def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
+            choices: Optional[dict[str, str]] = None) -> dict:
+    """Run the job described by ``cfg`` and return the record that was written."""
+    started = time.perf_counter()
+    choices = dict(choices or {})
+    for group in ("system", "workload", "hardware", "fault", "experiment"):
+        choices.setdefault(group, _choice(cfg, group))
+    experiment = str(cfg.get("experiment_name") or choices["experiment"] or "adhoc")
+    system_label = str(cfg.system.get("name") or choices["system"] or "unknown")
+    run_id = new_run_id(system_label)
+    results_dir = pathlib.Path(cfg.results_dir)
+    out_dir = results_dir / run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = provenance.redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+
+    result: Optional[RunResult] = None
+    error: Optional[str] = None
+    status = "failed"
+    logger = None
+    wandb_info = None
+    try:
+        job = typed_job(cfg)
+        system_label = job.system_name
+        mode = str(resolved["mode"])
+        if str(cfg.logger.name) != "none":
+            from bench.loggers import make_logger
+
+            logger = make_logger(OmegaConf.to_object(cfg.logger), out_dir)
+            logger.start(run_id=run_id, experiment=experiment, system=system_label, mode=mode,
+                         hardware=choices["hardware"] or job.hardware.name, fault=choices["fault"] or "none",
+                         workload=choices["workload"], config=resolved)
+        seed_everything(int(cfg.seed))
+        ctx = JobContext(mode=mode, seed=int(cfg.seed), experiment=experiment,
+                         workload=job.workload, workload_name=choices["workload"], hardware=job.hardware,
+                         hardware_name=choices["hardware"] or job.hardware.name, fault=job.fault,
+                         fault_name=choices["fault"] or "none", out_dir=out_dir,
+                         show_progress=bool(cfg.progress))
+        result = job.system.run(ctx)
+        if not isinstance(result, RunResult):
+            raise TypeError(f"system {system_label!r} returned {type(result).__name__}, not RunResult")
+        status = result.status
+    except Exception as exc:  # the record must say why; the multirun goes on
+        error = _one_line(exc)
+        (out_dir / "error.log").write_text(traceback.format_exc())
+    finally:
+        if logger is not None:
+            try:
+                if result is not None:
+                    logger.log_result({k: m.to_dict() for k, m in result.metrics.items()},
+                                      [out_dir / a for a in result.artifacts], status)
+                wandb_info = logger.finish()
+            except Exception as exc:  # logging is for browsing; never lose the record over it
+                (out_dir / "logger-error.log").write_text(traceback.format_exc())
+                wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": _one_line(exc)}
+
+    record: dict[str, Any] = {
+        "schema": SCHEMA_ID,
+        "run_id": run_id,
+        "created": now_iso(),
+        "status": status,
+        "error": error,
+        "invalid_reasons": list(result.invalid_reasons) if result else [],
+        "experiment": experiment,
+        "system": system_label,
+        "mode": str(resolved["mode"]),
+        "workload": choices["workload"],
+        "hardware": choices["hardware"],
+        "fault": choices["fault"] or "none",
+        "seed": int(cfg.seed),
+        "metrics": {k: m.to_dict() for k, m in (result.metrics.items() if result else [])},
+        "provenance": provenance.collect(result.emulated if result else []),
+        "config": resolved,
+        "overrides": list(overrides),
+        "wandb": wandb_info,
+        "info": provenance.redact(result.info) if result else {},
+        "artifacts": list(result.artifacts) if result else [],
+        "duration_s": round(time.perf_counter() - started, 3),
+    }
+    if sweep:
+        record["sweep"] = sweep
+    try:
+        write_record(results_dir, record)
+    except ValueError as exc:  # e.g. a NaN metric: keep the run visible as failed, never drop it
+        record.update(status="failed", error=f"record rejected: {_one_line(exc)}", metrics={})
+        write_record(results_dir, record)
+    return record

@@ -1,0 +1,100 @@
+"""Second typing step: each group node merged into the dataclass its yaml names.
+
+Every failure is a :class:`ConfigError` whose one-line message names the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from faults.spec import KINDS as FAULT_KINDS
+from impl.common.api import ConfigError, System
+from impl.common.hardware import HardwareProfile
+from impl.common.workloads import KINDS as WORKLOAD_KINDS, workload_class
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _merge(group: str, schema_cls: type, node: Any, drop: tuple[str, ...] = ()) -> Any:
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    for key in drop:
+        data.pop(key, None)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema_cls), data)
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+        msg = _first_line(exc)
+        where = f"{group}.{key}" if key else group
+        raise ConfigError(f"{where}: {msg}") from None
+    missing = [f.name for f in dataclasses.fields(schema_cls) if getattr(obj, f.name, None) == "???"]
+    if missing:
+        raise ConfigError(f"{group}.{missing[0]}: a value is required")
+    return obj
+
+
+def system_class(node: Any) -> type[System]:
+    target = node.get("_target_") if node is not None else None
+    if not target:
+        raise ConfigError("system._target_: the system yaml must name its class")
+    try:
+        cls = get_class(target)
+    except Exception as exc:  # hydra wraps import errors; keep the cause in one line
+        raise ConfigError(f"system._target_: cannot import {target!r} ({_first_line(exc.__cause__ or exc)})") from None
+    if not (isinstance(cls, type) and issubclass(cls, System)):
+        raise ConfigError(f"system._target_: {target!r} is not a mlsys-bench System")
+    return cls
+
+
+def typed_system(node: Any) -> tuple[System, str]:
+    cls = system_class(node)
+    name = node.get("name") or cls.__name__.lower()
+    knobs = _merge("system", cls.Config, node, drop=("_target_", "name"))
+    return cls(knobs, name), name
+
+
+def typed_workload(node: Any) -> Any:
+    kind = (node or {}).get("kind")
+    if kind is None:
+        raise ConfigError(f"workload.kind: missing (one of: {', '.join(sorted(WORKLOAD_KINDS))})")
+    try:
+        cls = workload_class(kind)
+    except KeyError:
+        raise ConfigError(f"workload.kind: unknown kind {kind!r} (one of: {', '.join(sorted(WORKLOAD_KINDS))})") from None
+    return _merge("workload", cls, node)
+
+
+def typed_fault(node: Any) -> Any:
+    kind = (node or {}).get("kind", "none")
+    if kind not in FAULT_KINDS:
+        raise ConfigError(f"fault.kind: unknown kind {kind!r} (one of: {', '.join(sorted(FAULT_KINDS))})")
+    return _merge("fault", FAULT_KINDS[kind], node)
+
+
+def typed_hardware(node: Any) -> HardwareProfile:
+    return _merge("hardware", HardwareProfile, node)
+
+
+@dataclasses.dataclass
+class TypedJob:
+    system: System
+    system_name: str
+    workload: Any
+    hardware: HardwareProfile
+    fault: Any
+
+
+def typed_job(cfg: DictConfig) -> TypedJob:
+    system, name = typed_system(cfg.system)
+    mode = str(cfg.mode.value if hasattr(cfg.mode, "value") else cfg.mode)
+    if mode not in system.modes:
+        raise ConfigError(f"mode: system {name!r} does not run in mode {mode!r} (supports: {', '.join(system.modes)})")
+    return TypedJob(system=system, system_name=name, workload=typed_workload(cfg.workload),
+                    hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault))
