@@ -1,0 +1,574 @@
+"""``system=calibrate``: measure this machine and write ``conf/hardware/local.yaml``.
+
+What is measured, and how each figure is defined (units in every name):
+
+- ``peak_flops[dtype]``: an ``n x n @ n x n`` matmul counts ``2 n^3`` FLOP; per size the median
+  over repeats (after warm-up) is taken, and the best size's samples are reported. On CUDA the
+  device is synchronised around every timed call; ``tf32`` means fp32 inputs with TF32 tensor
+  cores allowed (CUDA only).
+- ``memory_bw_bytes_per_s``: ``dst.copy_(src)`` of a large buffer on the device, counted as
+  bytes read + bytes written (``2 x size / t``, the STREAM "copy" convention).
+- ``host_mem_bw_bytes_per_s``: the same copy on host (CPU) tensors.
+- ``host_link_bw_bytes_per_s``: bytes moved once per second, ``size / t``: a pinned host ->
+  device copy on CUDA; on a CPU-only host there is no link, and a host memcpy stands in
+  (named in ``RunResult.emulated``).
+- ``intra_node_*``: point-to-point between two local processes over gloo (loopback TCP), by
+  ping-pong: one-way time = round trip / 2. Latency is the smallest message's one-way time,
+  bandwidth is ``size / one-way time`` of the largest message.
+- ``inter_node_*``: one machine cannot measure a network between machines; the loopback
+  figures are written there too, and ``RunResult.info["not_measured"]`` says so.
+- ``allreduce_*``: ``all_reduce`` (sum) over all the processes. Bandwidth is the nccl-tests
+  *bus bandwidth* of a ring: ``busbw = (S / t) * 2 (n - 1) / n`` for ``S`` bytes on ``n``
+  ranks (for ``n = 2`` this equals ``S / t``). Latency is the smallest message's time.
+
+The written profile is measured achievable figures, so ``mfu`` and ``comm_efficiency`` are 1.0.
+The file is written atomically (temporary file in the same folder, then ``os.replace``).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import pathlib
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
+from impl.common.hardware import HardwareProfile
+
+MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
+_TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DEFAULT_MATMUL_SIZES = {"cpu": [256, 512, 1024], "cuda": [2048, 4096, 8192]}
+DEFAULT_MEM_BW_BYTES = {"cpu": 64 * 2**20, "cuda": 1 * 2**30}
+PLOT_NAME = "calibrate_p2p.png"
+
+
+def _positive_ints(name: str, values: List[int]) -> None:
+    if not values:
+        raise ConfigError(f"system.{name}: needs at least one entry")
+    bad = [v for v in values if int(v) <= 0]
+    if bad:
+        raise ConfigError(f"system.{name}: every entry must be > 0, got {bad[0]}")
+
+
+@dataclass
+class CalibrateConfig:
+    # Square matmul sizes n; null = per device ([256, 512, 1024] on CPU, [2048, 4096, 8192] on CUDA).
+    matmul_sizes: Optional[List[int]] = None
+    dtypes: List[str] = field(default_factory=lambda: ["fp32", "bf16"])
+    warmup: int = 2
+    repeats: int = 10
+    # A measurement stops repeating after this many seconds once it has min_repeats samples.
+    max_seconds_per_measurement: float = 0.5
+    min_repeats: int = 3
+    # Copy buffer for memory bandwidth; null = 64 MiB on CPU (2x a 32 MiB L3), 1 GiB on CUDA.
+    mem_bw_bytes: Optional[int] = None
+    # Local processes for the gloo measurements (p2p uses ranks 0 and 1; all-reduce uses all).
+    comm_procs: int = 2
+    p2p_sizes_bytes: List[int] = field(default_factory=lambda: [8, 1024, 16384, 262144, 1048576, 4194304])
+    allreduce_sizes_bytes: List[int] = field(default_factory=lambda: [8, 4194304])
+    # Rendezvous and every collective time out after this; the whole phase after twice this.
+    comm_timeout_s: float = 60.0
+    device: str = "auto"  # auto | cpu | cuda
+    # Relative paths resolve against the current working directory (the harness keeps the
+    # original cwd); absolute paths are used as given.
+    output: str = "conf/hardware/local.yaml"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.matmul_sizes is not None:
+            _positive_ints("matmul_sizes", self.matmul_sizes)
+        if not self.dtypes:
+            raise ConfigError("system.dtypes: needs at least one dtype (one of: " + ", ".join(MATMUL_DTYPES) + ")")
+        for d in self.dtypes:
+            if d not in MATMUL_DTYPES:
+                raise ConfigError(f"system.dtypes: unknown dtype {d!r} (one of: {', '.join(MATMUL_DTYPES)})")
+        if self.warmup < 0:
+            raise ConfigError(f"system.warmup: must be >= 0, got {self.warmup}")
+        if self.min_repeats < 1:
+            raise ConfigError(f"system.min_repeats: must be >= 1, got {self.min_repeats}")
+        if self.repeats < self.min_repeats:
+            raise ConfigError(f"system.repeats: must be >= min_repeats ({self.min_repeats}), got {self.repeats}")
+        if not self.max_seconds_per_measurement > 0:
+            raise ConfigError(f"system.max_seconds_per_measurement: must be > 0, got {self.max_seconds_per_measurement}")
+        if self.mem_bw_bytes is not None and self.mem_bw_bytes < 1024:
+            raise ConfigError(f"system.mem_bw_bytes: must be >= 1024, got {self.mem_bw_bytes}")
+        if self.comm_procs < 2:
+            raise ConfigError(f"system.comm_procs: point-to-point needs 2 processes, got {self.comm_procs}")
+        _positive_ints("p2p_sizes_bytes", self.p2p_sizes_bytes)
+        _positive_ints("allreduce_sizes_bytes", self.allreduce_sizes_bytes)
+        if not self.comm_timeout_s > 0:
+            raise ConfigError(f"system.comm_timeout_s: must be > 0, got {self.comm_timeout_s}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"system.device: unknown device {self.device!r} (one of: auto, cpu, cuda)")
+        if not str(self.output).strip():
+            raise ConfigError("system.output: needs a path (e.g. conf/hardware/local.yaml)")
+
+
+# --------------------------------------------------------------------------------------------
+# Timing helpers
+# --------------------------------------------------------------------------------------------
+
+def _timed_samples(fn: Callable[[], Any], sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """Seconds per call: ``cfg.warmup`` untimed calls, then up to ``cfg.repeats`` timed ones."""
+    for _ in range(cfg.warmup):
+        fn()
+    sync()
+    samples: List[float] = []
+    budget_end = time.perf_counter() + cfg.max_seconds_per_measurement
+    while len(samples) < cfg.repeats:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= cfg.min_repeats and time.perf_counter() > budget_end:
+            break
+    return samples
+
+
+def measure_matmul(dtype: str, sizes: List[int], device: torch.device, sync: Callable[[], None],
+                   cfg: CalibrateConfig) -> tuple[int, List[float]]:
+    """FLOP/s samples of the best size (by median): returns (n, samples)."""
+    best: tuple[float, int, List[float]] = (-1.0, 0, [])
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if device.type == "cuda" else None
+    try:
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+        for n in sizes:
+            a = torch.randn(n, n, device=device, dtype=_TORCH_DTYPE[dtype])  # values do not matter
+            b = torch.randn(n, n, device=device, dtype=_TORCH_DTYPE[dtype])
+            out = torch.empty(n, n, device=device, dtype=_TORCH_DTYPE[dtype])
+            secs = _timed_samples(lambda: torch.matmul(a, b, out=out), sync, cfg)
+            flops = [2.0 * n**3 / s for s in secs]
+            med = statistics.median(flops)
+            if med > best[0]:
+                best = (med, n, flops)
+            del a, b, out
+    finally:
+        if prev_tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    return best[1], best[2]
+
+
+def measure_copy(nbytes: int, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """Seconds per ``dst.copy_(src)`` of ``nbytes`` on ``device``."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return _timed_samples(lambda: dst.copy_(src), sync, cfg)
+
+
+def measure_h2d(nbytes: int, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """Seconds per pinned host -> device copy of ``nbytes`` (CUDA only)."""
+    src = torch.ones(nbytes, dtype=torch.uint8).pin_memory()
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    return _timed_samples(lambda: dst.copy_(src, non_blocking=True), sync, cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# Communication between local processes (gloo)
+# --------------------------------------------------------------------------------------------
+
+def _comm_worker(rank: int, world: int, store_path: str, result_path: str, p2p_sizes: List[int],
+                 ar_sizes: List[int], warmup: int, repeats: int, min_repeats: int,
+                 budget_s: float, timeout_s: float) -> None:
+    """One local process. Rank 0 writes ``{"p2p": {size: [one-way s]}, "allreduce": {...}}``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        # Local processes only: bind gloo to loopback rather than whatever the hostname resolves to.
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo0" if sys.platform == "darwin" else "lo"
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                            timeout=_dt.timedelta(seconds=timeout_s))
+    try:
+        p2p: Dict[int, List[float]] = {}
+        if rank < 2:  # untimed rounds: the first messages pay for connection setup
+            warm = torch.zeros(8, dtype=torch.uint8)
+            for _ in range(max(3, warmup)):
+                if rank == 0:
+                    dist.send(warm, dst=1)
+                    dist.recv(warm, src=1)
+                else:
+                    dist.recv(warm, src=0)
+                    dist.send(warm, dst=0)
+        for size in p2p_sizes:
+            buf = torch.zeros(size, dtype=torch.uint8)
+            dist.barrier()
+            if rank > 1:
+                p2p[size] = []
+                continue
+
+            def round_trip() -> float:
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, dst=1)
+                    dist.recv(buf, src=1)
+                else:
+                    dist.recv(buf, src=0)
+                    dist.send(buf, dst=0)
+                return time.perf_counter() - t0
+
+            # Warm-up rounds double as an estimate; rank 0 turns the time budget into a round
+            # count and sends it once, so nothing but the ping-pong runs inside the timed loop.
+            est = [round_trip() for _ in range(max(1, warmup))]
+            count = torch.zeros(1, dtype=torch.int64)
+            if rank == 0:
+                per_round = max(statistics.median(est), 1e-9)
+                count[0] = max(min_repeats, min(repeats, int(budget_s / per_round)))
+                dist.send(count, dst=1)
+            else:
+                dist.recv(count, src=0)
+            round_trip()  # untimed: absorbs the wake-up after the count message
+            samples = [round_trip() / 2.0 for _ in range(int(count[0]))]
+            p2p[size] = samples
+        allreduce: Dict[int, List[float]] = {}
+        for size in ar_sizes:
+            # float32 elements: the reduction does arithmetic; round the count up.
+            buf = torch.zeros(max(1, math.ceil(size / 4)), dtype=torch.float32)
+            samples = []
+            for i in range(warmup + repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf)
+                dt = time.perf_counter() - t0
+                if i >= warmup:
+                    samples.append(dt)
+            allreduce[size] = samples
+        dist.barrier()
+        if rank == 0:
+            with open(result_path, "w") as fh:
+                json.dump({"p2p": p2p, "allreduce": allreduce}, fh)
+    finally:
+        dist.destroy_process_group()
+
+
+def _last_line(path: str) -> str:
+    try:
+        lines = [ln.strip() for ln in pathlib.Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1] if lines else "no output"
+
+
+def measure_comm(cfg: CalibrateConfig) -> Dict[str, Dict[int, List[float]]]:
+    """Start ``cfg.comm_procs`` fresh Python processes and return rank 0's samples (seconds).
+
+    Plain ``subprocess`` (``python -m impl.common.calibrate --comm-worker ...``) rather than
+    multiprocessing's spawn: spawn re-imports the caller's ``__main__``, which breaks (or
+    re-runs) any unguarded script that happens to call this system. Rendezvous is a gloo
+    FileStore in a temporary folder (no port to pick); the store timeout bounds every
+    collective, and the parent kills the processes after twice that.
+    """
+    deadline_s = 2.0 * cfg.comm_timeout_s
+    repo_root = str(pathlib.Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = repo_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory(prefix="mlsys-calibrate-") as tmpdir:
+        spec = {
+            "world": cfg.comm_procs, "store_path": os.path.join(tmpdir, "store"),
+            "result_path": os.path.join(tmpdir, "result.json"), "p2p_sizes": list(cfg.p2p_sizes_bytes),
+            "ar_sizes": list(cfg.allreduce_sizes_bytes), "warmup": cfg.warmup, "repeats": cfg.repeats,
+            "min_repeats": cfg.min_repeats, "budget_s": cfg.max_seconds_per_measurement,
+            "timeout_s": cfg.comm_timeout_s,
+        }
+        spec_path = os.path.join(tmpdir, "spec.json")
+        with open(spec_path, "w") as fh:
+            json.dump(spec, fh)
+        procs: List[subprocess.Popen] = []
+        logs = [os.path.join(tmpdir, f"rank{r}.log") for r in range(cfg.comm_procs)]
+        try:
+            for r in range(cfg.comm_procs):
+                with open(logs[r], "w") as log:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "impl.common.calibrate", "--comm-worker", str(r), spec_path],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmpdir))
+            end = time.monotonic() + deadline_s
+            while any(p.poll() is None for p in procs):
+                failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+                if failed:
+                    r = failed[0]
+                    raise RuntimeError(f"calibrate: gloo process rank {r} exited with code {procs[r].returncode}: "
+                                       f"{_last_line(logs[r])}")
+                if time.monotonic() > end:
+                    raise RuntimeError(f"calibrate: gloo measurement between {cfg.comm_procs} local processes did "
+                                       f"not finish within {deadline_s:.0f} s (2 x system.comm_timeout_s)")
+                time.sleep(0.05)
+            for r, p in enumerate(procs):
+                if p.returncode != 0:
+                    raise RuntimeError(f"calibrate: gloo process rank {r} exited with code {p.returncode}: "
+                                       f"{_last_line(logs[r])}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+                    pass
+        with open(spec["result_path"]) as fh:
+            raw = json.load(fh)
+    return {k: {int(size): v for size, v in d.items()} for k, d in raw.items()}
+
+
+def _worker_main(argv: List[str]) -> None:
+    rank, spec_path = int(argv[0]), argv[1]
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    _comm_worker(rank, **spec)
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+
+def resolve_output(path: str) -> pathlib.Path:
+    p = pathlib.Path(os.path.expanduser(str(path)))
+    return p if p.is_absolute() else pathlib.Path.cwd() / p
+
+
+def write_profile_atomic(profile: HardwareProfile, path: pathlib.Path, header: str) -> None:
+    """Validate ``profile`` against :class:`HardwareProfile`, then write it via temp file + rename."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(profile)  # type-checks every field
+    text = header + OmegaConf.to_yaml(node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def plot_comm(comm: Dict[str, Dict[int, List[float]]], nprocs: int, path: pathlib.Path) -> None:
+    """Log-log plot of p2p one-way time (and all-reduce time) against message size."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for key, label, marker in (("p2p", "point-to-point, one-way (RTT/2)", "o"),
+                               ("allreduce", f"all-reduce, {nprocs} processes", "s")):
+        data = comm.get(key) or {}
+        sizes = sorted(s for s, v in data.items() if v)
+        if not sizes:
+            continue
+        med = [statistics.median(data[s]) for s in sizes]
+        lo = [m - min(data[s]) for s, m in zip(sizes, med)]
+        hi = [max(data[s]) - m for s, m in zip(sizes, med)]
+        ax.errorbar(sizes, med, yerr=[lo, hi], marker=marker, capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time (s), median; bars: min-max")
+    ax.set_title("gloo between local processes (system=calibrate)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(str(path))
+
+
+def _host_memory_bytes() -> float:
+    total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            raw = pathlib.Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and 0 < int(raw) < total:
+            total = float(raw)
+        break
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# The system
+# --------------------------------------------------------------------------------------------
+
+class Calibrate(System):
+    """Measures achievable FLOP/s, memory and link bandwidths here; writes a hardware profile."""
+
+    Config = CalibrateConfig
+    modes = ("real",)
+
+    def run(self, job: JobContext) -> RunResult:
+        from tqdm import tqdm
+
+        cfg: CalibrateConfig = self.cfg
+        cfg.validate()
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("system.device: 'cuda' requested but torch.cuda.is_available() is False")
+        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        device = torch.device("cuda") if use_cuda else torch.device("cpu")
+        kind = device.type
+        sync: Callable[[], None] = torch.cuda.synchronize if use_cuda else (lambda: None)
+        host_sync: Callable[[], None] = lambda: None  # noqa: E731
+        sizes = list(cfg.matmul_sizes) if cfg.matmul_sizes is not None else DEFAULT_MATMUL_SIZES[kind]
+        mem_bytes = int(cfg.mem_bw_bytes) if cfg.mem_bw_bytes is not None else DEFAULT_MEM_BW_BYTES[kind]
+        host_bytes = int(cfg.mem_bw_bytes) if cfg.mem_bw_bytes is not None else DEFAULT_MEM_BW_BYTES["cpu"]
+        out_path = resolve_output(cfg.output)
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+
+        dtypes = [d for d in cfg.dtypes if not (d == "tf32" and not use_cuda)]
+        skipped = [d for d in cfg.dtypes if d not in dtypes]
+        if not dtypes:
+            raise ConfigError(f"system.dtypes: {cfg.dtypes} all need CUDA (tf32); add fp32, fp16 or bf16")
+        metrics: Dict[str, Metric] = {}
+        info: Dict[str, Any] = {"output": str(out_path), "device": kind}
+        emulated: List[str] = []
+        peak: Dict[str, float] = {}
+        if skipped:
+            info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
+
+        phases = [f"matmul {d}" for d in dtypes] + ["device memory", "host memory", "host link",
+                                                     "gloo p2p + all-reduce", "write profile"]
+        bar = tqdm(total=len(phases), desc="calibrate", unit="phase", disable=not job.show_progress,
+                   leave=False)
+        phase_s: Dict[str, float] = {}
+        current = ["", time.perf_counter()]
+
+        def start(name: str) -> None:
+            bar.set_postfix_str(name)
+            current[:] = [name, time.perf_counter()]
+
+        def done() -> None:
+            phase_s[str(current[0])] = round(time.perf_counter() - float(current[1]), 3)
+            bar.update(1)
+
+        info["phase_s"] = phase_s
+        try:
+            matmul_n: Dict[str, int] = {}
+            for d in dtypes:
+                start(f"matmul {d}")
+                n, flops = measure_matmul(d, sizes, device, sync, cfg)
+                metrics[f"matmul_{d}_flops"] = Metric.from_samples(flops, "FLOP/s", "higher")
+                peak[d] = metrics[f"matmul_{d}_flops"].value
+                matmul_n[d] = n
+                done()
+            info["matmul_best_n"] = matmul_n
+
+            start("device memory")
+            secs = measure_copy(mem_bytes, device, sync, cfg)
+            metrics["mem_bw_bytes_per_s"] = Metric.from_samples([2.0 * mem_bytes / s for s in secs], "B/s", "higher")
+            done()
+
+            start("host memory")
+            if use_cuda:
+                host_secs = measure_copy(host_bytes, torch.device("cpu"), host_sync, cfg)
+            else:
+                host_secs = secs  # the device is the host: one measurement serves both
+            metrics["host_mem_bw_bytes_per_s"] = Metric.from_samples(
+                [2.0 * host_bytes / s for s in host_secs], "B/s", "higher")
+            done()
+
+            start("host link")
+            if use_cuda:
+                link = [mem_bytes / s for s in measure_h2d(mem_bytes, sync, cfg)]
+            else:
+                link = [host_bytes / s for s in host_secs]
+                emulated.append("host_link: no host-device link on a CPU-only host; a host memcpy "
+                                "(bytes moved once per second) stands in")
+            metrics["host_link_bw_bytes_per_s"] = Metric.from_samples(link, "B/s", "higher")
+            done()
+
+            start("gloo")
+            comm = measure_comm(cfg)
+            p2p, ar = comm["p2p"], comm["allreduce"]
+            s_small, s_big = min(p2p), max(p2p)
+            metrics["p2p_latency_s"] = Metric.from_samples(p2p[s_small], "s", "lower")
+            metrics["p2p_bw_bytes_per_s"] = Metric.from_samples([s_big / t for t in p2p[s_big]], "B/s", "higher")
+            n = cfg.comm_procs
+            a_small, a_big = min(ar), max(ar)
+            bus = 2.0 * (n - 1) / n
+            metrics["allreduce_latency_s"] = Metric.from_samples(ar[a_small], "s", "lower")
+            metrics["allreduce_bw_bytes_per_s"] = Metric.from_samples(
+                [a_big / t * bus for t in ar[a_big]], "B/s", "higher")
+            info["p2p_one_way_s"] = {str(s): statistics.median(v) for s, v in sorted(p2p.items())}
+            info["allreduce_s"] = {str(s): statistics.median(v) for s, v in sorted(ar.items())}
+            info["allreduce_bw_convention"] = f"ring bus bandwidth: S/t * 2(n-1)/n, n={n}"
+            info["not_measured"] = ["inter_node_bw_bytes_per_s and inter_node_latency_s: one host cannot "
+                                    "measure a network; the loopback p2p figures are written there"]
+            done()
+
+            start("write profile")
+            host = socket.gethostname()
+            try:  # a loaded machine measures low: keep the load next to the numbers
+                load = [round(x, 2) for x in os.getloadavg()]
+            except OSError:  # pragma: no cover - platforms without getloadavg
+                load = []
+            info["load_avg_1_5_15"] = load
+            info["cpu_count"] = os.cpu_count()
+            when = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+            gpus = torch.cuda.device_count() if use_cuda else 1
+            memory = float(torch.cuda.get_device_properties(0).total_memory) if use_cuda else _host_memory_bytes()
+            def r4(v: float) -> float:  # 4 significant digits: the rest is noise
+                return float(f"{v:.4g}")
+
+            profile = HardwareProfile(
+                name="local",
+                source=f"measured by system=calibrate on {host} at {when}",
+                measured=True,
+                peak_flops={d: r4(v) for d, v in peak.items()},
+                memory_bytes=memory,
+                memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
+                gpus_per_node=gpus,
+                intra_node_bw_bytes_per_s=r4(metrics["p2p_bw_bytes_per_s"].value),
+                intra_node_latency_s=r4(metrics["p2p_latency_s"].value),
+                inter_node_bw_bytes_per_s=r4(metrics["p2p_bw_bytes_per_s"].value),
+                inter_node_latency_s=r4(metrics["p2p_latency_s"].value),
+                host_link_bw_bytes_per_s=r4(metrics["host_link_bw_bytes_per_s"].value),
+                host_mem_bw_bytes_per_s=r4(metrics["host_mem_bw_bytes_per_s"].value),
+                mfu=1.0,
+                comm_efficiency=1.0,
+                allreduce_bw_bytes_per_s=r4(metrics["allreduce_bw_bytes_per_s"].value),
+                allreduce_latency_s=r4(metrics["allreduce_latency_s"].value),
+            )
+            dev_name = torch.cuda.get_device_name(0) if use_cuda else (platform.processor() or platform.machine())
+            header = (
+                "# Written by system=calibrate (impl/common/calibrate.py); regenerate, do not edit.\n"
+                f"# Host {host}, device {kind} ({dev_name}), torch {torch.__version__}, {when}.\n"
+                f"# Load average (1/5/15 min) {load} on {os.cpu_count()} CPUs: a busy host measures low.\n"
+                "# These are MEASURED ACHIEVABLE figures, not datasheet peaks: mfu and comm_efficiency\n"
+                "# are therefore 1.0. Definitions (see the module docstring):\n"
+                f"#   peak_flops: median 2n^3/t of the best n in {sizes}; memory bandwidths count bytes\n"
+                f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
+                f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"
+                f"#   intra_node: gloo loopback ping-pong between 2 local processes, one-way = RTT/2,\n"
+                f"#   latency at {s_small} B, bandwidth at {s_big} B; inter_node: NOT measured, copies intra_node;\n"
+                f"#   allreduce: {n} processes, ring bus bandwidth S/t*2(n-1)/n at {a_big} B, latency at {a_small} B.\n"
+            )
+            write_profile_atomic(profile, out_path, header)
+            done()
+        finally:
+            bar.close()
+
+        plot_path = job.out_dir / PLOT_NAME
+        plot_comm(comm, cfg.comm_procs, plot_path)
+        return RunResult(metrics=metrics, emulated=emulated, artifacts=[PLOT_NAME], info=info)
+
+
+if __name__ == "__main__" and len(sys.argv) >= 4 and sys.argv[1] == "--comm-worker":
+    _worker_main(sys.argv[2:])
