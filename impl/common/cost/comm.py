@@ -1,0 +1,99 @@
+"""Communication costs: pipeline P2P, ring all-reduce (TP and DP), and the per-link cost table
+the pipeline simulator consumes.
+
+Placement (Megatron's default order, tp fastest, then dp, then pp): the GPU of pipeline stage
+p, data-parallel rank d, tensor rank t is global rank ``p·dp·tp + d·tp + t``, and node
+``rank // gpus_per_node``. A pipeline link is intra-node only if every (d, t) pair of its two
+stages shares a node; otherwise the slowest pair (inter-node) gates it. Each TP rank sends
+its own copy of the activation over its own NIC, so a message costs ``msg_bytes / bw``.
+Bandwidths are derated by ``hw.comm_efficiency``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from impl.common.api import ConfigError
+from impl.common.hardware import HardwareProfile
+
+
+def ring_allreduce_time_s(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: float) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n-1)/n · bytes / bw + latency."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if bw_bytes_per_s <= 0:
+        raise ConfigError(f"all-reduce bandwidth must be > 0 bytes/s, got {bw_bytes_per_s}")
+    return 2.0 * (n - 1) / n * nbytes / bw_bytes_per_s + latency_s
+
+
+def dp_allreduce_time_s(grad_bytes: float, dp: int, bw_bytes_per_s: float, latency_s: float,
+                        slow_link_delay_s: float = 0.0) -> float:
+    """Gradient ring all-reduce over ``dp`` ranks gated by one slow link (spec S5).
+
+    A ring runs 2(dp-1) synchronous steps, each sending one chunk over every ring link; the
+    step ends when the slowest link delivers, so a per-message delay on one link is paid once
+    per step: total = ring time + 2(dp-1)·delay.
+    """
+    if dp <= 1:
+        return 0.0
+    return ring_allreduce_time_s(grad_bytes, dp, bw_bytes_per_s, latency_s) + 2 * (dp - 1) * slow_link_delay_s
+
+
+def _nodes_of(rank_base: int, width: int, gpus_per_node: int) -> list[int]:
+    return [(rank_base + k) // gpus_per_node for k in range(width)]
+
+
+def same_node(src_stage: int, dst_stage: int, tp: int, dp: int, gpus_per_node: int) -> bool:
+    """True if every (dp, tp) rank of ``src_stage`` sits on the node of its peer in ``dst_stage``."""
+    width = tp * dp
+    return _nodes_of(src_stage * width, width, gpus_per_node) == _nodes_of(dst_stage * width, width, gpus_per_node)
+
+
+def p2p_time_s(src_stage: int, dst_stage: int, msg_bytes: float, hw: HardwareProfile,
+               tp: int = 1, dp: int = 1) -> float:
+    """Base time of one pipeline message: latency + bytes / (bw · comm_efficiency)."""
+    if msg_bytes <= 0:
+        return 0.0
+    if same_node(src_stage, dst_stage, tp, dp, hw.gpus_per_node):
+        bw, lat = hw.intra_node_bw_bytes_per_s, hw.intra_node_latency_s
+    else:
+        bw, lat = hw.inter_node_bw_bytes_per_s, hw.inter_node_latency_s
+    if bw <= 0:
+        raise ConfigError(f"hardware {hw.name}: p2p bandwidth for stages {src_stage}->{dst_stage} must be > 0 bytes/s, got {bw}")
+    return lat + msg_bytes / (bw * hw.comm_efficiency)
+
+
+@dataclass(frozen=True)
+class LinkCosts:
+    """What the pipeline simulator needs to price a message on link (i, i+1).
+
+    ``p2p_s[i]`` is the base (undelayed) time of one message on link (i, i+1), both directions.
+    ``host_link_bw_bytes_per_s`` prices the D2H/H2D copies of the delegated path (inf = free).
+    """
+
+    p2p_s: tuple[float, ...]
+    msg_bytes: float = 0.0
+    host_link_bw_bytes_per_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.p2p_s if not t >= 0.0]
+        if bad:
+            raise ConfigError(f"LinkCosts.p2p_s must be >= 0 seconds, got {bad[0]}")
+        if not self.host_link_bw_bytes_per_s > 0:
+            raise ConfigError(f"LinkCosts.host_link_bw_bytes_per_s must be > 0, got {self.host_link_bw_bytes_per_s}")
+
+    @property
+    def copy_s(self) -> float:
+        """One host<->device copy of a message (delegated path)."""
+        return self.msg_bytes / self.host_link_bw_bytes_per_s
+
+    @classmethod
+    def uniform(cls, stages: int, p2p_s: float = 0.0, msg_bytes: float = 0.0,
+                host_link_bw_bytes_per_s: float = math.inf) -> "LinkCosts":
+        return cls((float(p2p_s),) * max(stages - 1, 0), float(msg_bytes), host_link_bw_bytes_per_s)
+
+    @classmethod
+    def from_hardware(cls, stages: int, msg_bytes: float, hw: HardwareProfile, tp: int = 1, dp: int = 1) -> "LinkCosts":
+        p2p = tuple(p2p_time_s(i, i + 1, msg_bytes, hw, tp, dp) for i in range(stages - 1))
+        host_bw = hw.host_link_bw_bytes_per_s if hw.host_link_bw_bytes_per_s > 0 else math.inf
+        return cls(p2p, float(msg_bytes), host_bw)

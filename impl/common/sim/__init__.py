@@ -1,0 +1,17 @@
+"""Discrete-event simulation: a deterministic event core and the pipeline-parallel simulator."""
+from .delays import link_delays_at, normalize_delays
+from .engine import Engine
+from .pipeline import (
+    CommModel,
+    Message,
+    OpSpan,
+    SimResult,
+    StageBreakdown,
+    simulate_iteration,
+    simulate_iterations,
+)
+
+__all__ = [
+    "CommModel", "Engine", "Message", "OpSpan", "SimResult", "StageBreakdown", "link_delays_at",
+    "normalize_delays", "simulate_iteration", "simulate_iterations",
+]
