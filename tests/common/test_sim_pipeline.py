@@ -12,7 +12,6 @@ from impl.common.schedule.ir import Op, parse_schedule
 from impl.common.sim import (
     CommModel,
     Engine,
-    link_delays_at,
     simulate_iteration,
     simulate_iterations,
 )
@@ -324,15 +323,6 @@ def test_simulate_iterations_with_changing_delays_and_schedules():
     with pytest.raises(ConfigError, match="2 per-iteration tables for 3 schedules"):
         simulate_iterations([zb] * 3, costs, link, NO_HOL, delays=[{}, {}])
 
-
-def test_link_delays_at_follows_fault_spec():
-    f = LinkDelay(links=[[2, 3]], delay_s=0.03, start_iter=2, stop_iter=5)
-    assert [link_delays_at(f, i) for i in (1, 2, 4, 5)] == [{}, {(2, 3): 0.03}, {(2, 3): 0.03}, {}]
-    trace = LinkDelay(trace=[DelayEvent(0, [[0, 1]], 0.02), DelayEvent(3, [[1, 2], [2, 3]], 0.05), DelayEvent(6, [], 0.0)])
-    assert link_delays_at(trace, 2) == {(0, 1): 0.02}
-    assert link_delays_at(trace, 4) == {(1, 2): 0.05, (2, 3): 0.05}
-    assert link_delays_at(trace, 7) == {}
-    assert link_delays_at(LinkDelay(links=[[7, 6]], delay_s=0.06), 0) == {(6, 7): 0.06}  # "6↔7"
 
 
 def test_engine_orders_ties_by_insertion():

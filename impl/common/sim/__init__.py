@@ -1,5 +1,5 @@
 """Discrete-event simulation: a deterministic event core and the pipeline-parallel simulator."""
-from .delays import link_delays_at, normalize_delays
+from .delays import normalize_delays
 from .engine import Engine
 from .pipeline import (
     CommModel,
@@ -12,6 +12,6 @@ from .pipeline import (
 )
 
 __all__ = [
-    "CommModel", "Engine", "Message", "OpSpan", "SimResult", "StageBreakdown", "link_delays_at",
+    "CommModel", "Engine", "Message", "OpSpan", "SimResult", "StageBreakdown",
     "normalize_delays", "simulate_iteration", "simulate_iterations",
 ]
