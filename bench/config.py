@@ -44,6 +44,11 @@ class BenchConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     # Label for records; defaults to the chosen experiment preset (experiment=...), else "adhoc".
     experiment_name: Optional[str] = None
+    # "module:function" drawing the experiment's own figure from the sweep's records (called
+    # with (records, out_dir) when a multirun ends), e.g. a delay sweep as lines like the paper's.
+    figure: Optional[str] = None
+    # Baseline for the table printed when a multirun ends (default: compare's rule).
+    baseline_system: Optional[str] = None
     mode: Mode = Mode.sim
     seed: int = 0
     results_dir: str = "results/runs"

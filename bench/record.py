@@ -108,7 +108,10 @@ def iter_records(results_dir: pathlib.Path | str) -> Iterator[dict]:
                 seen.add(rec.get("run_id", ""))
                 yield rec
     for path in sorted(results_dir.glob("*/record.json")):
-        rec = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rec = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{path}: not valid JSON ({exc.msg})") from None
         if rec.get("run_id") not in seen:
             yield rec
 

@@ -43,6 +43,13 @@ def _choice(cfg: DictConfig, group: str) -> str:
         return ""
 
 
+def _label(group: str, choice: str, overrides: list[str]) -> str:
+    """The group's yaml name plus any value overridden on the command line or by a sweep, so
+    that records of a sweep over e.g. ``fault.delay_s`` never fall into one comparison group."""
+    tweaks = sorted(o.lstrip("+~")[len(group) + 1:] for o in overrides if o.lstrip("+~").startswith(group + "."))
+    return f"{choice}[{','.join(tweaks)}]" if tweaks else choice
+
+
 def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
             choices: Optional[dict[str, str]] = None) -> dict:
     """Run the job described by ``cfg`` and return the record that was written."""
@@ -51,6 +58,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     for group in ("system", "workload", "hardware", "fault", "experiment"):
         choices.setdefault(group, _choice(cfg, group))
     experiment = str(cfg.get("experiment_name") or choices["experiment"] or "adhoc")
+    for group in ("workload", "hardware", "fault"):
+        choices[group] = _label(group, choices[group] or ("none" if group == "fault" else ""), overrides)
     system_label = str(cfg.system.get("name") or choices["system"] or "unknown")
     run_id = new_run_id(system_label)
     results_dir = pathlib.Path(cfg.results_dir)
@@ -65,6 +74,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     wandb_info = None
     try:
         job = typed_job(cfg)
+        # A knob override does not rename the system (a global tweak like timeline=false would
+        # otherwise break --baseline); name a variant with system.name=... instead.
         system_label = job.system_name
         mode = str(resolved["mode"])
         if str(cfg.logger.name) != "none":
