@@ -1,0 +1,1 @@
+"""Matplotlib figures shared by systems (Agg backend: no display needed)."""
