@@ -50,6 +50,15 @@ def _label(group: str, choice: str, overrides: list[str]) -> str:
     return f"{choice}[{','.join(tweaks)}]" if tweaks else choice
 
 
+def _hardware_label(mode: str, profile: str) -> str:
+    """Real runs ran on this host, whatever profile was composed (it only feeds emulated pieces,
+    kept in the config); sim runs are labelled with the profile they priced."""
+    if mode != "real":
+        return profile
+    dev = provenance.devices()[0]
+    return f"local-{dev['type']}" + (f"[{dev['name']}]" if dev["type"] == "cuda" else "")
+
+
 def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
             choices: Optional[dict[str, str]] = None) -> dict:
     """Run the job described by ``cfg`` and return the record that was written."""
@@ -83,7 +92,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
 
             logger = make_logger(OmegaConf.to_object(cfg.logger), out_dir)
             logger.start(run_id=run_id, experiment=experiment, system=system_label, mode=mode,
-                         hardware=choices["hardware"] or job.hardware.name, fault=choices["fault"] or "none",
+                         hardware=_hardware_label(mode, choices["hardware"]), fault=choices["fault"],
                          workload=choices["workload"], config=resolved)
         seed_everything(int(cfg.seed))
         ctx = JobContext(mode=mode, seed=int(cfg.seed), experiment=experiment,
@@ -120,7 +129,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "system": system_label,
         "mode": str(resolved["mode"]),
         "workload": choices["workload"],
-        "hardware": choices["hardware"],
+        "hardware": _hardware_label(str(resolved["mode"]), choices["hardware"]),
         "fault": choices["fault"] or "none",
         "seed": int(cfg.seed),
         "metrics": {k: m.to_dict() for k, m in (result.metrics.items() if result else [])},

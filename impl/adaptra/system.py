@@ -30,9 +30,7 @@ DELEGATE_WHEN = ("always", "on_delay")
 DETECTIONS = ("oracle", "measured")
 
 
-def default_delegates(max_delay_s: float, num_microbatches: int) -> int:
-    """Artifact rule (spec 2.5): K = 3 for delays <= 30 ms, else 6."""
-    return 3 if max_delay_s <= 0.030 else 6
+SUPPORTED_FAULTS = ("none", "link_delay")
 
 
 class PipelineTraining(System):
@@ -83,7 +81,9 @@ class PipelineTraining(System):
 
     def _delegates(self, job: JobContext, max_delay_s: float) -> int:
         n = job.workload.num_microbatches
-        k = self.cfg.num_delegates or default_delegates(max_delay_s, n)
+        from impl.common.runtime.executor import default_num_delegates
+
+        k = self.cfg.num_delegates or default_num_delegates(max_delay_s)
         if n % k:
             raise ConfigError(f"workload.num_microbatches {n} is not divisible by delegate count {k} "
                               f"(system.num_delegates)")
@@ -109,6 +109,9 @@ class PipelineTraining(System):
         if wl.stages < 1 or wl.num_microbatches < 1:
             raise ConfigError(f"workload.stages ({wl.stages}) and workload.num_microbatches "
                               f"({wl.num_microbatches}) must be >= 1")
+        if job.fault.kind not in SUPPORTED_FAULTS:
+            raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {job.fault.kind!r} "
+                              f"(supports: {', '.join(SUPPORTED_FAULTS)})")
         validate_link_delay(job.fault, wl.stages)
         if job.mode == "sim":
             return self._run_sim(job)

@@ -1,0 +1,81 @@
+"""Real mode of the ADAPTRA family: S local processes run the schedule on a tiny GPT.
+
+Spec adaptra.md 5: ops are sleep-padded to ``workload.op_pad_s`` so that a 2-core CPU behaves
+like a pipeline of equal stages; raw compute is reported beside the padded time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from impl.common.api import ConfigError, JobContext, Metric, RunResult
+from impl.common.schedule.ir import Schedule
+
+# What the executor calls each comm path (ours: in_stream = its fifo).
+_RUNTIME_COMM = {"inline": "inline", "in_stream": "fifo", "delegated": "delegated"}
+MIN_MEASURED_ITERATIONS = 3
+
+
+@dataclass
+class AdaptraPlanner:
+    """Picklable schedule provider: Alg. 2 + Alg. 3/4 for the delays the scheduler sees."""
+
+    t_op_s: float
+    num_stages: int
+    num_microbatches: int
+    formula: str
+    steps_per_op: int
+
+    def __call__(self, iteration: int, delays: dict) -> Schedule:
+        from impl.adaptra.builder import adaptra_schedule
+
+        S, t = self.num_stages, self.t_op_s
+        c = [float(delays.get((i, i + 1), 0.0)) for i in range(S - 1)]
+        sched, _ = adaptra_schedule([t] * S, [t] * S, [t] * S, c, self.num_microbatches, formula=self.formula,
+                                    steps_per_op=self.steps_per_op)
+        return sched
+
+
+def run_real(system, job: JobContext) -> RunResult:
+    from impl.common.runtime.executor import NamedSchedule, run_pipeline
+
+    cfg, wl = system.cfg, job.workload
+    if cfg.comm not in _RUNTIME_COMM:
+        raise ConfigError(f"system.comm: {cfg.comm!r} exists only in sim mode (real: inline, in_stream, delegated)")
+    if cfg.schedule == "adaptra":
+        if wl.op_pad_s <= 0:
+            raise ConfigError("workload.op_pad_s: the adaptra schedule in real mode plans with the padded op "
+                              "time; set it > 0 (spec: 20 ms)")
+        schedule_fn = AdaptraPlanner(wl.op_pad_s, wl.stages, wl.num_microbatches, cfg.adapt_formula,
+                                     cfg.steps_per_op)
+    else:
+        schedule_fn = NamedSchedule(cfg.schedule, wl.stages, wl.num_microbatches)
+    stats = run_pipeline(schedule_fn, workload=wl, comm=_RUNTIME_COMM[cfg.comm], delays=job.fault
+                         if job.fault.kind == "link_delay" else None, seed=job.seed,
+                         num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
+                         fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
+                         detection=getattr(job.fault, "detection", None))
+    times = stats.iteration_times_s
+    samples = wl.micro_batch_size * wl.num_microbatches
+    raw = {op: stats.mean_raw_op_s(op) for op in ("F", "B", "W", "BW")}
+    metrics = {
+        "iteration_time_s": Metric.from_samples(times, "s", "lower"),
+        "throughput_samples_per_s": Metric.from_samples([samples / t for t in times], "samples/s", "higher"),
+        "send_wait_s": Metric.scalar(sum(stats.send_wait_s.values()) / max(len(times), 1), "s/iteration", "lower"),
+        "final_loss": Metric.scalar(sum(stats.losses[-1]) / len(stats.losses[-1]), "nats", "lower"),
+    }
+    for op, value in raw.items():
+        if value == value and value > 0:  # ops this schedule does not run report nan/0
+            metrics[f"raw_{op.lower()}_compute_s"] = Metric.scalar(value, "s/op", "lower")
+    result = RunResult(metrics=metrics, info={
+        "schedule": cfg.schedule, "comm": cfg.comm, "comm_paths": stats.comm_paths, "backend": stats.backend,
+        "device": stats.device, "num_delegates": stats.num_delegates, "detection": stats.detection,
+        "adapt_formula": cfg.adapt_formula, "op_pad_s": wl.op_pad_s, "params_sha256": stats.params_digest,
+        "injected_delays_s": stats.injected_delays_s, "scheduler_delays_s": stats.scheduler_delays_s,
+        "estimated_delays_s": stats.estimated_delays_s, "messages_per_iteration": stats.messages[-1] if stats.messages else {},
+        "peak_in_flight": {str(k): v for k, v in stats.peak_in_flight.items()},
+        "distinct_schedules": len(stats.schedules), "losses_last_iteration": stats.losses[-1]})
+    if stats.device == "cpu" and cfg.comm == "delegated":
+        result.emulated.append("delegated path: host<->device copies are CPU memcpy (no GPU present)")
+    if len(times) < MIN_MEASURED_ITERATIONS:
+        result.mark_invalid(f"only {len(times)} measured iterations (< {MIN_MEASURED_ITERATIONS})")
+    return result
