@@ -25,6 +25,8 @@ class PlanStep:
 class DefaultPlan:
     results_dir: str = "results/runs"
     baseline: str = ""
+    # Metrics shown in the closing table (all metrics stay in the records and report.md).
+    metrics: List[str] = field(default_factory=list)
     steps: List[PlanStep] = field(default_factory=list)
 
 
@@ -56,7 +58,7 @@ def run_default_plan() -> int:
     new = [r for r in _safe_load(plan.results_dir) if r["run_id"] not in before]
     if new:
         print()
-        print(format_table(compare_records(new, baseline=plan.baseline or None)))
+        print(format_table(compare_records(new, baseline=plan.baseline or None, metrics=plan.metrics or None)))
     print(f"\nrecords: {plan.results_dir}/records.jsonl  (compare again: mlsys-bench-compare --results {plan.results_dir})")
     return 1 if failures else 0
 
