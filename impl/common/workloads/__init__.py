@@ -10,6 +10,8 @@ import importlib
 KINDS: dict[str, str] = {
     "demo": "impl.common.workloads.demo:DemoWorkload",
     "pipeline": "impl.common.workloads.pipeline:PipelineWorkload",
+    "serving": "impl.common.workloads.serving:ServingWorkload",
+    "diffusion_edit": "impl.common.workloads.diffusion:DiffusionEditWorkload",
 }
 
 
