@@ -28,26 +28,29 @@ def _mode_label(records) -> str:
 
 
 def delay_sweep(records, out_dir) -> list[pathlib.Path]:
-    """Iteration time vs injected delay, one line per system (the paper's delay-sweep plots)."""
+    """Iteration time vs injected delay, one line per system (the paper's delay-sweep plots);
+    one figure per (workload, slow links)."""
     recs = _ok(records)
     series = collections.defaultdict(list)
     for r in recs:
-        delay_ms = float(r["config"]["fault"].get("delay_s", 0.0)) * 1e3
-        series[(r["workload"].split("[")[0], r["system"])].append((delay_ms, r["metrics"][METRIC]["value"]))
+        fault = r["config"]["fault"]
+        delay_ms = float(fault.get("delay_s", 0.0)) * 1e3
+        links = "+".join(f"{a}-{b}" for a, b in fault.get("links", []))
+        series[(r["workload"], links, r["system"])].append((delay_ms, r["metrics"][METRIC]["value"]))
     paths = []
-    for workload in sorted({w for w, _ in series}):
+    for k, (workload, links) in enumerate(sorted({(w, lk) for w, lk, _ in series})):
         fig, ax = plt.subplots(figsize=(6, 4))
         for system in _systems(recs):
-            pts = sorted(series.get((workload, system), []))
+            pts = sorted(series.get((workload, links, system), []))
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
-        ax.set_xlabel("injected delay per message (ms)")
+        ax.set_xlabel(f"injected delay per message on link {links} (ms)")
         ax.set_ylabel(f"iteration time (s, {_mode_label(recs)})")
-        ax.set_title(f"{workload}: iteration time vs link delay")
+        ax.set_title(f"{workload}: iteration time vs link delay", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
-        path = pathlib.Path(out_dir) / f"delay_sweep_{workload}.png"
+        path = pathlib.Path(out_dir) / f"delay_sweep_{k}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
