@@ -1,0 +1,84 @@
+"""Every shipped config composes and types: systems, workloads, faults, experiments with their
+sweeps, the default plan. Config rot fails here rather than in a user's sweep."""
+from __future__ import annotations
+
+import itertools
+from importlib import resources
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from bench.app import preflight
+from bench.config import register
+from bench.default_plan import load_plan
+from bench.validate import typed_job, typed_system
+
+CONF = resources.files("conf")
+
+
+def _names(group: str) -> list[str]:
+    root = CONF.joinpath(group)
+    out = []
+    for path in sorted(pathlib_walk(root)):
+        out.append(path)
+    return out
+
+
+def pathlib_walk(root, prefix=""):
+    for entry in root.iterdir():
+        if entry.is_dir():
+            yield from pathlib_walk(entry, f"{prefix}{entry.name}/")
+        elif entry.name.endswith(".yaml"):
+            yield f"{prefix}{entry.name[:-5]}"
+
+
+@pytest.fixture(scope="module")
+def composer():
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        yield lambda overrides, hydra=False: compose(config_name="config", overrides=overrides,
+                                                      return_hydra_config=hydra)
+    GlobalHydra.instance().clear()
+
+
+@pytest.mark.parametrize("system", [n for n in _names("system")])
+def test_every_system_types(composer, system):
+    sys_obj, name = typed_system(composer([f"system={system}"]).system)
+    assert name == system and set(sys_obj.modes) <= {"sim", "real"}
+
+
+@pytest.mark.parametrize("fault", _names("fault"))
+def test_every_fault_types(composer, fault):
+    typed_job(composer([f"fault={fault}", "system=zb"]))
+
+
+@pytest.mark.parametrize("hardware", [n for n in _names("hardware") if n != "local"])
+def test_every_hardware_types(composer, hardware):
+    assert typed_job(composer([f"hardware={hardware}", "system=zb"])).hardware.peak_flops
+
+
+@pytest.mark.parametrize("experiment", _names("experiment"))
+def test_every_experiment_and_its_sweep_types(composer, experiment):
+    cfg = composer([f"experiment={experiment}"], hydra=True)
+    params = dict(cfg.hydra.sweeper.params or {})
+    axes = []
+    for key, values in params.items():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        ov = OverridesParser.create().parse_overrides([f"{key}={values}"])[0]
+        vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [str(values)]
+        axes.append([f"{key}={v}" for v in vals])
+    combos = list(itertools.product(*axes)) or [()]
+    # Every value of every axis appears in some checked combination, without the full product.
+    picked = {tuple(axis[i % len(axis)] for axis in axes) for i in range(max(map(len, axes), default=1))}
+    for combo in sorted(picked) if axes else combos:
+        typed_job(composer([f"experiment={experiment}", *combo]))
+
+
+def test_default_plan_steps_pass_preflight():
+    plan = load_plan()
+    assert plan.steps, "the default plan must run something"
+    for step in plan.steps:
+        assert preflight(list(step.args)) is None, step.title
