@@ -131,9 +131,8 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
         from bench.launchers.docker import run_in_container
 
         inner = [o for o in overrides if not o.startswith("launcher=")]
+        # The launcher streams the container's own output, summaries included.
         run = run_in_container(inner, cfg.results_dir, image=str(cfg.container_image))
-        for rec in run.records:
-            print_record(rec)
         if run.exit_code != 0 and sweep is None:
             sys.exit(1)
         return None

@@ -41,6 +41,8 @@ def git_info() -> dict:
     if commit is None:
         # Installed from a wheel (e.g. in the container): the build may stamp the commit.
         commit = os.environ.get("MLSYS_BENCH_GIT_COMMIT") or None
+        flag = os.environ.get("MLSYS_BENCH_GIT_DIRTY")
+        dirty = None if flag is None else flag.lower() in ("1", "true", "yes")
     return {"commit": commit, "dirty": dirty}
 
 
