@@ -46,6 +46,9 @@ def validate_link_delay(fault, stages: int) -> None:
         if ev.start_iter <= last:
             raise ConfigError(f"fault.trace[{k}].start_iter {ev.start_iter} must be after the previous event's ({last})")
         last = ev.start_iter
+    for k, it in enumerate(fault.rnic_failure_iters):
+        if it < 0:
+            raise ConfigError(f"fault.rnic_failure_iters[{k}] must be >= 0, got {it}")
 
 
 def link_delays_at(fault, iteration: int, stages: int) -> dict[Link, float]:

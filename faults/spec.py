@@ -32,15 +32,73 @@ class LinkDelay:
     trace: List[DelayEvent] = field(default_factory=list)
     # 'oracle': the scheduler is told the delays; 'measured': per-link timers + change detection.
     detection: str = "oracle"
+    # Iterations before which an RNIC of the pipeline fails (spec adaptra S7, sim only):
+    # host-delegated systems fail over to another NIC for free, the others pay a
+    # checkpoint-restart (system.restart_cost_s).
+    rnic_failure_iters: List[int] = field(default_factory=list)
+
+
+@dataclass
+class DpLinkDelay:
+    """Extra per-message latency on one data-parallel link: the link between two replicas of
+    pipeline stage ``stage``, which that stage's gradient ring all-reduce crosses (spec adaptra
+    S5, sim only). Negative ``stage`` counts from the last stage."""
+
+    kind: str = "dp_link_delay"
+    stage: int = 0
+    delay_s: float = 0.0
+    start_iter: int = 0
+    stop_iter: Optional[int] = None
+    # 'oracle': mitigating systems are told at once; 'measured': change-point detection on
+    # iteration times (Falcon's detector, which ADAPTRA reuses).
+    detection: str = "oracle"
+
+
+@dataclass
+class VaryingLinkDelay:
+    """Pipeline-link delays that change inside iterations (spec adaptra S6, sim only).
+
+    From time 0, every U(interval_s) seconds ``links_per_change`` links (0 = all) drawn from ``links``
+    ([] = every pipeline link) get a delay drawn from ``delay_s`` = [low, high] in steps of
+    ``delay_step_s`` (0 = continuous); the other links carry none. Deterministic per ``seed``.
+    """
+
+    kind: str = "varying_link_delay"
+    links: List[List[int]] = field(default_factory=list)
+    links_per_change: int = 0
+    interval_s: List[float] = field(default_factory=lambda: [0.05, 0.10])
+    delay_s: List[float] = field(default_factory=lambda: [0.010, 0.060])
+    delay_step_s: float = 0.001
+    seed: int = 0
+    # 'oracle': the scheduler sees the delays in force when an iteration starts; 'measured':
+    # each link's time-averaged delay over the previous iteration.
+    detection: str = "oracle"
+
+
+@dataclass
+class SlowdownEvent:
+    """One segment of a compute-slowdown trace: from ``start_iter`` (inclusive) on, ``gpus``
+    run ``factor`` (or ``factors[k]`` for ``gpus[k]``) times slower; the others run at 1."""
+
+    start_iter: int = 0
+    gpus: List[int] = field(default_factory=list)
+    factor: float = 1.0
+    factors: List[float] = field(default_factory=list)
 
 
 @dataclass
 class ComputeSlowdown:
+    """GPUs whose compute runs ``factor`` times slower (spec malleus 5/6: x_g)."""
+
     kind: str = "compute_slowdown"
     gpus: List[int] = field(default_factory=list)
     factor: float = 1.0
     start_iter: int = 0
     stop_iter: Optional[int] = None
+    # Per-GPU factors (same length as gpus); empty = ``factor`` for all of them.
+    factors: List[float] = field(default_factory=list)
+    # Optional time-varying trace; when non-empty it replaces gpus/factor(s).
+    trace: List[SlowdownEvent] = field(default_factory=list)
 
 
 @dataclass
@@ -55,6 +113,8 @@ class RankKill:
 KINDS = {
     "none": NoFault,
     "link_delay": LinkDelay,
+    "dp_link_delay": DpLinkDelay,
+    "varying_link_delay": VaryingLinkDelay,
     "compute_slowdown": ComputeSlowdown,
     "rank_kill": RankKill,
 }

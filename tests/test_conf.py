@@ -51,7 +51,7 @@ def test_every_system_types(composer, system):
 
 @pytest.mark.parametrize("fault", _names("fault"))
 def test_every_fault_types(composer, fault):
-    typed_job(composer([f"fault={fault}", "system=zb"]))
+    assert typed_job(composer([f"fault={fault}", "system=zb"])).fault.kind
 
 
 @pytest.mark.parametrize("hardware", [n for n in _names("hardware") if n != "local"])
@@ -74,7 +74,8 @@ def test_every_experiment_and_its_sweep_types(composer, experiment):
     # Every value of every axis appears in some checked combination, without the full product.
     picked = {tuple(axis[i % len(axis)] for axis in axes) for i in range(max(map(len, axes), default=1))}
     for combo in sorted(picked) if axes else combos:
-        typed_job(composer([f"experiment={experiment}", *combo]))
+        job = typed_job(composer([f"experiment={experiment}", *combo]))
+        assert job.system_name and job.workload.kind
 
 
 def test_default_plan_steps_pass_preflight():

@@ -9,6 +9,17 @@
 
 Sim mode replays each iteration's schedule in the discrete-event simulator; real mode runs it
 on S local processes (impl.common.runtime). Both read the same fault spec.
+
+Sim mode also models (spec adaptra §6 S5-S7):
+- the gradient all-reduce of every stage when workload.dp > 1 (bucketed ring, exposed after the
+  stage's last weight gradient), and a slow DP link on it (fault kind ``dp_link_delay``);
+  ``dp_link_policy`` says what the system does about one (ignore, or remap it into a pipeline
+  link once detected; Falcon's ski-rental ladder in impl.adaptra.falcon);
+- delays that change inside iterations (fault kind ``varying_link_delay``); plans still change
+  only at iteration boundaries, from what the system saw;
+- RNIC failures (``fault.rnic_failure_iters``): delegated systems fail over for free and stay
+  on the delegated path, the others pay ``restart_cost_s`` once per failure.
+One-time costs (remap, restart) go to ``total_time_s``, not to iteration times.
 """
 from __future__ import annotations
 
@@ -17,7 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from faults.dp_link import dp_link_delays_at, validate_dp_link_delay
 from faults.link_delay import link_delays_at, validate_link_delay
+from faults.varying_delay import DelayTimeline, validate_varying_link_delay
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.schedule.comm import insert_comm
 from impl.common.schedule.generators import generate
@@ -30,10 +43,13 @@ DELEGATE_WHEN = ("always", "on_delay")
 DETECTIONS = ("oracle", "measured")
 
 
-SUPPORTED_FAULTS = ("none", "link_delay")
+SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay")
 
 
 class PipelineTraining(System):
+    SUPPORTED_FAULTS = ("none", "link_delay", "dp_link_delay", "varying_link_delay")
+    DP_POLICIES = ("ignore", "remap")
+
     @dataclass
     class Config:
         schedule: str = "adaptra"
@@ -50,6 +66,16 @@ class PipelineTraining(System):
         steps_per_op: int = 30
         # Write a Chrome trace and a timeline PNG of the slowest simulated iteration.
         timeline: bool = True
+        # Sim: what to do about a slow data-parallel link: 'ignore' or 'remap' it into a
+        # pipeline link once detected (spec 2.6).
+        dp_link_policy: str = "ignore"
+        # Sim: DDP gradient bucket. Default: Megatron-LM's 40M elements x 2 bytes (fp16); the
+        # artifact is a Megatron fork (PyTorch DDP would be 25 MB).
+        bucket_bytes: float = 80e6
+        # Sim: one-time cost of remapping ranks (rebuild communicators, move one stage's
+        # states) [R], and of a checkpoint-restart (spec 6: default 5 min).
+        remap_cost_s: float = 10.0
+        restart_cost_s: float = 300.0
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
@@ -62,23 +88,16 @@ class PipelineTraining(System):
             raise ConfigError(f"system.queue_depth must be >= 1, got {cfg.queue_depth}")
         if cfg.num_delegates < 0:
             raise ConfigError(f"system.num_delegates must be >= 0 (0 = automatic), got {cfg.num_delegates}")
+        if cfg.dp_link_policy not in self.DP_POLICIES:
+            raise ConfigError(f"system.dp_link_policy: unknown value {cfg.dp_link_policy!r} "
+                              f"(one of: {', '.join(self.DP_POLICIES)})")
+        if not cfg.bucket_bytes > 0:
+            raise ConfigError(f"system.bucket_bytes must be > 0, got {cfg.bucket_bytes}")
+        for field in ("remap_cost_s", "restart_cost_s"):
+            if not getattr(cfg, field) >= 0:
+                raise ConfigError(f"system.{field} must be >= 0 seconds, got {getattr(cfg, field)}")
 
     # ---- shared by both modes -------------------------------------------------------------
-    def _delays(self, job: JobContext, iteration: int) -> dict:
-        return link_delays_at(job.fault, iteration, job.workload.stages)
-
-    def _detected(self, job: JobContext, iteration: int) -> dict:
-        """Delays the scheduler acts on at ``iteration``.
-
-        oracle: the injected table itself (the artifact reads it from Redis each iteration).
-        measured (sim): what per-link timers saw during the previous iteration, i.e. one
-        iteration of lag; the real runtime measures transit times instead.
-        """
-        detection = getattr(job.fault, "detection", "oracle")
-        if detection == "oracle":
-            return self._delays(job, iteration)
-        return self._delays(job, iteration - 1) if iteration > 0 else {}
-
     def _delegates(self, job: JobContext, max_delay_s: float) -> int:
         n = job.workload.num_microbatches
         from impl.common.runtime.executor import default_num_delegates
@@ -109,10 +128,18 @@ class PipelineTraining(System):
         if wl.stages < 1 or wl.num_microbatches < 1:
             raise ConfigError(f"workload.stages ({wl.stages}) and workload.num_microbatches "
                               f"({wl.num_microbatches}) must be >= 1")
-        if job.fault.kind not in SUPPORTED_FAULTS:
+        if job.fault.kind not in self.SUPPORTED_FAULTS:
             raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {job.fault.kind!r} "
-                              f"(supports: {', '.join(SUPPORTED_FAULTS)})")
+                              f"(supports: {', '.join(self.SUPPORTED_FAULTS)})")
         validate_link_delay(job.fault, wl.stages)
+        validate_dp_link_delay(job.fault, wl.stages, wl.dp)
+        validate_varying_link_delay(job.fault, wl.stages)
+        if job.fault.kind == "dp_link_delay" and wl.sim_op_time_s:
+            raise ConfigError("fault.kind dp_link_delay needs gradient sizes from the model shape; "
+                              "workload.sim_op_time_s must be null")
+        if job.mode != "sim" and (job.fault.kind in SIM_ONLY_FAULTS or getattr(job.fault, "rnic_failure_iters", None)):
+            what = "fault.rnic_failure_iters" if job.fault.kind == "link_delay" else f"fault.kind {job.fault.kind}"
+            raise ConfigError(f"{what} exists only in sim mode (mode={job.mode})")
         if job.mode == "sim":
             return self._run_sim(job)
         return self._run_real(job)
@@ -138,42 +165,141 @@ class PipelineTraining(System):
         # inline sends block until delivered; in the simulator that is a depth-1 FIFO too.
         return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth)
 
+    def _mitigation(self, job: JobContext):
+        from impl.adaptra.mitigate import DpMitigation, RemapOnDetect
+
+        if self.cfg.dp_link_policy == "remap":
+            return RemapOnDetect(getattr(job.fault, "detection", "oracle"), self.cfg.remap_cost_s)
+        return DpMitigation()
+
+    def _dp_allreduce(self, job: JobContext):
+        """``(grad bytes per stage, bw, latency)`` of the stage gradient all-reduce, or None
+        when there is none (dp = 1, or hand-set op times without a model).
+
+        A stage's DP group is ``dp`` ranks ``tp`` apart (placement in impl.common.cost.comm);
+        it stays inside a node when dp·tp <= gpus_per_node. Each TP rank all-reduces its own
+        shard over its own link.
+        """
+        from impl.common.cost.transformer import stage_grad_bytes
+
+        wl, hw = job.workload, job.hardware
+        if wl.dp <= 1 or wl.sim_op_time_s:
+            return None
+        if hw.allreduce_bw_bytes_per_s:  # measured (calibration): already effective
+            bw, lat = hw.allreduce_bw_bytes_per_s, hw.allreduce_latency_s or hw.inter_node_latency_s
+        elif wl.dp * wl.tp <= hw.gpus_per_node:
+            bw, lat = hw.intra_node_bw_bytes_per_s * hw.comm_efficiency, hw.intra_node_latency_s
+        else:
+            bw, lat = hw.inter_node_bw_bytes_per_s * hw.comm_efficiency, hw.inter_node_latency_s
+        return stage_grad_bytes(wl.model, wl.stages, wl.dtype, wl.tp), bw, lat
+
+    def _dp_times(self, dp_spec, dp: int, slow: dict) -> Optional[tuple]:
+        from impl.adaptra.mitigate import bucketed_allreduce_s
+
+        if dp_spec is None:
+            return None
+        grads, bw, lat = dp_spec
+        return tuple(bucketed_allreduce_s(g, dp, bw, lat, self.cfg.bucket_bytes, slow.get(s, 0.0))
+                     for s, g in enumerate(grads))
+
     def _run_sim(self, job: JobContext) -> RunResult:
+        from impl.adaptra.mitigate import remap_link
         from impl.common.sim.pipeline import CommModel, simulate_iteration
 
-        wl = job.workload
+        wl, fault = job.workload, job.fault
         S, N = wl.stages, wl.num_microbatches
         costs, link = self._costs(job)
         tF, tB, tW = list(costs.tf_s), list(costs.tb_s), list(costs.tw_s)
         iters = wl.warmup_iterations + wl.iterations
-        cache: dict = {}
-        times, bubbles, hol, dep, plans = [], [], [], [], []
+        detection = getattr(fault, "detection", "oracle")
+        timeline = DelayTimeline(fault, S) if fault.kind == "varying_link_delay" else None
+        rnic_failures = set(getattr(fault, "rnic_failure_iters", None) or [])
+        dp_spec = self._dp_allreduce(job)
+        ctl = self._mitigation(job)
+        sched_cache: dict = {}
+        sim_cache: dict = {}
+        times, bubbles, hol, dep, plans, events, in_force = [], [], [], [], [], [], []
+        overhead_s = 0.0
+        origin_s = 0.0  # wall clock of the run (time-varying delays are functions of it)
+        prev_pp: dict = {}  # the previous iteration's pipeline-link delays (measured detection)
+        prev_window = None
+        failed_over = False
         worst = None
         for it in range(iters):
-            injected = self._delays(job, it)
-            detected = self._detected(job, it)
-            delegated = self._uses_delegates(detected)
-            max_delay = max(list(detected.values()) + [0.0])
+            # ---- iteration boundary: actions decided so far take effect ----------------------
+            dp_inj = dp_link_delays_at(fault, it, S)
+            new = ctl.boundary(it, dp_inj)
+            if it in rnic_failures:
+                if self.cfg.comm == "delegated":
+                    failed_over = True
+                    new.append({"iteration": it, "action": "rnic_failover", "cost_s": 0.0,
+                                "why": "RNIC failure: delegates switch NIC"})
+                else:
+                    new.append({"iteration": it, "action": "restart", "cost_s": self.cfg.restart_cost_s,
+                                "why": "RNIC failure: checkpoint-restart"})
+            # ---- what is injected this iteration -------------------------------------------
+            if ctl.healed:
+                dp_inj = {}
+            pp = {} if timeline else link_delays_at(fault, it, S)
+            remapped_links = {}
+            if ctl.remapped and dp_inj:
+                for stage, d in dp_inj.items():
+                    lk = remap_link(stage, S)
+                    remapped_links[lk] = pp[lk] = max(pp.get(lk, 0.0), d)
+                dp_inj = {}
+            # ---- what the scheduler acts on ------------------------------------------------
+            if timeline is not None:
+                if detection == "oracle":
+                    detected = timeline.table_at(origin_s)
+                else:
+                    detected = timeline.mean_over(*prev_window) if prev_window else {}
+            elif detection == "oracle":
+                detected = dict(pp)
+            else:
+                # One iteration of lag; a remapped link's delay is known from the profiling that found it.
+                detected = {**prev_pp, **remapped_links}
+            delegated = self.cfg.comm == "delegated" and (failed_over or self._uses_delegates(detected))
             if delegated:
+                max_delay = max(list(detected.values()) + [0.0])
                 comm = CommModel(kind="delegated", delegates=self._delegates(job, max_delay),
                                  cpu_penalty=self.cfg.cpu_penalty)
             else:
                 comm = self._stream_comm()
             plan_key = tuple(sorted(detected.items())) if self.cfg.schedule == "adaptra" else ()
-            key = (plan_key, tuple(sorted(injected.items())), comm)
-            if key not in cache:
+            if plan_key not in sched_cache:
                 sched, warmup = self._compute_schedule(tF, tB, tW, dict(plan_key), S, N)
-                cache[key] = (simulate_iteration(insert_comm(sched), costs, link, comm, delays=injected), warmup, comm)
-            res, warmup, comm = cache[key]
+                sched_cache[plan_key] = (insert_comm(sched), warmup)
+            sched, warmup = sched_cache[plan_key]
+            dp_s = self._dp_times(dp_spec, wl.dp, dp_inj)
+            if timeline is not None:
+                res = simulate_iteration(sched, costs, link, comm, delays=timeline.delay, dp_allreduce_s=dp_s,
+                                         origin_s=origin_s)
+            else:
+                key = (plan_key, tuple(sorted(pp.items())), comm, dp_s)
+                if key not in sim_cache:
+                    sim_cache[key] = simulate_iteration(sched, costs, link, comm, delays=pp, dp_allreduce_s=dp_s)
+                res = sim_cache[key]
+            T = res.iteration_time_s
+            action_now = "rnic_failover" if failed_over and ctl.in_force == "none" else ctl.in_force
+            ctl.observe(it, T, dp_link_delays_at(fault, it, S) if not ctl.healed else {})
+            one_time = sum(e["cost_s"] for e in new)
+            prev_pp, prev_window = pp, (origin_s + one_time, origin_s + one_time + T)
+            origin_s += one_time + T
             if it < wl.warmup_iterations:
                 continue
-            times.append(res.iteration_time_s)
-            T = res.iteration_time_s
+            events += new
+            overhead_s += one_time
+            times.append(T)
+            in_force.append(action_now)
             bubbles.append(res.bubble_fraction())
             hol.append(sum(b.hol_s for b in res.breakdown) / (S * T))
             dep.append(sum(b.dependency_s for b in res.breakdown) / (S * T))
-            plans.append({"iteration": it, "delays_s": {f"{a}-{b}": v for (a, b), v in injected.items()},
-                          "warmup": warmup, "comm": comm.kind, "delegates": comm.delegates if comm.kind == "delegated" else 0})
+            if len(plans) < 20:
+                plans.append({"iteration": it, "delays_s": {f"{a}-{b}": v for (a, b), v in detected.items()}
+                              if timeline is not None else {f"{a}-{b}": v for (a, b), v in pp.items()},
+                              "dp_delays_s": {str(k): v for k, v in dp_inj.items()},
+                              "warmup": warmup, "comm": comm.kind,
+                              "delegates": comm.delegates if comm.kind == "delegated" else 0})
             if worst is None or T > worst.iteration_time_s:
                 worst = res
         # The same policy with no delay at all: the denominator of the paper's "slowdown".
@@ -181,22 +307,39 @@ class PipelineTraining(System):
         comm0 = (CommModel(kind="delegated", delegates=self._delegates(job, 0.0), cpu_penalty=self.cfg.cpu_penalty)
                  if self.cfg.comm == "delegated" and self.cfg.delegate_when == "always"
                  else self._stream_comm())
-        t0 = simulate_iteration(insert_comm(sched0), costs, link, comm0).iteration_time_s
+        t0 = simulate_iteration(insert_comm(sched0), costs, link, comm0,
+                                dp_allreduce_s=self._dp_times(dp_spec, wl.dp, {})).iteration_time_s
         samples_per_iter = wl.micro_batch_size * N * max(wl.dp, 1)
+        total_s = math.fsum(times) + overhead_s
+        tail = times[-max(1, len(times) // 4):]
         metrics = {
             "iteration_time_s": Metric.from_samples(times, "s", "lower"),
-            "total_time_s": Metric.scalar(math.fsum(times), "s", "lower"),
-            "throughput_samples_per_s": Metric.scalar(samples_per_iter * len(times) / math.fsum(times), "samples/s", "higher"),
+            "mean_iteration_time_s": Metric.scalar(math.fsum(times) / len(times), "s", "lower"),
+            "steady_iteration_time_s": Metric.from_samples(tail, "s", "lower"),
+            "total_time_s": Metric.scalar(total_s, "s", "lower"),
+            "total_time_min": Metric.scalar(total_s / 60.0, "min", "lower"),
+            "one_time_costs_s": Metric.scalar(overhead_s, "s", "lower"),
+            "throughput_samples_per_s": Metric.scalar(samples_per_iter * len(times) / total_s, "samples/s", "higher"),
             "slowdown_vs_no_delay": Metric.from_samples([t / t0 for t in times], "x", "lower"),
             "bubble_fraction": Metric.from_samples(bubbles, "fraction", "lower"),
             "hol_share": Metric.from_samples(hol, "fraction", "lower"),
             "dependency_bubble_share": Metric.from_samples(dep, "fraction", "lower"),
         }
-        result = RunResult(metrics=metrics, info={
+        runs = []  # the action in force, run-length encoded: one entry per change
+        for k, action in enumerate(in_force):
+            if not runs or runs[-1]["action"] != action:
+                runs.append({"from_iteration": wl.warmup_iterations + k, "action": action})
+        info = {
             "schedule": self.cfg.schedule, "comm": self.cfg.comm, "adapt_formula": self.cfg.adapt_formula,
-            "detection": getattr(job.fault, "detection", "oracle"), "no_delay_iteration_time_s": t0,
+            "detection": detection, "no_delay_iteration_time_s": t0,
             "op_times_s": {"tF": tF[0], "tB": tB[0], "tW": tW[0]} if len(set(tF)) == 1 else {"tF": tF, "tB": tB, "tW": tW},
-            "plans": plans[:20], "distinct_plans": len(cache)})
+            "plans": plans, "distinct_plans": len(sched_cache), "distinct_simulations": len(sim_cache),
+            "events": events, "mitigation": ctl.info(), "action_in_force": runs,
+            "iteration_times_s": [round(t, 9) for t in times]}
+        if dp_spec is not None:
+            info["dp_allreduce_no_delay_s"] = list(self._dp_times(dp_spec, wl.dp, {}))
+            info["bucket_bytes"] = self.cfg.bucket_bytes
+        result = RunResult(metrics=metrics, info=info)
         if self.cfg.timeline and worst is not None:
             trace = job.out_dir / "timeline.trace.json"
             trace.write_text(json.dumps(worst.to_chrome_trace()))

@@ -6,6 +6,7 @@ system by hand: the system yaml names the class in ``_target_``.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import pathlib
@@ -96,7 +97,7 @@ class JobContext:
     show_progress: bool = True
 
 
-class System:
+class System(abc.ABC):
     """Base class for every system and baseline.
 
     Subclasses set ``Config`` to a dataclass of their knobs and ``modes`` to the modes they
@@ -113,5 +114,6 @@ class System:
         self.cfg = cfg
         self.name = name
 
-    def run(self, job: JobContext) -> RunResult:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def run(self, job: JobContext) -> RunResult:
+        """Run one job and return its metrics."""

@@ -44,7 +44,8 @@ def test_s3_speedups_inside_paper_band(tmp_path, workload, link, delay):
              f"fault.delay_s={delay}", "system.timeline=false"]
     t = {s: it_time(s, extra, tmp_path) for s in ("1f1b", "zb", "adaptra")}
     for baseline in ("1f1b", "zb"):
-        assert 1.2 <= t[baseline] / t["adaptra"] <= 3.5, (baseline, t)
+        speedup = t[baseline] / t["adaptra"]
+        assert speedup >= 1.2 and speedup <= 3.5, (baseline, t)
 
 
 def test_sim_is_bit_reproducible(tmp_path):

@@ -90,13 +90,13 @@ def test_gpu_dtype_ordering(name):
 
 
 def test_sibling_profiles_differ_only_where_expected():
-    same_except("h800", "h100-sxm", {"intra_node_bw_bytes_per_s"})
-    same_except("a800-80g", "a100-80g", {"intra_node_bw_bytes_per_s"})
-    same_except("a100-40g", "a100-80g", {"memory_bytes", "memory_bw_bytes_per_s"})
-    same_except("h200", "h100-sxm", {"memory_bytes", "memory_bw_bytes_per_s"})
+    assert_same_except("h800", "h100-sxm", {"intra_node_bw_bytes_per_s"})
+    assert_same_except("a800-80g", "a100-80g", {"intra_node_bw_bytes_per_s"})
+    assert_same_except("a100-40g", "a100-80g", {"memory_bytes", "memory_bw_bytes_per_s"})
+    assert_same_except("h200", "h100-sxm", {"memory_bytes", "memory_bw_bytes_per_s"})
 
 
-def same_except(a: str, b: str, differing: set[str]) -> None:
+def assert_same_except(a: str, b: str, differing: set[str]) -> None:
     pa, pb = profile(a), profile(b)
     skip = {"name", "source"} | differing
     for f in dataclasses.fields(HardwareProfile):

@@ -39,6 +39,7 @@ trainer dies); :func:`delegate_main` is their entry point.
 """
 from __future__ import annotations
 
+import abc
 import os
 import queue
 import threading
@@ -113,7 +114,7 @@ def channel_name(src: int, dst: int) -> str:
     return f"{src}->{dst} {direction_of(src, dst)}"
 
 
-class Comm:
+class Comm(abc.ABC):
     """Common bookkeeping: direction checks, counts, transit times, header checks."""
 
     name = "base"
@@ -144,11 +145,13 @@ class Comm:
         self.received.clear()
         self.monitor.reset()
 
+    @abc.abstractmethod
     def send(self, tensor: torch.Tensor, peer: int, mb: int, direction: str) -> None:
-        raise NotImplementedError
+        """Hand ``tensor`` (micro-batch ``mb``) to ``peer``; each path decides when it blocks."""
 
+    @abc.abstractmethod
     def recv(self, peer: int, mb: int, direction: str) -> torch.Tensor:
-        raise NotImplementedError
+        """Block until ``peer``'s message for ``mb`` has arrived and return it."""
 
     def end_iteration(self) -> dict[str, int]:
         """Check exactly N messages per direction on each of this rank's links; return counts."""
