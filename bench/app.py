@@ -143,7 +143,27 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
     return None
 
 
+def _own_conf_first() -> None:
+    """Make ``import conf`` find this project's configs, not a ``conf/`` folder that happens
+    to sit in the working directory (``python -m`` puts the working directory first)."""
+    import importlib
+    import pathlib
+
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    mod = sys.modules.get("conf")
+    if mod is not None and not str(getattr(mod, "__file__", "") or "").startswith(root):
+        del sys.modules["conf"]
+    if sys.path[:1] != [root]:
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    import warnings
+
+    _own_conf_first()
+    # The ./conf search path entry is optional; its absence is not worth a warning.
+    warnings.filterwarnings("ignore", message=r".*hydra\.searchpath in main, path=conf is not available.*")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         from bench.default_plan import run_default_plan
