@@ -53,7 +53,7 @@ def run_real(system, job: JobContext) -> RunResult:
                          if job.fault.kind == "link_delay" else None, seed=job.seed,
                          num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
                          fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
-                         detection=getattr(job.fault, "detection", None))
+                         detection=getattr(job.fault, "detection", None), progress=job.show_progress)
     times = stats.iteration_times_s
     samples = wl.micro_batch_size * wl.num_microbatches
     raw = {op: stats.mean_raw_op_s(op) for op in ("F", "B", "W", "BW")}

@@ -378,6 +378,8 @@ class _Trainer:
             if measured:
                 send_wait += comm.send_wait_s - wait0
             out["times"].append(elapsed)
+            if getattr(self, "progress_q", None) is not None:
+                self.progress_q.put(("progress", it, elapsed))
             out["losses"].append(losses)
             out["messages"].append(counts)
             out["injected"].append(_keyed(injected))
@@ -406,6 +408,7 @@ def _trainer_main(rank: int, cfg: _RunConfig, channels, result_q) -> None:
     try:
         t0 = time.perf_counter()
         trainer = _Trainer(rank, cfg, channels)
+        trainer.progress_q = result_q if rank == 0 else None
         setup_s = time.perf_counter() - t0
         result = trainer.run()
         result["setup_s"] = setup_s
@@ -482,7 +485,7 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
                  optimizer: str = "sgd", lr: float = 0.1, detection: Optional[str] = None,
                  fifo_depth: int = 1, delegate_when: str = "always", pg_timeout_s: float = 120.0,
                  timeout_s: float = 900.0, start_method: str = "forkserver", verify_checksums: bool = True,
-                 validate: bool = True) -> RunStats:
+                 validate: bool = True, progress: bool = False) -> RunStats:
     """Run ``warmup + iterations`` training iterations of the tiny GPT on S processes.
 
     ``schedule_fn(iteration, {(i, i+1): seconds}) -> Schedule`` is called by every rank at
@@ -543,12 +546,22 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
     errors: list[tuple] = []
     deadline = time.monotonic() + timeout_s
 
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=warmup + iterations, desc=f"real pipeline S={S} N={N} ({comm})", unit="it", leave=False)
+
     def handle(msg) -> None:
         kind = msg[0]
         if kind == "result":
-            results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=False)
+            results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=True)
         elif kind == "error":
             errors.append(msg)
+        elif kind == "progress":
+            if bar is not None:
+                bar.set_postfix_str(f"iteration {msg[1]}: {msg[2]:.3f} s", refresh=False)
+                bar.update(1)
         elif kind == "delegate_done":
             delegate_counts[msg[1]] = msg[2]
 
@@ -623,6 +636,8 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
         # After a failure the survivors are typically blocked on a dead peer: don't wait long.
         _shutdown(procs, channels, drain, handle, grace_s=1.0 if errors else 10.0)
         del store
+        if bar is not None:
+            bar.close()
 
     if errors:
         _, who, etype, text = _pick_error(errors)[:4]
