@@ -1,0 +1,147 @@
+"""Per-op cost model of a diffusers UNet (roofline), traced on the meta device.
+
+:func:`trace_unet_ops` builds the real ``UNet2DConditionModel`` on the ``meta`` device (no
+memory, no weights) and runs one forward with hooks; every Conv2d, Linear, GroupNorm,
+LayerNorm and attention core becomes an :class:`Op` with its shapes, FLOPs and bytes.
+:func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``.
+Elementwise work that is not a module (SiLU, residual adds) is charged to the norm ops as
+``ELEMENTWISE_PASSES`` extra read+write passes over their tensors.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from impl.common.hardware import HardwareProfile
+
+BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+ELEMENTWISE_PASSES = 2  # activation + residual, charged to each norm op
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    kind: str  # conv | linear | attn_core | groupnorm | layernorm
+    cells: int  # spatial cells (H*W) or tokens of the output grid; 0 = not spatial (time emb, text)
+    flops: float  # at batch `batch`
+    bytes_in: float  # activation bytes read (elements; multiply by dtype size)
+    bytes_out: float  # activation bytes written (elements)
+    weight_elems: float
+    block: str = ""  # transformer block the op belongs to ("" = none)
+    role: str = ""  # attn1.q | attn1.kv | attn1.core | attn1.out | attn2.q | attn2.kv | attn2.core | ff | proj | ...
+    kernel: int = 1
+    stride: int = 1
+    cin: int = 0
+    cout: int = 0
+    hw: tuple = ()
+
+
+def _role(name: str) -> str:
+    parts = name.split(".")
+    for a in ("attn1", "attn2"):
+        if a in parts:
+            leaf = parts[parts.index(a) + 1] if parts.index(a) + 1 < len(parts) else ""
+            if leaf in ("to_q",):
+                return f"{a}.q"
+            if leaf in ("to_k", "to_v"):
+                return f"{a}.kv"
+            if leaf == "to_out":
+                return f"{a}.out"
+            return f"{a}.core"
+    if ".ff." in name:
+        return "ff"
+    if name.endswith(("proj_in", "proj_out")):
+        return "proj"
+    if ".norm1" in name and "transformer_blocks" in name or ".norm2" in name and "transformer_blocks" in name \
+            or ".norm3" in name and "transformer_blocks" in name:
+        return "ln"
+    return ""
+
+
+def _block_of(name: str) -> str:
+    if "transformer_blocks." in name:
+        head, _, tail = name.partition("transformer_blocks.")
+        return head + "transformer_blocks." + tail.split(".")[0]
+    return ""
+
+
+@functools.lru_cache(maxsize=16)
+def _trace(shape_key: tuple, latent: int, batch: int, text_len: int) -> tuple:
+    from diffusers import UNet2DConditionModel
+    from diffusers.models.attention_processor import Attention
+
+    kw = dict(shape_key)
+    with torch.device("meta"):
+        unet = UNet2DConditionModel(**kw)
+    ops: list[Op] = []
+
+    def hook(name, mod):
+        def f(m, inputs, kwargs, output):
+            x = inputs[0] if inputs else kwargs.get("hidden_states")
+            if isinstance(m, torch.nn.Conv2d):
+                B, Ci, H, W = x.shape
+                _, Co, Ho, Wo = output.shape
+                k = m.kernel_size[0]
+                ops.append(Op(name, "conv", Ho * Wo, 2.0 * B * Ci * Co * k * k * Ho * Wo, x.numel(), output.numel(),
+                              m.weight.numel(), "", "conv", k, m.stride[0], Ci, Co, (Ho, Wo)))
+            elif isinstance(m, torch.nn.Linear):
+                tokens = x.numel() // x.shape[-1]
+                cells = x.shape[1] if x.ndim == 3 else 0
+                ops.append(Op(name, "linear", cells, 2.0 * tokens * m.in_features * m.out_features, x.numel(),
+                              output.numel(), m.weight.numel(), _block_of(name), _role(name),
+                              cin=m.in_features, cout=m.out_features))
+            elif isinstance(m, torch.nn.GroupNorm):
+                cells = x.shape[-1] * x.shape[-2] if x.ndim == 4 else 0
+                ops.append(Op(name, "groupnorm", cells, 8.0 * x.numel(), x.numel() * (1 + ELEMENTWISE_PASSES),
+                              output.numel() * (1 + ELEMENTWISE_PASSES), 0, "", "gn", cin=x.shape[1], cout=x.shape[1],
+                              hw=tuple(x.shape[-2:]) if x.ndim == 4 else ()))
+            elif isinstance(m, torch.nn.LayerNorm):
+                ops.append(Op(name, "layernorm", x.shape[1] if x.ndim == 3 else 0, 8.0 * x.numel(),
+                              x.numel() * (1 + ELEMENTWISE_PASSES), output.numel() * (1 + ELEMENTWISE_PASSES), 0,
+                              _block_of(name), "ln", cin=x.shape[-1], cout=x.shape[-1]))
+            elif isinstance(m, Attention):
+                q = x
+                kv = inputs[1] if len(inputs) > 1 and inputs[1] is not None else kwargs.get("encoder_hidden_states")
+                kv = q if kv is None else kv
+                B, Nq, C = q.shape
+                Nk = kv.shape[1]
+                inner = m.inner_dim
+                ops.append(Op(name + ".core", "attn_core", Nq, 4.0 * B * Nq * Nk * inner,
+                              B * (Nq + 2 * Nk) * inner, B * Nq * inner, 0, _block_of(name),
+                              ("attn1" if name.endswith("attn1") else "attn2") + ".core", cin=inner, cout=inner))
+        return f
+
+    for name, mod in unet.named_modules():
+        if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear, torch.nn.GroupNorm, torch.nn.LayerNorm)):
+            mod.register_forward_hook(hook(name, mod), with_kwargs=True)
+        elif isinstance(mod, Attention):
+            mod.register_forward_hook(hook(name, mod), with_kwargs=True)
+    with torch.no_grad():
+        x = torch.zeros(batch, kw.get("in_channels", 4), latent, latent, device="meta")
+        e = torch.zeros(batch, text_len, kw["cross_attention_dim"], device="meta")
+        unet(x, torch.tensor(10, device="meta"), encoder_hidden_states=e)
+    return tuple(ops)
+
+
+def trace_unet_ops(shape, latent: Optional[int] = None, batch: int = 2, text_len: int = 77,
+                   attention_head_dim=None) -> list[Op]:
+    """Ops of one UNet forward at ``batch`` (CFG = 2) for a :class:`UNetShape`."""
+    kw = shape.kwargs()
+    if attention_head_dim is not None:
+        kw["attention_head_dim"] = tuple(attention_head_dim) if isinstance(attention_head_dim, list) else attention_head_dim
+    key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items()))
+    return list(_trace(key, int(latent or shape.sample_size), batch, text_len))
+
+
+def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1.0, bytes_scale: float = 1.0,
+              launch_s: float = 5e-6) -> float:
+    b = BYTES[dtype]
+    mem = (op.bytes_in + op.bytes_out) * bytes_scale * b + op.weight_elems * b
+    return max(op.flops * flops_scale / hw.flops(dtype), mem / hw.memory_bw_bytes_per_s) + launch_s
+
+
+def dense_step_time_s(ops, hw: HardwareProfile, dtype: str, launch_s: float = 5e-6) -> float:
+    return sum(op_time_s(o, hw, dtype, launch_s=launch_s) for o in ops)

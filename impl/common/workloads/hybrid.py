@@ -1,0 +1,69 @@
+"""Workload for hybrid-parallel (DP x TP x PP) training on a GPU cluster (Malleus, Elastor,
+Hydraulis, ...): the cluster shape, the nominal layout, the global batch, the memory profile
+the planner's memory rows use, and the real-mode padding of spec malleus 5."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class HybridModelShape:
+    """LLaMA-like shape (ffn_hidden > 0: SwiGLU with 3 matrices) or GPT (ffn_hidden = 0:
+    ffn_mult * hidden, 2 matrices; what the tiny real-mode model is)."""
+
+    name: str = "gpt-tiny"
+    num_layers: int = 8
+    hidden: int = 64
+    heads: int = 4
+    ffn_mult: int = 4
+    ffn_hidden: int = 0
+    vocab: int = 256
+    seq_len: int = 64
+
+
+@dataclass
+class HybridMemory:
+    """Per-GPU memory profile at the nominal TP degree, in MB (2^20 bytes), spec 2.2:
+    k_d = state_mb_per_layer + act_mb_per_layer_mb * min(d, inflight_cap)."""
+
+    enabled: bool = False
+    state_mb_per_layer: float = 0.0
+    act_mb_per_layer_mb: float = 0.0
+    embed_mb: float = 0.0  # E: embedding / LM head on the first / last stage
+    extra_mb: float = 0.0  # X: framework buffers, fragmentation
+    capacity_mb: float = 0.0  # 0 = hardware.memory_bytes
+    reserve_mb: float = 0.0  # C = capacity - reserve
+    inflight_cap: int = 0  # 0 = no cap
+
+
+@dataclass
+class HybridWorkload:
+    kind: str = "hybrid"
+    model: HybridModelShape = field(default_factory=HybridModelShape)
+    num_gpus: int = 4
+    gpus_per_node: int = 1
+    dp: int = 2
+    tp: int = 1
+    pp: int = 2
+    global_batch_size: int = 16
+    micro_batch_size: int = 1
+    dtype: str = "bf16"
+    # TP-shrink slowdowns alpha_k (k = 0..log2 tp); empty = from the cost model (sim) or
+    # [1, 2, 4, 8] (real).
+    alpha: List[float] = field(default_factory=list)
+    memory: HybridMemory = field(default_factory=HybridMemory)
+    mfu: Optional[float] = None  # overrides hardware.mfu (spec malleus 6: 0.45)
+    iterations: int = 20
+    warmup_iterations: int = 2
+    # Real mode: per layer and micro-batch, forward / backward compute is padded (sleep) to
+    # these times, times the GPU's slowdown factor (spec malleus 5). 0 = unpadded.
+    layer_fwd_pad_s: float = 0.0
+    layer_bwd_pad_s: float = 0.0
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    torch_threads: int = 1
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // self.micro_batch_size

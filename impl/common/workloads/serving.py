@@ -1,0 +1,79 @@
+"""Workload for multi-LoRA LLM serving (CaraServe; LobRA reuses the LoRA pieces)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+
+@dataclass
+class RealModel:
+    """Tiny Llama for real mode (fields of ``transformers.LlamaConfig``)."""
+
+    name: str = "llama-tiny"
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    vocab_size: int = 1024
+
+
+@dataclass
+class PaperModel:
+    """Paper-scale shape for sim costs and for the emulated adapter bytes (spec 6)."""
+
+    name: str = "llama2-7b"
+    hidden: int = 4096
+    num_layers: int = 32
+    intermediate: int = 11008
+    heads: int = 32
+    kv_heads: int = 32
+    vocab: int = 32000
+    dtype_bytes: int = 2
+
+
+@dataclass
+class ServingTrace:
+    """Synthetic trace (impl.common.traces.TraceSpec) or a file that replaces it."""
+
+    num_requests: int = 1000
+    arrival: str = "poisson"
+    rate_rps: float = 5.0
+    cv: float = 3.0
+    prompt_median: float = 60.0
+    output_median: float = 120.0
+    sigma: float = 0.8
+    len_min: int = 4
+    len_max: int = 2048
+    output_min: int = 0  # 0 = len_min
+    output_max: int = 0  # 0 = len_max
+    file: Optional[str] = None
+
+
+@dataclass
+class ServingAdapters:
+    num_adapters: int = 100
+    zipf_alpha: float = 1.0
+    ranks: List[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    rank_weights: List[float] = field(default_factory=lambda: [0.25, 0.25, 0.25, 0.25])
+    use_rslora: bool = False
+
+
+@dataclass
+class ServingWorkload:
+    kind: str = "serving"
+    model: RealModel = field(default_factory=RealModel)
+    paper_model: PaperModel = field(default_factory=PaperModel)
+    trace: ServingTrace = field(default_factory=ServingTrace)
+    adapters: ServingAdapters = field(default_factory=ServingAdapters)
+    tp: int = 1
+    num_servers: int = 1
+    # Per-request TPOT SLO = slo_scale x isolated batch-1 TPOT at the request's rank ([R] spec 4).
+    slo_scale: float = 2.0
+    # Real mode on a CPU-only host: the emulated load of a mean-bytes adapter takes load_rho x
+    # the measured isolated prefill (spec 5: rho = T_load / T_prefill); bytes-proportional per rank.
+    load_rho: float = 0.5
+    # Real mode: rounds of the trace per system (interleaved systems rotate order per round).
+    repeats: int = 1
+    warmup_requests: int = 2
+    torch_threads: int = 1

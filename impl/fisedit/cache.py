@@ -1,0 +1,120 @@
+"""Per-step activation cache of an original generation (spec 2.1).
+
+Entries are keyed by ``(step, op name)``. Record mode writes step ``i`` only between
+``begin_step(i)`` and ``end_step(i)``; edit mode reads step ``i`` only while the edit is at
+step ``i`` (the engine passes its own step counter), so an entry can never be used at another
+step. Tensors live in host memory (a device tensor is copied with a non-blocking D2H).
+
+A byte budget bounds the cache: a step that does not fit is dropped whole and recorded in
+``skipped_steps``; the edit runs such a step dense (a miss).
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from impl.common.api import ConfigError
+
+
+class CacheMiss(KeyError):
+    pass
+
+
+@dataclass
+class ActivationCache:
+    meta: dict = field(default_factory=dict)
+    budget_bytes: float = math.inf
+    entries: dict = field(default_factory=dict)  # step -> {name: tensor}
+    skipped_steps: list = field(default_factory=list)
+    _open: Optional[int] = None
+    _dropping: bool = False
+    nbytes: int = 0
+
+    # ---- record ----------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        if self._open is not None:
+            raise RuntimeError(f"cache: step {self._open} still open when step {step} began")
+        if step in self.entries:
+            raise RuntimeError(f"cache: step {step} recorded twice")
+        self._open, self._dropping = step, False
+        self.entries[step] = {}
+
+    def put(self, step: int, name: str, tensor: torch.Tensor) -> None:
+        if step != self._open:
+            raise RuntimeError(f"cache: write for step {step} while step {self._open} is open (misaligned)")
+        if self._dropping:
+            return
+        slot = self.entries[step]
+        if name in slot:
+            raise RuntimeError(f"cache: {name} written twice at step {step} (a module ran twice per step?)")
+        t = tensor.detach()
+        t = t.to("cpu", non_blocking=True) if t.device.type != "cpu" else t
+        size = t.numel() * t.element_size()
+        if self.nbytes + size > self.budget_bytes:
+            self._drop_open()
+            return
+        slot[name] = t
+        self.nbytes += size
+
+    def _drop_open(self) -> None:
+        step = self._open
+        self.nbytes -= sum(t.numel() * t.element_size() for t in self.entries[step].values())
+        self.entries.pop(step)
+        self.skipped_steps.append(step)
+        self._dropping = True
+
+    def end_step(self, step: int) -> None:
+        if step != self._open:
+            raise RuntimeError(f"cache: end of step {step} while step {self._open} is open")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the D2H copies above are non-blocking
+        self._open, self._dropping = None, False
+
+    # ---- read ------------------------------------------------------------------------------
+    def has_step(self, step: int) -> bool:
+        return step in self.entries
+
+    def get(self, step: int, name: str, device=None) -> torch.Tensor:
+        try:
+            t = self.entries[step][name]
+        except KeyError:
+            raise CacheMiss(f"cache has no entry {name!r} at step {step}") from None
+        return t if device is None or t.device == torch.device(device) else t.to(device, non_blocking=True)
+
+    def step_bytes(self, step: int) -> int:
+        return sum(t.numel() * t.element_size() for t in self.entries.get(step, {}).values())
+
+    def check_compatible(self, *, seed: int, scheduler: str, timesteps: list, latent_shape: tuple) -> None:
+        """One line per mismatch kind (spec 8): the same z_T and scheduler are mandatory."""
+        m = self.meta
+        if m.get("seed") != seed:
+            raise ConfigError(f"workload.edit_seed: the cache was recorded with seed {m.get('seed')} but the edit uses "
+                              f"seed {seed}; the same z_T is mandatory (a new seed is a new image, not an edit)")
+        if m.get("scheduler") != scheduler:
+            raise ConfigError(f"workload.edit_scheduler: the cache was recorded with scheduler {m.get('scheduler')} "
+                              f"but the edit uses {scheduler}; the same scheduler config is mandatory")
+        if list(m.get("timesteps", [])) != list(timesteps):
+            raise ConfigError(f"workload.num_steps: the cache holds {len(m.get('timesteps', []))} steps but the edit "
+                              f"runs {len(timesteps)} (timesteps differ)")
+        if tuple(m.get("latent_shape", ())) != tuple(latent_shape):
+            raise ConfigError(f"workload.unet.sample_size: the cache latent shape {tuple(m.get('latent_shape', ()))} "
+                              f"differs from the edit's {tuple(latent_shape)}")
+
+    # ---- offload round trip ---------------------------------------------------------------
+    def save(self, path) -> pathlib.Path:
+        path = pathlib.Path(path)
+        torch.save({"meta": self.meta, "entries": self.entries, "skipped_steps": self.skipped_steps,
+                    "budget_bytes": self.budget_bytes}, path)
+        return path
+
+    @classmethod
+    def load(cls, path) -> "ActivationCache":
+        data: dict[str, Any] = torch.load(pathlib.Path(path), weights_only=False)
+        c = cls(meta=data["meta"], budget_bytes=data["budget_bytes"], entries=data["entries"],
+                skipped_steps=list(data["skipped_steps"]))
+        c.nbytes = sum(c.step_bytes(s) for s in c.entries)
+        return c

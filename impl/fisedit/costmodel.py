@@ -1,0 +1,169 @@
+"""FISEdit's sparse-step cost over the traced UNet ops (spec 6), shared by sim mode and by the
+real mode's theoretical caps.
+
+Which ops go sparse mirrors the engine: convs (3x3, stride-2, 1x1), GroupNorm (fused with
+the following conv) and token linears at >= ``conv_min``/``linear_min`` cells; inside a
+transformer block at >= ``attn_min`` tokens, everything but attn1's K/V projections, the
+LayerNorm that feeds them and attn2's text K/V scales with the active tokens; the rest is
+dense. Active fractions come from the actual per-layer masks (max-pooled latent mask, and for
+convs its block expansion), so halos, borders and pooling are counted, not assumed.
+
+Sparse op time [R] = roofline(op at its active fraction) + gather/scatter bytes / HBM BW +
+launch overhead per extra kernel; the step's cache bytes cross PCIe overlapped with compute,
+only the excess is exposed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, op_time_s
+from impl.common.hardware import HardwareProfile
+
+from .mask import layer_mask
+from .sparse import block_mask
+
+DENSE_ROLES_IN_SPARSE_BLOCK = ("attn1.kv", "attn2.kv")
+
+
+@dataclass
+class Thresholds:
+    conv_min: int
+    linear_min: int
+    attn_min: int
+
+    @classmethod
+    def auto(cls, latent_hw) -> "Thresholds":
+        base = latent_hw[0] * latent_hw[1]
+        return cls(max(1, base // 16), max(1, base // 16), max(1, base // 4))
+
+
+def _grid(cells: int, latent_hw) -> tuple:
+    H0, W0 = latent_hw
+    f = round(math.sqrt(H0 * W0 / cells))
+    return (H0 // f, W0 // f)
+
+
+class MaskFractions:
+    """Active-cell and block-expanded fractions of one latent mask, per layer grid."""
+
+    def __init__(self, mask: torch.Tensor, block: int):
+        self.mask, self.block, self._c = mask.bool(), block, {}
+
+    def cells(self, hw) -> float:
+        key = ("c", hw)
+        if key not in self._c:
+            self._c[key] = float(layer_mask(self.mask, hw).float().mean())
+        return self._c[key]
+
+    def blocks(self, hw, bo) -> tuple:
+        """(fraction of output cells recomputed, number of active blocks)."""
+        key = ("b", hw, bo)
+        if key not in self._c:
+            bm = block_mask(layer_mask(self.mask, hw), bo)
+            nb = int(bm.sum())
+            self._c[key] = (min(1.0, nb * bo * bo / (hw[0] * hw[1])), nb)
+        return self._c[key]
+
+
+def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
+    """(compute fraction, gather/scatter elements) of an op on a sparse step; (1, 0) = dense."""
+    if mf is None or op.cells == 0:
+        return 1.0, 0.0
+    if op.kind == "conv":
+        if op.cells < th.conv_min:
+            return 1.0, 0.0
+        hw = op.hw
+        if op.kernel == 1 and op.stride == 1:
+            f = mf.cells(hw)
+            return f, f * (op.bytes_in + op.bytes_out)
+        bo = max(1, mf.block // op.stride)
+        f, nb = mf.blocks(hw, bo)
+        win = (bo - 1) * op.stride + op.kernel
+        batch = op.bytes_out / (op.cout * hw[0] * hw[1])
+        return f, batch * nb * (op.cin * win * win + op.cout * bo * bo)
+    if op.kind == "groupnorm":
+        if op.cells < th.conv_min or not op.hw:
+            return 1.0, 0.0
+        return mf.cells(op.hw), 0.0
+    hw = _grid(op.cells, latent_hw)
+    if op.block:  # inside a transformer block
+        if op.cells < th.attn_min:
+            return 1.0, 0.0
+        if op.role in DENSE_ROLES_IN_SPARSE_BLOCK or op.name.endswith(".norm1"):
+            return 1.0, 0.0
+        f = mf.cells(hw)
+        return f, (f * (op.bytes_in + op.bytes_out) if op.role == "attn1.q" else 0.0)
+    if op.role == "proj" and op.cells >= th.linear_min:
+        f = mf.cells(hw)
+        return f, f * (op.bytes_in + op.bytes_out)
+    return 1.0, 0.0
+
+
+def is_cached(op: Op, th: Thresholds) -> bool:
+    """Ops whose outputs the cache holds (spec 2.1)."""
+    if op.cells == 0:
+        return False
+    if op.kind == "conv":
+        return op.cells >= th.conv_min
+    if op.role == "proj":
+        return op.cells >= th.linear_min
+    return False
+
+
+def cache_bytes_per_step(ops, th: Thresholds, cache_dtype: str = "fp32", latent_elems: int = 0) -> float:
+    """Conv/linear outputs at sparse resolutions + one attention-block output per block + GN
+    scale/shift + the latent."""
+    b = BYTES[cache_dtype]
+    total = sum(o.bytes_out for o in ops if is_cached(o, th))
+    blocks = {}
+    for o in ops:
+        if o.block and o.cells >= th.attn_min and o.role == "ff" and o.cout:
+            blocks[o.block] = o.bytes_out  # FF output = block output size
+    total += sum(blocks.values())
+    # GroupNorm scale and shift: 2 x batch x C; bytes_in counts x (1 + ELEMENTWISE_PASSES) times
+    total += sum(2 * o.bytes_in / (1 + ELEMENTWISE_PASSES) / o.cells for o in ops
+                 if o.kind == "groupnorm" and o.cells >= th.conv_min)
+    return (total + latent_elems) * b
+
+
+@dataclass
+class StepCost:
+    dense_flops: float
+    sparse_flops: float
+    dense_s: float = 0.0
+    sparse_compute_s: float = 0.0
+    h2d_s: float = 0.0
+    sparse_s: float = 0.0  # compute + exposed H2D
+
+    @property
+    def flops_cap(self) -> float:
+        return self.dense_flops / self.sparse_flops if self.sparse_flops else math.inf
+
+
+def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, block: int = 2,
+              hw: Optional[HardwareProfile] = None, dtype: str = "fp16", launch_s: float = 5e-6,
+              cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False) -> StepCost:
+    mf = MaskFractions(mask, block) if mask is not None else None
+    dense_f = sum(o.flops for o in ops)
+    sparse_f = 0.0
+    dense_s = sparse_s = 0.0
+    for o in ops:
+        f, gs = op_fraction(o, mf, th, latent_hw)
+        sparse_f += o.flops * f
+        if hw is not None:
+            dense_s += op_time_s(o, hw, dtype, launch_s=launch_s)
+            if f >= 1.0 and gs == 0.0:
+                sparse_s += op_time_s(o, hw, dtype, launch_s=launch_s)
+            else:
+                sparse_s += (op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=launch_s)
+                             + gs * BYTES[dtype] / hw.memory_bw_bytes_per_s + 2 * launch_s)
+    cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)
+    if hw is not None:
+        h2d = 0.0 if cache_on_gpu or mask is None else cache_bytes / (hw.host_link_bw_bytes_per_s * pcie_efficiency)
+        cost.h2d_s = h2d
+        cost.sparse_s = sparse_s + max(0.0, h2d - sparse_s)
+    return cost

@@ -1,0 +1,118 @@
+"""Sparse operators (spec 2.4, 2.5): block-sparse conv, sparse token-linear, sparse attention.
+
+Every operator takes the *current* full input (fresh inside the mask, cached-derived outside),
+the boolean output-cell mask of its layer and the cached output of the same op at the same
+step, and returns a new tensor equal to the dense op on active cells and to the cache
+elsewhere. Nothing is written into the cache.
+
+Block-sparse conv: the output map is tiled into ``b x b`` blocks (``b`` = ``block`` for
+stride 1; ``block // stride`` for strided convs, i.e. 1x1 output blocks for stride-2 at the
+paper's b = 2). For each block with any active cell the input patch with its halo
+((b-1)*stride + k) is gathered from the explicitly padded input (the conv's own zero padding,
+plus zeros past the end for sizes not divisible by b), all patches run as one batched conv
+without padding, and the results are scattered onto a copy of the cached output.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def conv_geometry(conv: torch.nn.Conv2d, block: int) -> dict:
+    k = _pair(conv.kernel_size)
+    s = _pair(conv.stride)
+    p = _pair(conv.padding) if not isinstance(conv.padding, str) else None
+    d = _pair(conv.dilation)
+    if p is None or d != (1, 1) or conv.groups != 1 or conv.padding_mode != "zeros" or k[0] != k[1] or s[0] != s[1]:
+        raise ValueError(f"sparse conv supports square, undilated, ungrouped, zero-padded convs; got {conv}")
+    bo = max(1, block // s[0])
+    return {"k": k[0], "s": s[0], "p": p, "bo": bo, "win": (bo - 1) * s[0] + k[0], "step": bo * s[0]}
+
+
+def block_mask(cell_mask: torch.Tensor, bo: int) -> torch.Tensor:
+    """(H, W) bool -> (ceil(H/bo), ceil(W/bo)) bool: a block is active if any of its cells is."""
+    H, W = cell_mask.shape
+    nbh, nbw = math.ceil(H / bo), math.ceil(W / bo)
+    m = F.pad(cell_mask.float()[None, None], (0, nbw * bo - W, 0, nbh * bo - H))
+    return F.max_pool2d(m, bo)[0, 0] > 0
+
+
+def expand_blocks(blocks: torch.Tensor, bo: int, H: int, W: int) -> torch.Tensor:
+    """Block mask -> the output cells a block-sparse op recomputes (H, W) bool."""
+    return blocks.repeat_interleave(bo, 0).repeat_interleave(bo, 1)[:H, :W]
+
+
+def sparse_conv2d(x: torch.Tensor, conv: torch.nn.Conv2d, cell_mask: torch.Tensor, cached: torch.Tensor,
+                  block: int = 2, blocks: torch.Tensor | None = None) -> torch.Tensor:
+    """Block-sparse ``conv(x)``: dense value on every cell of an active block, ``cached`` elsewhere."""
+    g = conv_geometry(conv, block)
+    B, C, H, W = x.shape
+    Ho, Wo = cached.shape[-2:]
+    if cell_mask.shape != (Ho, Wo):
+        raise ValueError(f"sparse conv: mask {tuple(cell_mask.shape)} does not match output {(Ho, Wo)}")
+    if g["k"] == 1 and g["s"] == 1 and g["p"] == (0, 0):
+        return _sparse_pointwise_conv(x, conv, cell_mask, cached)
+    bo, win, step, s = g["bo"], g["win"], g["step"], g["s"]
+    if blocks is None:
+        blocks = block_mask(cell_mask, bo)
+    idx = blocks.nonzero()
+    out = cached.clone()
+    if idx.numel() == 0:
+        return out
+    nbh, nbw = blocks.shape
+    ph, pw = g["p"]
+    need_h = (nbh - 1) * step + win
+    need_w = (nbw - 1) * step + win
+    xp = F.pad(x, (pw, max(0, need_w - W - pw), ph, max(0, need_h - H - ph)))
+    windows = xp.unfold(2, win, step).unfold(3, win, step)  # (B, C, nbh, nbw, win, win), a view
+    bi, bj = idx[:, 0], idx[:, 1]
+    patches = windows[:, :, bi, bj]  # (B, C, Nb, win, win): the only gather
+    nb = idx.shape[0]
+    patches = patches.permute(0, 2, 1, 3, 4).reshape(B * nb, C, win, win)
+    y = F.conv2d(patches, conv.weight, conv.bias, stride=s)  # (B*Nb, Cout, bo, bo)
+    y = y.reshape(B, nb, -1, bo, bo).permute(1, 0, 2, 3, 4)  # (Nb, B, Cout, bo, bo)
+    if Ho % bo == 0 and Wo % bo == 0:
+        view = out.view(B, out.shape[1], nbh, bo, nbw, bo)
+        view[:, :, bi, :, bj, :] = y
+        return out
+    padded = F.pad(out, (0, nbw * bo - Wo, 0, nbh * bo - Ho))
+    padded.view(B, out.shape[1], nbh, bo, nbw, bo)[:, :, bi, :, bj, :] = y
+    return padded[:, :, :Ho, :Wo].contiguous()
+
+
+def _sparse_pointwise_conv(x, conv, cell_mask, cached):
+    flat = cell_mask.flatten().nonzero().squeeze(1)
+    out = cached.clone()
+    if flat.numel() == 0:
+        return out
+    B, C = x.shape[:2]
+    xa = x.flatten(2)[:, :, flat]  # (B, C, Na)
+    w = conv.weight.view(conv.weight.shape[0], C)
+    y = torch.matmul(w, xa)
+    if conv.bias is not None:
+        y = y + conv.bias[:, None]
+    out.view(B, out.shape[1], -1)[:, :, flat] = y
+    return out
+
+
+def sparse_token_linear(x: torch.Tensor, linear: torch.nn.Linear, token_idx: torch.Tensor,
+                        cached: torch.Tensor) -> torch.Tensor:
+    """``linear`` on the active tokens of ``x`` (B, N, C), scattered onto ``cached`` (B, N, Cout)."""
+    out = cached.clone()
+    if token_idx.numel():
+        out[:, token_idx] = F.linear(x[:, token_idx], linear.weight, linear.bias)
+    return out
+
+
+def sparse_self_attention(attn, norm_full: torch.Tensor, token_idx: torch.Tensor, radical: bool = False) -> torch.Tensor:
+    """Queries (and the output projection) for active tokens only; K/V from every token of the
+    current input (``radical``: from the active tokens only). Returns (B, Na, C)."""
+    q_in = norm_full[:, token_idx]
+    kv = q_in if radical else norm_full
+    return attn(q_in, encoder_hidden_states=kv)

@@ -1,0 +1,89 @@
+"""FISEdit and its speed references as harness systems (one class, the variant is a knob).
+
+| system          | what runs                                                                  |
+|-----------------|----------------------------------------------------------------------------|
+| fisedit         | cached sparse edit (schedule: supplied | online), dense_edit and            |
+|                 | diffusers_dense interleaved in the same job as controls                    |
+| dense_edit      | the same engine (wrappers installed, pass-through), edited prompt, dense   |
+| diffusers_dense | stock ``StableDiffusionPipeline`` regenerating with the edited prompt      |
+
+Records keep the numbers apart (spec 4): ``sparse_step_speedup`` (sparse-phase step against
+a dense step of the same model, interleaved pairs), ``e2e_speedup_vs_dense_edit``,
+``e2e_speedup_vs_diffusers_dense``, each next to its theoretical cap, and the fidelity
+figures (``psnr_outside_db`` etc.).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from impl.common.api import ConfigError, JobContext, RunResult, System
+
+VARIANTS = ("fisedit", "dense_edit", "diffusers_dense")
+SCHEDULES = ("supplied", "online")
+
+
+class FISEditSystem(System):
+    @dataclass
+    class Config:
+        variant: str = "fisedit"
+        schedule: str = "supplied"  # supplied | online (spec 2.2)
+        # k: dense steps that capture the mask (online) / dense tail (supplied); 0 = N/5 (10 of 50)
+        mask_steps: int = 0
+        mask_method: str = "otsu"  # otsu | offline
+        block: int = 2  # output block side of the sparse conv (paper: 2x2)
+        approx_groupnorm: bool = True  # cached scale/shift (paper); false = exact statistics
+        radical_attn: bool = False
+        # cells thresholds; 0 = scaled from 576/576/2304 of a 96^2 latent: (H/4)^2, (H/4)^2, (H/2)^2
+        conv_min_cells: int = 0
+        linear_min_cells: int = 0
+        attn_min_cells: int = 0
+        dense_fallback_ratio: float = 0.5
+        cache_budget_bytes: float = 0.0  # 0 = unlimited host memory
+        # real-mode extras (fisedit variant)
+        controls: bool = True  # time dense_edit and diffusers_dense interleaved in this job
+        profile_layers: bool = True
+        block_sweep: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+        # sim-mode
+        include_engine_gain: bool = True  # F2's headline figure includes the dense-engine gain
+        pcie_efficiency: float = 0.7  # achieved / datasheet host link (spec: A100 ~22, TITAN ~11 GB/s)
+        cache_dtype: str = "fp32"
+        # sim: true = the cache's H2D is hidden (GPU-resident / fully overlapped prefetch), the
+        # headline; false = host cache over PCIe at cache_dtype, excess H2D exposed. Both reported.
+        cache_on_gpu: bool = True
+
+    def __init__(self, cfg, name):
+        super().__init__(cfg, name)
+        if cfg.variant not in VARIANTS:
+            raise ConfigError(f"system.variant: unknown value {cfg.variant!r} (one of: {', '.join(VARIANTS)})")
+        if cfg.schedule not in SCHEDULES:
+            raise ConfigError(f"system.schedule: unknown value {cfg.schedule!r} (one of: {', '.join(SCHEDULES)})")
+        if cfg.mask_method not in ("otsu", "offline"):
+            raise ConfigError(f"system.mask_method: unknown value {cfg.mask_method!r} (one of: otsu, offline)")
+        if cfg.block < 1:
+            raise ConfigError(f"system.block must be >= 1, got {cfg.block}")
+        if not 0.0 < cfg.dense_fallback_ratio <= 1.0:
+            raise ConfigError(f"system.dense_fallback_ratio must be in (0, 1], got {cfg.dense_fallback_ratio}")
+        if cfg.cache_dtype not in ("fp32", "fp16", "bf16"):
+            raise ConfigError(f"system.cache_dtype: unknown value {cfg.cache_dtype!r} (one of: fp32, fp16, bf16)")
+
+    def mask_steps(self, num_steps: int) -> int:
+        k = self.cfg.mask_steps or max(1, round(num_steps / 5))
+        if not 0 < k < num_steps:
+            raise ConfigError(f"system.mask_steps {k} must be in [1, workload.num_steps-1 = {num_steps - 1}]")
+        return k
+
+    def run(self, job: JobContext) -> RunResult:
+        wl = job.workload
+        if getattr(wl, "kind", None) != "diffusion_edit":
+            raise ConfigError(f"workload.kind: {self.name} needs a diffusion_edit workload, got {getattr(wl, 'kind', None)!r}")
+        if wl.num_steps < 2:
+            raise ConfigError(f"workload.num_steps must be >= 2, got {wl.num_steps}")
+        if job.mode == "sim":
+            from .sim import run_sim
+
+            return run_sim(self, job)
+        from .real import run_real
+
+        return run_real(self, job)
+
