@@ -177,6 +177,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     flags = [a for a in argv if a in _FLAGS_WITHOUT_VALUE]
     sys.argv = [sys.argv[0]] + flags + [a for a in argv if a not in _FLAGS_WITHOUT_VALUE]
     _hydra_job()
+    from bench.callbacks import SWEEP_FAILURES
+
+    if SWEEP_FAILURES:  # the sweep went on past them; its exit status still says so
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pathlib
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+
+# Jobs of the last multirun in this process that did not end ok (read by bench.app.main).
+SWEEP_FAILURES: list[str] = []
 
 
 class CompareOnMultirunEnd(Callback):
@@ -20,12 +25,15 @@ class CompareOnMultirunEnd(Callback):
         except Exception as exc:  # a comparison failure must not turn a finished sweep into an error
             print(f"mlsys-bench: could not read records for the comparison: {exc}")
             return
-        if not records:
+        SWEEP_FAILURES[:] = [f"{r['system']}: {r['error']}" for r in records if r["status"] == "failed"]
+        if not records or os.environ.get("MLSYS_BENCH_NO_SWEEP_TABLE"):
             return
         print()
         print(format_table(compare_records(records, baseline=config.get("baseline_system") or None)))
         if config.get("figure"):
             draw_figure(str(config.figure), records, pathlib.Path(sweep))
+        if SWEEP_FAILURES:
+            print(f"mlsys-bench: {len(SWEEP_FAILURES)} of {len(records)} jobs failed (records kept, status failed)")
 
 
 def draw_figure(target: str, records: list[dict], out_dir: pathlib.Path) -> None:

@@ -103,8 +103,8 @@ def ratio(candidate: float, baseline: float, better: str) -> Optional[float]:
     if candidate < 0 or baseline < 0 or any(map(math.isnan, (candidate, baseline))):
         return None  # a ratio of signed quantities says nothing about "better"
     num, den = (baseline, candidate) if better == "lower" else (candidate, baseline)
-    if den == 0:
-        return 1.0 if num == 0 else math.inf
+    if den == 0:  # "infinitely better" helps nobody: show no ratio
+        return 1.0 if num == 0 else None
     return num / den
 
 

@@ -5,6 +5,7 @@ processes so that each gets a fresh Hydra, and their records are then compared s
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,10 @@ from importlib import resources
 from typing import List
 
 from omegaconf import OmegaConf
+
+
+# Children skip their own end-of-sweep table: the plan prints one table of all steps.
+QUIET_TABLE_ENV = "MLSYS_BENCH_NO_SWEEP_TABLE"
 
 
 @dataclass
@@ -46,15 +51,15 @@ def run_default_plan() -> int:
     for i, step in enumerate(plan.steps, 1):
         print(f"[{i}/{len(plan.steps)}] {step.title}: mlsys-bench {' '.join(step.args)}", flush=True)
         t0 = time.perf_counter()
+        # The step's own output (job summaries, progress bars) streams through as it runs.
         proc = subprocess.run([sys.executable, "-m", "bench", *step.args, f"results_dir={plan.results_dir}"],
-                              capture_output=True, text=True)
+                              env={**os.environ, QUIET_TABLE_ENV: "1"})
         took = time.perf_counter() - t0
         if proc.returncode != 0:
             failures += 1
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            print(f"    failed (exit {proc.returncode}) after {took:.1f} s:\n{tail}", flush=True)
+            print(f"    step {i} failed (exit {proc.returncode}) after {took:.1f} s", flush=True)
         else:
-            print(f"    done in {took:.1f} s", flush=True)
+            print(f"    step {i} done in {took:.1f} s", flush=True)
     new = [r for r in _safe_load(plan.results_dir) if r["run_id"] not in before]
     if new:
         print()

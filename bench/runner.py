@@ -56,7 +56,9 @@ def _hardware_label(mode: str, profile: str) -> str:
     if mode != "real":
         return profile
     dev = provenance.devices()[0]
-    return f"local-{dev['type']}" + (f"[{dev['name']}]" if dev["type"] == "cuda" else "")
+    if dev["type"] == "cuda":
+        return f"local-cuda[{dev['name']}]"
+    return f"local-cpu[{dev.get('cores')} cores]"
 
 
 def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
@@ -66,7 +68,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     choices = dict(choices or {})
     for group in ("system", "workload", "hardware", "fault", "experiment"):
         choices.setdefault(group, _choice(cfg, group))
-    experiment = str(cfg.get("experiment_name") or choices["experiment"] or "adhoc")
+    experiment = provenance.redact(str(cfg.get("experiment_name") or choices["experiment"] or "adhoc"))
+    overrides = provenance.redact(list(overrides))
     for group in ("workload", "hardware", "fault"):
         choices[group] = _label(group, choices[group] or ("none" if group == "fault" else ""), overrides)
     system_label = str(cfg.system.get("name") or choices["system"] or "unknown")

@@ -96,5 +96,7 @@ def typed_job(cfg: DictConfig) -> TypedJob:
     mode = str(cfg.mode.value if hasattr(cfg.mode, "value") else cfg.mode)
     if mode not in system.modes:
         raise ConfigError(f"mode: system {name!r} does not run in mode {mode!r} (supports: {', '.join(system.modes)})")
-    return TypedJob(system=system, system_name=name, workload=typed_workload(cfg.workload),
-                    hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault))
+    job = TypedJob(system=system, system_name=name, workload=typed_workload(cfg.workload),
+                   hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault))
+    system.check(mode, job.workload, job.hardware, job.fault)
+    return job

@@ -57,7 +57,7 @@ def by_system(table):
     (4.0, 2.0, "lower", 0.5),
     (150.0, 100.0, "higher", 1.5),  # 1.5x the throughput: 1.5x better
     (50.0, 100.0, "higher", 0.5),
-    (0.0, 2.0, "lower", math.inf),
+    (0.0, 2.0, "lower", None),
     (0.0, 0.0, "lower", 1.0),
     (-1.0, 2.0, "lower", None),
 ])

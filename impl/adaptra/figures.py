@@ -67,7 +67,8 @@ def grouped_bars(records, out_dir, name: str = "scenarios") -> list[pathlib.Path
     width = 0.8 / max(len(systems), 1)
     for k, system in enumerate(systems):
         xs = [i + k * width for i in range(len(scenarios))]
-        ax.bar(xs, [value.get((w, f, system), 0.0) for w, f in scenarios], width, label=system)
+        # A missing (failed) job draws no bar rather than a zero that would look fastest.
+        ax.bar(xs, [value.get((w, f, system), float("nan")) for w, f in scenarios], width, label=system)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scenarios))])
     ax.set_xticklabels([f"{w}\n{f}" for w, f in scenarios], fontsize=6, rotation=30, ha="right")
     ax.set_ylabel(f"iteration time (s, {_mode_label(recs)})")

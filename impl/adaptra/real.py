@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from impl.common.api import ConfigError, JobContext, Metric, RunResult
+from impl.common.api import JobContext, Metric, RunResult
 from impl.common.schedule.ir import Schedule
 
 # What the executor calls each comm path (ours: in_stream = its fifo).
@@ -39,12 +39,8 @@ def run_real(system, job: JobContext) -> RunResult:
     from impl.common.runtime.executor import NamedSchedule, run_pipeline
 
     cfg, wl = system.cfg, job.workload
-    if cfg.comm not in _RUNTIME_COMM:
-        raise ConfigError(f"system.comm: {cfg.comm!r} exists only in sim mode (real: inline, in_stream, delegated)")
+    # system.check has vetted comm, op_pad_s and the fault before we get here.
     if cfg.schedule == "adaptra":
-        if wl.op_pad_s <= 0:
-            raise ConfigError("workload.op_pad_s: the adaptra schedule in real mode plans with the padded op "
-                              "time; set it > 0 (spec: 20 ms)")
         schedule_fn = AdaptraPlanner(wl.op_pad_s, wl.stages, wl.num_microbatches, cfg.adapt_formula,
                                      cfg.steps_per_op)
     else:
@@ -53,7 +49,8 @@ def run_real(system, job: JobContext) -> RunResult:
                          if job.fault.kind == "link_delay" else None, seed=job.seed,
                          num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
                          fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
-                         detection=getattr(job.fault, "detection", None), progress=job.show_progress)
+                         detection=getattr(job.fault, "detection", None), progress=job.show_progress,
+                         kill_at=(job.fault.rank, job.fault.at_iter) if job.fault.kind == "rank_kill" else None)
     times = stats.iteration_times_s
     samples = wl.micro_batch_size * wl.num_microbatches
     raw = {op: stats.mean_raw_op_s(op) for op in ("F", "B", "W", "BW")}
@@ -74,6 +71,9 @@ def run_real(system, job: JobContext) -> RunResult:
         "estimated_delays_s": stats.estimated_delays_s, "messages_per_iteration": stats.messages[-1] if stats.messages else {},
         "peak_in_flight": {str(k): v for k, v in stats.peak_in_flight.items()},
         "distinct_schedules": len(stats.schedules), "losses_last_iteration": stats.losses[-1]})
+    if wl.op_pad_s > 0:
+        result.emulated.append(f"every F/B/W op padded with sleep to {wl.op_pad_s * 1e3:g} ms (spec adaptra.md 5); "
+                               "raw compute is reported as raw_*_compute_s")
     if stats.device == "cpu" and cfg.comm == "delegated":
         result.emulated.append("delegated path: host<->device copies are CPU memcpy (no GPU present)")
     if len(times) < MIN_MEASURED_ITERATIONS:

@@ -47,7 +47,7 @@ SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay")
 
 
 class PipelineTraining(System):
-    SUPPORTED_FAULTS = ("none", "link_delay", "dp_link_delay", "varying_link_delay")
+    SUPPORTED_FAULTS = ("none", "link_delay", "dp_link_delay", "varying_link_delay", "rank_kill")
     DP_POLICIES = ("ignore", "remap")
 
     @dataclass
@@ -123,23 +123,51 @@ class PipelineTraining(System):
             return sched, warmup
         return generate(self.cfg.schedule, S, N), None
 
-    def run(self, job: JobContext) -> RunResult:
-        wl = job.workload
+    def check(self, mode, wl, hardware, fault) -> None:
+        if getattr(wl, "kind", None) != "pipeline":
+            raise ConfigError(f"workload.kind: system {self.name!r} trains a pipeline; got workload kind {wl.kind!r}")
         if wl.stages < 1 or wl.num_microbatches < 1:
             raise ConfigError(f"workload.stages ({wl.stages}) and workload.num_microbatches "
                               f"({wl.num_microbatches}) must be >= 1")
-        if job.fault.kind not in self.SUPPORTED_FAULTS:
-            raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {job.fault.kind!r} "
+        if fault.kind not in self.SUPPORTED_FAULTS:
+            raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {fault.kind!r} "
                               f"(supports: {', '.join(self.SUPPORTED_FAULTS)})")
-        validate_link_delay(job.fault, wl.stages)
-        validate_dp_link_delay(job.fault, wl.stages, wl.dp)
-        validate_varying_link_delay(job.fault, wl.stages)
-        if job.fault.kind == "dp_link_delay" and wl.sim_op_time_s:
+        validate_link_delay(fault, wl.stages)
+        validate_dp_link_delay(fault, wl.stages, wl.dp)
+        validate_varying_link_delay(fault, wl.stages)
+        if fault.kind == "dp_link_delay" and wl.sim_op_time_s:
             raise ConfigError("fault.kind dp_link_delay needs gradient sizes from the model shape; "
                               "workload.sim_op_time_s must be null")
-        if job.mode != "sim" and (job.fault.kind in SIM_ONLY_FAULTS or getattr(job.fault, "rnic_failure_iters", None)):
-            what = "fault.rnic_failure_iters" if job.fault.kind == "link_delay" else f"fault.kind {job.fault.kind}"
-            raise ConfigError(f"{what} exists only in sim mode (mode={job.mode})")
+        if mode != "sim" and (fault.kind in SIM_ONLY_FAULTS or getattr(fault, "rnic_failure_iters", None)):
+            what = "fault.rnic_failure_iters" if fault.kind == "link_delay" else f"fault.kind {fault.kind}"
+            raise ConfigError(f"{what} exists only in sim mode (mode={mode})")
+        if fault.kind == "rank_kill" and mode != "real":
+            raise ConfigError("fault.kind rank_kill: only a real run has ranks to kill (mode=real)")
+        if self.cfg.comm == "delegated" and wl.num_microbatches % self._delegate_count(fault):
+            k = self._delegate_count(fault)
+            raise ConfigError(f"workload.num_microbatches {wl.num_microbatches} is not divisible by delegate "
+                              f"count {k} (system.num_delegates)")
+        if mode == "real":
+            if self.cfg.comm == "latency":
+                raise ConfigError("system.comm: 'latency' exists only in sim mode (real: inline, in_stream, delegated)")
+            if self.cfg.schedule == "adaptra" and wl.op_pad_s <= 0:
+                raise ConfigError("workload.op_pad_s: the adaptra schedule in real mode plans with the padded op "
+                                  "time; set it > 0 (spec: 20 ms)")
+
+    def _delegate_count(self, fault) -> int:
+        """Delegates per direction over the whole run: the knob, or the artifact's rule applied
+        to the largest delay the fault can inject."""
+        from impl.common.runtime.executor import default_num_delegates
+
+        if self.cfg.num_delegates:
+            return self.cfg.num_delegates
+        delays = [getattr(fault, "delay_s", 0.0)]
+        delays += [ev.delay_s for ev in getattr(fault, "trace", []) or []]
+        flat = [d for x in delays for d in (x if isinstance(x, (list, tuple)) else [x])]
+        return default_num_delegates(max(flat + [0.0]))
+
+    def run(self, job: JobContext) -> RunResult:
+        self.check(job.mode, job.workload, job.hardware, job.fault)
         if job.mode == "sim":
             return self._run_sim(job)
         return self._run_real(job)

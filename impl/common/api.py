@@ -114,6 +114,10 @@ class System(abc.ABC):
         self.cfg = cfg
         self.name = name
 
+    def check(self, mode: str, workload: Any, hardware: Any, fault: Any) -> None:
+        """Checks that need the whole job (a fault on a link the workload lacks, a knob that
+        only one mode has). Raise ConfigError; called before any job of a sweep starts."""
+
     @abc.abstractmethod
     def run(self, job: JobContext) -> RunResult:
         """Run one job and return its metrics."""

@@ -190,6 +190,8 @@ class _RunConfig:
     torch_threads: int
     store_port: int
     validate: bool
+    # Fault injection: (rank, iteration) at which that rank dies (faults.spec.RankKill).
+    kill_at: Optional[tuple[int, int]] = None
 
 
 def _schedule_has_comm(schedule: Schedule) -> bool:
@@ -333,6 +335,8 @@ class _Trainer:
         for it in range(total):
             if os.getppid() != self.ppid:
                 raise RuntimeError("parent process is gone")
+            if cfg.kill_at == (self.rank, it):
+                os._exit(17)  # a crash, not an exception: nothing is reported, the parent must notice
             measured = it >= cfg.warmup
             if self.rank == 0:
                 cfg.controller.publish(self.store, it)
@@ -485,7 +489,8 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
                  optimizer: str = "sgd", lr: float = 0.1, detection: Optional[str] = None,
                  fifo_depth: int = 1, delegate_when: str = "always", pg_timeout_s: float = 120.0,
                  timeout_s: float = 900.0, start_method: str = "forkserver", verify_checksums: bool = True,
-                 validate: bool = True, progress: bool = False) -> RunStats:
+                 validate: bool = True, progress: bool = False,
+                 kill_at: Optional[tuple[int, int]] = None) -> RunStats:
     """Run ``warmup + iterations`` training iterations of the tiny GPT on S processes.
 
     ``schedule_fn(iteration, {(i, i+1): seconds}) -> Schedule`` is called by every rank at
@@ -518,6 +523,9 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
         raise ConfigError(f"op_pad_s: must be >= 0, got {op_pad_s}")
     if fifo_depth < 1:
         raise ConfigError(f"fifo_depth: must be >= 1, got {fifo_depth}")
+    if kill_at is not None and not (0 <= kill_at[0] < S and 0 <= kill_at[1] < warmup + iterations):
+        raise ConfigError(f"fault.rank {kill_at[0]} / fault.at_iter {kill_at[1]}: the run has ranks 0..{S - 1} "
+                          f"and iterations 0..{warmup + iterations - 1}")
     controller = LinkDelayController(delays, S, detection)
     K = 0
     if comm == "delegated":
@@ -537,7 +545,8 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
                           timeout=timedelta(seconds=pg_timeout_s))
     cfg = _RunConfig(schedule_fn, shape, S, N, workload.micro_batch_size, comm, delegate_when, fifo_depth,
                      controller, iterations, warmup, seed, op_pad_s, backend, optimizer, lr, pg_timeout_s,
-                     verify_checksums, max(1, workload.torch_threads), store.port, validate)
+                     verify_checksums, max(1, workload.torch_threads), store.port, validate,
+                     None if kill_at is None else (int(kill_at[0]), int(kill_at[1])))
     result_q = ctx.Queue()
     procs: dict[str, Any] = {}
     channels: dict[tuple[int, int], DelegateChannel] = {}
@@ -576,11 +585,17 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
         return got
 
     def dead_unreported() -> Optional[tuple]:
-        for name, p in procs.items():
+        reported = {e[1] for e in errors}
+        # The injected victim first: its silence is the cause of everything else.
+        order = sorted(procs.items(), key=lambda kv: kv[0] != (f"rank {kill_at[0]}" if kill_at else None))
+        for name, p in order:
             if p.exitcode not in (None, 0):
                 rank = int(name.split()[1]) if name.startswith("rank ") else None
-                if rank is not None and rank in results:
+                if (rank is not None and rank in results) or name in reported:
                     continue
+                if kill_at is not None and rank == kill_at[0]:
+                    return ("error", name, "InjectedFault", f"killed by the rank_kill fault at iteration {kill_at[1]} "
+                            f"(exit code {p.exitcode})")
                 return ("error", name, "ProcessDied", f"exited with code {p.exitcode} without reporting an error "
                         "(at start-up? the caller's __main__ must be import-safe: if __name__ == '__main__')")
         return None
@@ -632,6 +647,11 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
         if errors:
             for msg in drain(1.0):  # give the root cause a moment to arrive
                 handle(msg)
+            # A rank that died silently is the root cause of its peers' connection errors.
+            time.sleep(0.2)
+            died = dead_unreported()
+            if died:
+                errors.insert(0, died)
     finally:
         # After a failure the survivors are typically blocked on a dead peer: don't wait long.
         _shutdown(procs, channels, drain, handle, grace_s=1.0 if errors else 10.0)
