@@ -1,0 +1,1 @@
+"""CaraServe (Toppings): CPU-assisted, rank-aware multi-LoRA serving, and its baselines."""

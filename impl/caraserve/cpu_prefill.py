@@ -1,0 +1,232 @@
+"""CPU LoRA worker (spec caraserve.md 2.2/2.3): a spawned, single-threaded process that holds
+the host adapters and computes ``lora_delta`` for (adapter, layer, LoRA input) jobs.
+
+Data moves through ``multiprocessing.shared_memory`` with sequence-number flags: no pickling and
+no PyTorch IPC on the request path. Two counting semaphores are only doorbells (a sleeping
+side wakes without spinning: on 2 shared cores a spinning poller steals the core the other
+side needs); the flags in shared memory are the truth, so a spurious wake-up is harmless. A ring of ``slots`` job slots lets
+the engine submit several cold requests' jobs before waiting. The worker calls the same
+:func:`impl.common.llm.kernels.lora_delta` as the device segment kernel, with the same adapter
+tensors (loaded from the same safetensors file), so a CPU delta is bit-identical to the device
+one at the same thread count.
+
+Control block (int64): [0] submitted seq, [1] completed seq, [2] stop, [3] ready;
+per slot: [4 + 6*s + 0..5] = adapter index, layer, input group (0=qkv, 1=o), rows, seq, -.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import pathlib
+import time
+from multiprocessing import shared_memory
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from impl.common.llm.model import SITES
+
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",))
+HDR = 4
+PER = 6
+
+
+def save_host_adapters(adapters: dict, path: pathlib.Path) -> pathlib.Path:
+    """Host stacks as one safetensors file, read by the worker (and by nobody else)."""
+    from safetensors.torch import save_file
+
+    tensors, meta = {}, {}
+    for name, ad in adapters.items():
+        for s in SITES:
+            tensors[f"{name}|{s}|A"] = ad.A[s].contiguous()
+            tensors[f"{name}|{s}|B"] = ad.B[s].contiguous()
+        meta[name] = repr(float(ad.scale))
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def _spin(cond, idle_sleep_s: float = 0.0):
+    n = 0
+    while not cond():
+        n += 1
+        if n > 200:
+            time.sleep(idle_sleep_s)
+
+
+def _worker_main(names_shm, shapes, path, adapter_names, threads, slots, req_sem, done_sem):
+    torch.set_num_threads(threads)
+    from safetensors import safe_open
+
+    from impl.common.llm.kernels import lora_delta
+
+    ctrl_shm = shared_memory.SharedMemory(name=names_shm[0])
+    x_shm = shared_memory.SharedMemory(name=names_shm[1])
+    y_shm = shared_memory.SharedMemory(name=names_shm[2])
+    max_rows, d_in, d_out = shapes
+    ctrl = np.ndarray((HDR + PER * slots,), dtype=np.int64, buffer=ctrl_shm.buf)
+    xb = torch.from_numpy(np.ndarray((slots, max_rows, d_in), dtype=np.float32, buffer=x_shm.buf))
+    yb = torch.from_numpy(np.ndarray((slots, 3, max_rows, d_out), dtype=np.float32, buffer=y_shm.buf))
+    W: dict = {}
+    scales = []
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata()
+        for i, name in enumerate(adapter_names):
+            scales.append(float(meta[name]))
+            for s in SITES:
+                W[(i, s)] = (f.get_tensor(f"{name}|{s}|A"), f.get_tensor(f"{name}|{s}|B"))
+    ctrl[3] = 1
+    done = int(ctrl[1])
+    while not ctrl[2]:
+        if ctrl[0] == done:
+            req_sem.acquire(timeout=0.05)
+            continue
+        seq = done + 1
+        slot = seq % slots
+        base = HDR + PER * slot
+        a, layer, grp, n = (int(v) for v in ctrl[base:base + 4])
+        x = xb[slot, :n]
+        for j, site in enumerate(GROUPS[grp]):
+            A, B = W[(a, site)]
+            d = lora_delta(x, A[layer], B[layer], scales[a])
+            yb[slot, j, :n, :d.shape[1]] = d
+        done = seq
+        ctrl[1] = done
+        done_sem.release()
+    for shm in (ctrl_shm, x_shm, y_shm):
+        shm.close()
+
+
+class _Handle:
+    __slots__ = ("worker", "seq", "slot", "n", "dims", "result")
+
+    def __init__(self, worker, seq, slot, n, dims):
+        self.worker, self.seq, self.slot, self.n, self.dims = worker, seq, slot, n, dims
+        self.result = None
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.result is None:
+            w = self.worker
+            ctrl = w.ctrl
+            seq = self.seq
+            t0 = time.perf_counter()
+            spins = 0
+            while ctrl[1] < seq:
+                spins += 1
+                if spins > 50:
+                    w.done_sem.acquire(timeout=0.01)
+            w.wait_s += time.perf_counter() - t0
+            self.result = [w.yb[self.slot, j, :self.n, :d].clone() for j, d in enumerate(self.dims)]
+            w.outstanding.remove(self)
+        return self.result
+
+
+class CPULoRAWorker:
+    """One spawned CPU LoRA process (2 cores allow 1; spec 8)."""
+
+    def __init__(self, adapters: dict, workdir: pathlib.Path, max_rows: int, threads: int = 1, slots: int = 8,
+                 start_timeout_s: float = 120.0):
+        self.names = list(adapters)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        first = next(iter(adapters.values()))
+        d_in = max(first.A[s].shape[2] for s in SITES)
+        self.dims = {s: first.B[s].shape[1] for s in SITES}
+        d_out = max(self.dims.values())
+        self.max_rows, self.slots = max_rows, slots
+        path = save_host_adapters(adapters, pathlib.Path(workdir) / "cpu_worker_adapters.safetensors")
+        self._shm = [shared_memory.SharedMemory(create=True, size=8 * (HDR + PER * slots)),
+                     shared_memory.SharedMemory(create=True, size=4 * slots * max_rows * d_in),
+                     shared_memory.SharedMemory(create=True, size=4 * slots * 3 * max_rows * d_out)]
+        self.ctrl = np.ndarray((HDR + PER * slots,), dtype=np.int64, buffer=self._shm[0].buf)
+        self.ctrl[:] = 0
+        self.xb = torch.from_numpy(np.ndarray((slots, max_rows, d_in), dtype=np.float32, buffer=self._shm[1].buf))
+        self.yb = torch.from_numpy(np.ndarray((slots, 3, max_rows, d_out), dtype=np.float32, buffer=self._shm[2].buf))
+        self.seq = 0
+        self.outstanding: list[_Handle] = []
+        self.wait_s = 0.0
+        self.jobs = 0
+        ctx = mp.get_context("spawn")  # CUDA + multiprocessing needs spawn (spec 8)
+        self.req_sem, self.done_sem = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.proc = ctx.Process(target=_worker_main, daemon=True,
+                                args=([s.name for s in self._shm], (max_rows, d_in, d_out), str(path), self.names,
+                                      threads, slots, self.req_sem, self.done_sem))
+        try:
+            self.proc.start()
+            t0 = time.perf_counter()
+            while not self.ctrl[3]:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"CPU LoRA worker exited during start-up (exit code {self.proc.exitcode})")
+                if time.perf_counter() - t0 > start_timeout_s:
+                    raise RuntimeError(f"CPU LoRA worker not ready after {start_timeout_s:.0f} s")
+                time.sleep(0.01)
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor) -> _Handle:
+        n = x.shape[0]
+        if n > self.max_rows:
+            raise ValueError(f"CPU LoRA job of {n} rows exceeds the shared buffer ({self.max_rows} rows)")
+        grp = 0 if tuple(sites) == GROUPS[0] else 1
+        if len(self.outstanding) >= self.slots:
+            self.outstanding[0].wait()
+        self.seq += 1
+        slot = self.seq % self.slots
+        self.xb[slot, :n].copy_(x.detach().to("cpu", torch.float32))
+        base = HDR + PER * slot
+        self.ctrl[base:base + 4] = (self.index[adapter], layer, grp, n)
+        self.ctrl[0] = self.seq  # publish last (x86 stores are ordered)
+        self.req_sem.release()
+        h = _Handle(self, self.seq, slot, n, [self.dims[s] for s in GROUPS[grp]])
+        self.outstanding.append(h)
+        self.jobs += 1
+        return h
+
+    def close(self) -> None:
+        if getattr(self, "proc", None) is None:
+            return
+        self.ctrl[2] = 1
+        self.req_sem.release()
+        if self.proc.pid is not None:
+            self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=5)
+        self.proc = None
+        self.ctrl = None
+        self.xb = self.yb = None
+        for shm in self._shm:
+            shm.close()
+            shm.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class InlineCPU:
+    """Same interface, computed in-process (tests and the ``cpu_workers: 0`` knob)."""
+
+    class _H:
+        def __init__(self, r):
+            self.r = r
+
+        def wait(self):
+            return self.r
+
+    def __init__(self, adapters: dict):
+        from impl.common.llm.kernels import lora_delta
+
+        self.adapters = adapters
+        self._delta = lora_delta
+        self.jobs = 0
+        self.wait_s = 0.0
+
+    def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor):
+        ad = self.adapters[adapter]
+        self.jobs += 1
+        return self._H([self._delta(x, ad.A[s][layer], ad.B[s][layer], ad.scale) for s in sites])
+
+    def close(self):
+        pass

@@ -1,0 +1,346 @@
+"""Real-mode serving engine: continuous batching over the ragged Llama forward, an adapter pool
+with LRU eviction and pinning, a layer-group loader, and (CaraServe) CPU-assisted prefill.
+
+One main thread runs iterations (the "device"); a loader thread moves adapters group by group
+(a real copy to the device on CUDA; on a CPU-only host a clone plus a sleep for the emulated
+transfer time, labelled emulated by the caller); the CPU LoRA worker is a separate process.
+The batch decisions come from :class:`~impl.common.llm.scheduler.BatchScheduler`, the same
+code the simulator uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from impl.common.llm.forward import CPUPath, Item, KVCache, ragged_forward
+from impl.common.llm.kernels import check_kernel_rank
+from impl.common.llm.lora import HostAdapter, LoRABatch, group_of_layer, layer_groups, merge_adapter, unmerge_adapter
+from impl.common.llm.metrics import RequestRecord
+from impl.common.llm.model import SITES
+from impl.common.llm.scheduler import BatchScheduler, Plan, SchedulerConfig, SReq
+
+
+@dataclass
+class EngineRequest:
+    rid: int
+    arrival_s: float
+    adapter: str
+    prompt: list
+    output_len: int
+    slo_tpot_s: float = float("inf")
+
+
+class Loader:
+    """Host -> device adapter copies, FIFO over one link, layer group by layer group."""
+
+    def __init__(self, adapters: dict[str, HostAdapter], sched: BatchScheduler, num_layers: int, groups: int,
+                 device: torch.device, seconds_for: Optional[Callable[[str], float]] = None):
+        self.adapters, self.sched, self.device = adapters, sched, device
+        self.groups = layer_groups(num_layers, groups)
+        self.seconds_for = seconds_for  # emulated transfer time (CPU host); None = real copy time only
+        self.dev: dict[str, dict] = {}
+        self.q: "queue.Queue" = queue.Queue()
+        self.inflight: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.stream = torch.cuda.Stream() if device.type == "cuda" else None
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        self.loads = 0
+        self.load_s = 0.0
+
+    def _copy(self, name: str) -> None:
+        ad = self.adapters[name]
+        entry = self.sched.pool.get(name)
+        t_total = self.seconds_for(name) if self.seconds_for else 0.0
+        store = {s: [None] * ad.num_layers for s in SITES}
+        self.dev[name] = store
+        t_start = time.perf_counter()
+        for g, layers in enumerate(self.groups):
+            t0 = time.perf_counter()
+            if self.stream is not None:
+                with torch.cuda.stream(self.stream):
+                    for s in SITES:
+                        for l in layers:
+                            store[s][l] = (ad.A[s][l].to(self.device, non_blocking=True),
+                                           ad.B[s][l].to(self.device, non_blocking=True))
+                    ev = torch.cuda.Event()
+                    ev.record(self.stream)
+                ev.synchronize()
+            else:
+                for s in SITES:
+                    for l in layers:
+                        store[s][l] = (ad.A[s][l].clone(), ad.B[s][l].clone())
+            if t_total:
+                left = t_total * len(layers) / ad.num_layers - (time.perf_counter() - t0)
+                if left > 0:
+                    time.sleep(left)
+            if entry is not None:
+                entry.ready[g] = True
+        self.loads += 1
+        self.load_s += time.perf_counter() - t_start
+
+    def _loop(self) -> None:
+        while True:
+            name = self.q.get()
+            if name is None:
+                return
+            try:
+                while True:
+                    entry = self.sched.pool.get(name)
+                    self._copy(name)
+                    with self.lock:
+                        # evicted and re-acquired while copying: the new slot needs its own copy
+                        again = self.sched.pool.get(name) is not entry and self.sched.pool.get(name) is not None
+                    if not again:
+                        break
+            finally:
+                with self.lock:
+                    ev = self.inflight.pop(name, None)
+                if ev is not None:
+                    ev.set()
+
+    def start(self, name: str) -> None:
+        with self.lock:
+            if name in self.inflight:
+                return
+            self.inflight[name] = threading.Event()
+        self.q.put(name)
+
+    def wait(self, name: str) -> float:
+        """Block until ``name`` is resident (sync load if nothing is in flight). Returns the stall."""
+        t0 = time.perf_counter()
+        with self.lock:
+            ev = self.inflight.get(name)
+        if ev is not None:
+            ev.wait()
+        else:
+            entry = self.sched.pool.get(name)
+            if entry is None or not entry.resident():
+                self._copy(name)
+        return time.perf_counter() - t0
+
+    def weights(self, name: str, site: str, layer: int):
+        return self.dev[name][site][layer]
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(timeout=5)
+
+
+@dataclass
+class EngineStats:
+    records: list = field(default_factory=list)
+    arrived: int = 0
+    dropped: int = 0
+    makespan_s: float = 0.0
+    stall_s: float = 0.0
+    busy_s: float = 0.0
+    prefill_iters: int = 0
+    decode_iters: int = 0
+    cpu_jobs: int = 0
+    cpu_layers: int = 0
+    device_layers: int = 0
+
+
+class ServingEngine:
+    def __init__(self, model, adapters: dict[str, HostAdapter], cfg: SchedulerConfig, *,
+                 seconds_for: Optional[Callable[[str], float]] = None, cpu=None, device: str = "cpu",
+                 check_residency: bool = True):
+        self.model = model
+        self.adapters = adapters
+        cfg = dataclasses.replace(cfg, load_groups=min(cfg.load_groups, model.config.num_hidden_layers))
+        self.cfg = cfg
+        self.sched = BatchScheduler(cfg)
+        if self.sched.decode_kernel == "bgmv_punica":
+            for name, ad in adapters.items():
+                check_kernel_rank("bgmv_punica", ad.rank, f"adapter {name!r}")
+        self.device = torch.device(device)
+        self.num_layers = model.config.num_hidden_layers
+        self.group_of = group_of_layer(self.num_layers, cfg.load_groups)
+        self.loader = Loader(adapters, self.sched, self.num_layers, cfg.load_groups, self.device, seconds_for)
+        if cpu is None and cfg.policy == "caraserve":
+            from impl.caraserve.cpu_prefill import InlineCPU
+
+            cpu = InlineCPU(adapters)  # cpu_workers: 0 -> the CPU path runs in-process
+        self.cpu = cpu
+        self.check_residency = check_residency
+        self.merged: Optional[str] = None
+        self._saved = None
+        if cfg.policy == "cached":
+            self.sched.pool.capacity = max(self.sched.pool.capacity, len(adapters))
+            for name in adapters:
+                self.sched.pool.preload(name)
+                self._copy_now(name)
+
+    def _copy_now(self, name: str) -> None:
+        keep, self.loader.seconds_for = self.loader.seconds_for, None
+        try:
+            self.loader._copy(name)
+        finally:
+            self.loader.seconds_for = keep
+
+    def close(self) -> None:
+        self.loader.close()
+        if self._saved is not None:
+            unmerge_adapter(self.model, self._saved)
+            self._saved = None
+
+    # ---- one iteration -------------------------------------------------------------------
+    def _lora_batch(self, reqs: Sequence[SReq], kernel: str) -> tuple[LoRABatch, list[str]]:
+        names = sorted({r.adapter for r in reqs})
+        slot = {n: i for i, n in enumerate(names)}
+        rows, segs = [], []
+        for r in reqs:
+            n = len(r.data["pending"])
+            rows += [slot[r.adapter]] * n
+            segs.append((slot[r.adapter], n))
+        pool = self.sched.pool
+
+        def check(s, layer):
+            if self.check_residency:
+                pool.check_resident(names[s], self.group_of[layer])
+
+        b = LoRABatch(adapters=[self.adapters[n] for n in names], row_adapter=torch.tensor(rows, dtype=torch.long),
+                      segments=segs, kernel=kernel, device_check=check,
+                      device_weights=lambda s, site, layer: self.loader.weights(names[s], site, layer))
+        return b, names
+
+    def _run(self, plan: Plan, stats: EngineStats) -> None:
+        reqs = plan.reqs
+        if plan.merged != self.merged:  # dLoRA mode switch: merge / unmerge (copy back)
+            if self._saved is not None:
+                unmerge_adapter(self.model, self._saved)
+                self._saved = None
+            if plan.merged is not None:
+                stats.stall_s += self.loader.wait(plan.merged)
+                self._saved = merge_adapter(self.model, self.adapters[plan.merged])
+            self.merged = plan.merged
+        for a in plan.prefetch:  # S-LoRA: next batch's adapters load while this iteration runs
+            self.loader.start(a)
+        items = [Item(r.data["pending"], r.data["cache"]) for r in reqs]
+        cpu_path = None
+        if plan.kind == "prefill":
+            pol = self.cfg.policy
+            for a in plan.new_adapters:
+                if pol == "caraserve":
+                    self.loader.start(a)
+            for r in reqs:
+                entry = self.sched.pool.get(r.adapter)
+                r.data["cold"] = not entry.resident()
+            if pol in ("ondmd", "punica", "dlora", "slora"):
+                for a in sorted({r.adapter for r in reqs}):
+                    if not self.sched.pool.get(a).resident():
+                        stats.stall_s += self.loader.wait(a)
+            batch, names = self._lora_batch(reqs, self.sched.prefill_kernel)
+            if pol == "caraserve" and self.cpu is not None:
+                pool = self.sched.pool
+                decided: dict = {}
+
+                def decide(s, layer):
+                    g = self.group_of[layer]
+                    key = (s, g)
+                    if key not in decided:  # switch only at a layer-group boundary
+                        decided[key] = not pool.get(names[s]).ready[g]
+                    is_cpu = decided[key]
+                    if is_cpu:
+                        stats.cpu_layers += 1
+                    else:
+                        stats.device_layers += 1
+                    return is_cpu
+
+                cpu_path = CPUPath(decide, lambda s, layer, sites, x: self.cpu.submit(names[s], layer, sites, x))
+        else:
+            batch, names = self._lora_batch(reqs, self.sched.decode_kernel)
+        if plan.merged is not None:
+            batch = None  # merged weights: no separate LoRA compute
+        logits = ragged_forward(self.model, items, batch, cpu_path)
+        nxt = logits.argmax(-1).tolist()
+        for r, t in zip(reqs, nxt):
+            r.data["tokens"].append(int(t))
+            r.data["pending"] = [int(t)]
+
+    # ---- the serving loop ----------------------------------------------------------------
+    def serve(self, requests: Sequence[EngineRequest], progress=None, clock=time.perf_counter) -> EngineStats:
+        stats = EngineStats(arrived=len(requests))
+        pending = sorted(requests, key=lambda q: (q.arrival_s, q.rid))
+        for q in pending:
+            if q.adapter not in self.adapters:
+                raise KeyError(f"request {q.rid}: unknown adapter id {q.adapter!r}")
+        i = 0
+        sched = self.sched
+        t0 = clock()
+        done = 0
+        busy = 0.0
+        while done < len(pending):
+            now = clock() - t0
+            for a in sched.retry_pins():
+                self.loader.start(a)
+            while i < len(pending) and pending[i].arrival_s <= now:
+                q = pending[i]
+                sr = SReq(rid=q.rid, arrival_s=q.arrival_s, adapter=q.adapter, rank=self.adapters[q.adapter].rank,
+                          prompt_len=len(q.prompt), output_len=q.output_len,
+                          data={"req": q, "pending": list(q.prompt), "cache": KVCache(), "tokens": [], "cold": False})
+                a = sched.arrive(sr)
+                if a is not None:
+                    self.loader.start(a)
+                i += 1
+            plan = sched.plan(lambda r: sched.pool.get(r.adapter).resident())
+            if plan is None:
+                nxt = pending[i].arrival_s if i < len(pending) else None
+                wait = 0.0005 if nxt is None else max(0.0, min(nxt - now, 0.0005 if sched.busy() else 1.0))
+                time.sleep(wait)
+                continue
+            it0 = clock()
+            self._run(plan, stats)
+            t_end = clock() - t0
+            busy += clock() - it0
+            if plan.kind == "prefill":
+                stats.prefill_iters += 1
+                for r in plan.reqs:
+                    r.data["first_s"] = t_end
+                finished = sched.prefilled(plan)
+            else:
+                stats.decode_iters += 1
+                finished = sched.decoded(plan)
+            for r in finished:
+                q = r.data["req"]
+                stats.records.append(RequestRecord(
+                    rid=q.rid, adapter=q.adapter, rank=r.rank, arrival_s=q.arrival_s, first_token_s=r.data["first_s"],
+                    done_s=t_end, output_len=q.output_len, cold=r.data["cold"], interruptions=r.interruptions,
+                    slo_tpot_s=q.slo_tpot_s))
+                r.data["cache"] = None
+                done += 1
+                if progress is not None:
+                    progress.update(1)
+        stats.makespan_s = clock() - t0
+        stats.busy_s = busy
+        if self.cpu is not None:
+            stats.cpu_jobs = self.cpu.jobs
+        return stats
+
+
+def run_alone(model, adapters: dict, adapter: Optional[str], prompt: Sequence[int], steps: int,
+              switch_layer: Optional[int] = None, cpu=None, kernel: str = "sgmv"):
+    """One request, greedy, through the ragged forward; layers < ``switch_layer`` of the prefill
+    take the CPU path. Returns (prefill logits, tokens, cache). Used by the switch invariant."""
+    cache = KVCache()
+    names = [adapter] if adapter else []
+    def mk(n):
+        return LoRABatch(adapters=[adapters[a] for a in names], row_adapter=torch.tensor([0 if names else -1] * n),
+                         segments=[(0 if names else -1, n)], kernel=kernel)
+    cpu_path = None
+    if switch_layer is not None and names:
+        cpu_path = CPUPath(lambda s, l: l < switch_layer, lambda s, l, sites, x: cpu.submit(names[s], l, sites, x))
+    logits = ragged_forward(model, [Item(list(prompt), cache)], mk(len(prompt)), cpu_path)
+    first = logits.clone()
+    toks = [int(logits.argmax(-1)[0])]
+    for _ in range(steps - 1):
+        logits = ragged_forward(model, [Item([toks[-1]], cache)], mk(1))
+        toks.append(int(logits.argmax(-1)[0]))
+    return first, toks, cache

@@ -1,0 +1,77 @@
+"""Serving metrics shared by the real engine and the simulator (spec caraserve.md 4 and 6)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from impl.common.api import Metric
+
+
+@dataclass
+class RequestRecord:
+    rid: int
+    adapter: str
+    rank: int
+    arrival_s: float
+    first_token_s: float
+    done_s: float
+    output_len: int
+    cold: bool = False
+    interruptions: int = 0
+    slo_tpot_s: float = math.inf
+    server: int = 0
+    isolated_s: float = 0.0  # isolated service time (sim invariant: latency >= this)
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        return (self.done_s - self.first_token_s) / (self.output_len - 1) if self.output_len > 1 else 0.0
+
+    @property
+    def latency_s(self) -> float:
+        return self.done_s - self.arrival_s
+
+
+def _stats(name: str, vals: Sequence[float], unit: str = "s") -> dict[str, Metric]:
+    a = np.asarray(vals, dtype=float)
+    if not len(a):
+        return {}
+    return {f"{name}_mean_{unit}": Metric(value=float(a.mean()), unit=unit, better="lower", n=len(a),
+                                          p50=float(np.percentile(a, 50)), p10=float(np.percentile(a, 10)),
+                                          p90=float(np.percentile(a, 90))),
+            f"{name}_p50_{unit}": Metric.scalar(float(np.percentile(a, 50)), unit),
+            f"{name}_p99_{unit}": Metric.scalar(float(np.percentile(a, 99)), unit)}
+
+
+def serving_metrics(records: Sequence[RequestRecord], arrived: int, dropped: int, makespan_s: float,
+                    stall_s: float, busy_s: float) -> dict[str, Metric]:
+    m: dict[str, Metric] = {}
+    m.update(_stats("ttft", [r.ttft_s for r in records]))
+    m.update(_stats("tpot", [r.tpot_s for r in records if r.output_len > 1]))
+    m.update(_stats("latency", [r.latency_s for r in records]))
+    n = len(records)
+    ok = sum(1 for r in records if r.output_len <= 1 or r.tpot_s <= r.slo_tpot_s)
+    tokens = sum(r.output_len for r in records)
+    m["slo_attainment"] = Metric.scalar(ok / n if n else 0.0, "fraction", "higher")
+    m["throughput_tokens_per_s"] = Metric.scalar(tokens / makespan_s if makespan_s > 0 else 0.0, "tokens/s", "higher")
+    m["throughput_requests_per_s"] = Metric.scalar(n / makespan_s if makespan_s > 0 else 0.0, "req/s", "higher")
+    m["cold_starts"] = Metric.scalar(sum(1 for r in records if r.cold), "requests", "lower")
+    m["interruptions_mean"] = Metric.scalar(float(np.mean([r.interruptions for r in records])) if n else 0.0,
+                                            "iterations", "lower")
+    m["stall_share"] = Metric.scalar(stall_s / busy_s if busy_s > 0 else 0.0, "fraction", "lower")
+    m["completed"] = Metric.scalar(n, "requests", "higher")
+    m["dropped"] = Metric.scalar(dropped, "requests", "lower")
+    m["arrived"] = Metric.scalar(arrived, "requests", "higher")
+    return m
+
+
+def check_conservation(result, arrived: int, completed: int, dropped: int) -> None:
+    """completed + dropped = arrived, or the record is invalid."""
+    if completed + dropped != arrived:
+        result.mark_invalid(f"completed ({completed}) + dropped ({dropped}) != arrived ({arrived})")

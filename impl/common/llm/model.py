@@ -1,0 +1,105 @@
+"""Tiny Llama built from a ``transformers.LlamaConfig`` (random weights, fixed seed) and an
+in-memory byte-level tokenizer: nothing is downloaded.
+
+The serving engine runs its own ragged forward (:func:`forward_batch`) over the HF modules so
+that requests of different lengths share one flattened token batch with per-request KV caches
+(vLLM-style continuous batching); :func:`hf_logits` is the stock HF forward used as the oracle.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from impl.common.api import ConfigError
+
+SITES = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class LlamaShape:
+    """Model shape of the real (tiny) Llama; defaults = spec caraserve.md section 5."""
+
+    name: str = "llama-tiny"
+    hidden_size: int = 256
+    intermediate_size: int = 688
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    vocab_size: int = 1024
+    max_position_embeddings: int = 4096
+
+
+def llama_config(shape: LlamaShape):
+    from transformers import LlamaConfig
+
+    if shape.hidden_size % shape.num_attention_heads:
+        raise ConfigError(f"model.hidden_size {shape.hidden_size} is not divisible by "
+                          f"model.num_attention_heads {shape.num_attention_heads}")
+    if shape.num_attention_heads % shape.num_key_value_heads:
+        raise ConfigError(f"model.num_attention_heads {shape.num_attention_heads} is not divisible by "
+                          f"model.num_key_value_heads {shape.num_key_value_heads}")
+    if shape.vocab_size < 260:
+        raise ConfigError(f"model.vocab_size must be >= 260 for the byte tokenizer, got {shape.vocab_size}")
+    return LlamaConfig(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                       num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+                       num_key_value_heads=shape.num_key_value_heads, vocab_size=shape.vocab_size,
+                       max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=False,
+                       attn_implementation="eager", bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def build_llama(shape: LlamaShape, seed: int = 0):
+    """fp32 ``LlamaForCausalLM`` with seeded random weights, in eval mode."""
+    from transformers import LlamaForCausalLM
+
+    cfg = llama_config(shape)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
+    return model.float().eval()
+
+
+def build_tokenizer():
+    """Byte-level BPE tokenizer with no merges, held in memory: ids 0..3 specials, 4..259 bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = pre_tokenizers.ByteLevel.alphabet()
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    # GPT-2 byte -> unicode table, in byte order, so id = 4 + byte value.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_char = dict(zip(bs, (chr(c) for c in cs)))
+    assert set(byte_char.values()) == set(chars)
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for b in range(256):
+        vocab[byte_char[b]] = 4 + b
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def encode_bytes(text: str) -> list[int]:
+    """Byte ids for ``text`` (the tokenizer's vocabulary, without going through HF)."""
+    return [4 + b for b in text.encode("utf-8")]
+
+
+def synthetic_prompt(length: int, rng) -> list[int]:
+    """A deterministic prompt of ``length`` byte tokens (printable ASCII)."""
+    return [4 + int(b) for b in rng.integers(32, 127, size=length)]
+
+
+@torch.no_grad()
+def hf_logits(model, input_ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Stock HF forward (the oracle): logits [B, T, V]."""
+    return model(input_ids=input_ids, use_cache=False, **kwargs).logits

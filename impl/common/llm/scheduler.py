@@ -1,0 +1,213 @@
+"""Iteration-level batch scheduler shared by the real engine and the serving simulator.
+
+The scheduler is plain data + decisions: it never measures or sleeps. Each call to
+:meth:`BatchScheduler.plan` returns the next iteration (a prefill batch or a decode batch) and
+the adapter actions it needs; the caller (real engine or simulator) executes it and reports
+back with :meth:`prefilled`, :meth:`decoded`, :meth:`finished`.
+
+Policies (spec caraserve.md 3):
+| policy    | cold adapter at prefill                    | prefill kernel | decode kernel |
+|-----------|--------------------------------------------|----------------|---------------|
+| cached    | never cold (all preloaded)                 | sgmv           | bgmv          |
+| ondmd     | synchronous load, stalls the iteration     | sgmv           | bgmv          |
+| caraserve | async load from arrival + CPU-assisted     | sgmv           | bgmv          |
+| slora     | async prefetch from arrival, sync remainder| mbgmv          | mbgmv         |
+| punica    | synchronous load; ranks 16/32/64 only      | sgmv           | bgmv_punica   |
+| dlora     | synchronous load; merged mode when one     | sgmv           | bgmv          |
+|           | adapter dominates the batch                |                |               |
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from impl.common.api import ConfigError
+from impl.common.llm.pool import AdapterPool
+
+POLICIES = ("cached", "ondmd", "caraserve", "slora", "punica", "dlora")
+ASYNC_AT_ARRIVAL = ("caraserve",)  # S-LoRA prefetches only for the next batch (see plan)
+KERNELS = {
+    "cached": ("sgmv", "bgmv"), "ondmd": ("sgmv", "bgmv"), "caraserve": ("sgmv", "bgmv"),
+    "slora": ("mbgmv", "mbgmv"), "punica": ("sgmv", "bgmv_punica"), "dlora": ("sgmv", "bgmv"),
+}
+
+
+@dataclass
+class SReq:
+    """A request as the scheduler sees it (engine/simulator keep their own payload in ``data``)."""
+
+    rid: int
+    arrival_s: float
+    adapter: str
+    rank: int
+    prompt_len: int
+    output_len: int
+    pinned: bool = False
+    generated: int = 0
+    interruptions: int = 0
+    data: object = None
+
+
+@dataclass
+class Plan:
+    kind: str  # prefill | decode
+    reqs: list
+    new_adapters: list = field(default_factory=list)  # acquired now, need a load (sync or async)
+    prefetch: list = field(default_factory=list)  # S-LoRA: next batch's adapters, loaded async
+    merged: Optional[str] = None  # dLoRA merged-mode adapter
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = "caraserve"
+    max_batch: int = 32
+    max_prefill_tokens: int = 4096
+    pool_slots: int = 8
+    load_groups: int = 1
+    dlora_merge_share: float = 0.6
+    dlora_merge_min: int = 4
+
+
+class BatchScheduler:
+    def __init__(self, cfg: SchedulerConfig):
+        if cfg.policy not in POLICIES:
+            raise ConfigError(f"system.policy: unknown policy {cfg.policy!r} (one of: {', '.join(POLICIES)})")
+        if cfg.max_batch < 1:
+            raise ConfigError(f"system.max_batch must be >= 1, got {cfg.max_batch}")
+        self.cfg = cfg
+        self.pool = AdapterPool(cfg.pool_slots, cfg.load_groups)
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.merged: Optional[str] = None
+        self.unpinned = 0  # queued requests without a pinned adapter slot
+        self.prefill_kernel, self.decode_kernel = KERNELS[cfg.policy]
+
+    # ---- events --------------------------------------------------------------------------
+    def arrive(self, r: SReq) -> Optional[str]:
+        """Queue ``r``. Returns the adapter to start loading now (async policies), if any."""
+        self.waiting.append(r)
+        self.unpinned += 1
+        if self.cfg.policy in ASYNC_AT_ARRIVAL and len(self.waiting) <= self._window():
+            return self._pin(r)
+        return None
+
+    def _window(self) -> int:
+        """Async loads start only for requests that can join the next batches (a deep queue
+        pinning slots far ahead would starve its own head)."""
+        return max(1, self.cfg.max_batch - len(self.running))
+
+    def _pin(self, r: SReq) -> Optional[str]:
+        """Pin r's adapter if a slot is available; returns the adapter if it is new (needs a load)."""
+        if r.pinned or not self.pool.can_admit(r.adapter):
+            return None
+        entry, is_new, _ = self.pool.acquire(r.adapter)
+        r.pinned = True
+        self.unpinned -= 1
+        return r.adapter if is_new else None
+
+    def retry_pins(self) -> list[str]:
+        """Async policies: pin queued requests that found the pool full at arrival."""
+        out = []
+        if self.cfg.policy in ASYNC_AT_ARRIVAL and self.unpinned and self.pool.has_free_slot():
+            for k, r in enumerate(self.waiting):
+                if k >= self._window():
+                    break
+                if not r.pinned:
+                    a = self._pin(r)
+                    if a is not None:
+                        out.append(a)
+        return out
+
+    # ---- decisions -----------------------------------------------------------------------
+    def _dlora_mode(self) -> Optional[str]:
+        counts: dict[str, int] = {}
+        for r in list(self.waiting) + self.running:
+            counts[r.adapter] = counts.get(r.adapter, 0) + 1
+        total = sum(counts.values())
+        if not total:
+            return None
+        top = min(counts, key=lambda a: (-counts[a], a))
+        if counts[top] >= self.cfg.dlora_merge_min and counts[top] / total >= self.cfg.dlora_merge_share:
+            return top
+        return None
+
+    def plan(self, decode_ready: Callable[[SReq], bool]) -> Optional[Plan]:
+        """Prefill first (LightLLM/vLLM default), else one decode step of the ready running set."""
+        cfg = self.cfg
+        if cfg.policy == "dlora":
+            self.merged = self._dlora_mode()
+        sel, tokens, new = [], 0, []
+        for r in list(self.waiting):
+            if len(self.running) + len(sel) >= cfg.max_batch:
+                break
+            if self.merged is not None and r.adapter != self.merged:
+                continue
+            if sel and tokens + r.prompt_len > cfg.max_prefill_tokens:
+                break
+            if not r.pinned:
+                if not self.pool.can_admit(r.adapter):
+                    if self.running or sel:
+                        break  # FIFO: wait for a running request to free a slot
+                    continue  # nothing will free a slot: let pinned requests behind go first
+                a = self._pin(r)
+                if a is not None:
+                    new.append(a)
+            sel.append(r)
+            tokens += r.prompt_len
+        if sel:
+            for r in sel:
+                self.waiting.remove(r)
+            return Plan("prefill", sel, new_adapters=new, merged=self.merged, prefetch=self._prefetch(len(sel)))
+        ready = [r for r in self.running if decode_ready(r) and (self.merged is None or r.adapter == self.merged)]
+        if ready:
+            return Plan("decode", ready, merged=self.merged, prefetch=self._prefetch(0))
+        return None
+
+    def _prefetch(self, joining: int) -> list:
+        """S-LoRA: while this iteration runs, load the adapters of the requests that can join
+        the next batch (queue head, up to the free batch slots)."""
+        if self.cfg.policy != "slora":
+            return []
+        out = []
+        room = self.cfg.max_batch - len(self.running) - joining
+        for k, r in enumerate(self.waiting):
+            if k >= room:
+                break
+            if not r.pinned:
+                a = self._pin(r)
+                if a is not None:
+                    out.append(a)
+        return out
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def prefilled(self, plan: Plan) -> list[SReq]:
+        """After a prefill iteration: every in-flight decode was interrupted once."""
+        for r in self.running:
+            r.interruptions += 1
+        done = []
+        for r in plan.reqs:
+            r.generated = 1
+            if r.generated >= r.output_len:
+                done.append(r)
+            else:
+                self.running.append(r)
+        for r in done:
+            self.pool.release(r.adapter)
+        return done
+
+    def decoded(self, plan: Plan) -> list[SReq]:
+        done = []
+        for r in plan.reqs:
+            r.generated += 1
+            if r.generated >= r.output_len:
+                done.append(r)
+        if done:
+            ids = {id(r) for r in done}
+            self.running = [r for r in self.running if id(r) not in ids]
+            for r in done:
+                self.pool.release(r.adapter)
+        return done
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)

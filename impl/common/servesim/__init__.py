@@ -1,0 +1,5 @@
+"""Request-level discrete-event simulation of multi-LoRA serving (one or many servers)."""
+from .cost import ServingCost
+from .cluster import SimResult, simulate
+
+__all__ = ["ServingCost", "SimResult", "simulate"]

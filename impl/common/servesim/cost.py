@@ -1,0 +1,126 @@
+"""Per-iteration serving costs at paper scale from a hardware profile (roofline) [R].
+
+Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source:
+- GPU: ``hardware.peak_flops[dtype] * mfu`` and ``memory_bw_bytes_per_s`` (datasheet);
+- H2D: ``host_link_bw_bytes_per_s * h2d_efficiency`` (spec 6: ~22 GB/s pinned on PCIe4 =
+  0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us, spec 6);
+- host CPU: ``cpu_flops_per_core`` (40 GFLOP/s fp32, spec 6) x cores for the CPU LoRA path and a
+  sync/IPC cost ``cpu_sync_s`` per LoRA input per layer (the paper: transfer < 1 ms);
+- LoRA kernels: BGMV (Punica, pads to the batch max rank: traffic ~ B * max r), MBGMV (S-LoRA,
+  no padding: ~ sum r) with an efficiency factor each (``lora_kernel_efficiency``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass
+class ServingCost:
+    hidden: int
+    num_layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    dtype_bytes: int = 2
+    tp: int = 1
+    flops_per_s: float = 50e12
+    mem_bw_bytes_per_s: float = 600e9
+    h2d_bytes_per_s: float = 22e9
+    h2d_tensor_overhead_s: float = 20e-6
+    intra_bw_bytes_per_s: float = 32e9
+    intra_latency_s: float = 5e-6
+    cpu_flops_per_core: float = 40e9
+    cpu_cores: int = 32
+    cpu_sync_s: float = 100e-6
+    lora_sites: int = 4
+    bgmv_efficiency: float = 0.5
+    mbgmv_efficiency: float = 0.35
+    iteration_overhead_s: float = 1e-3
+    load_overhead_s: float = 0.0  # fixed software cost per adapter load (allocation, bookkeeping)
+
+    @classmethod
+    def from_profile(cls, model, hardware, tp: int = 1, dtype: str = "fp16", **kw) -> "ServingCost":
+        return cls(hidden=model.hidden, num_layers=model.num_layers, intermediate=model.intermediate,
+                   heads=model.heads, kv_heads=model.kv_heads, vocab=model.vocab, dtype_bytes=model.dtype_bytes,
+                   tp=tp, flops_per_s=hardware.flops(dtype), mem_bw_bytes_per_s=hardware.memory_bw_bytes_per_s,
+                   intra_bw_bytes_per_s=hardware.intra_node_bw_bytes_per_s,
+                   intra_latency_s=hardware.intra_node_latency_s, **kw)
+
+    # ---- shapes ----------------------------------------------------------------------------
+    @property
+    def d_kv(self) -> int:
+        return self.hidden * self.kv_heads // self.heads
+
+    @property
+    def layer_params(self) -> int:
+        d = self.hidden
+        return 2 * d * d + 2 * d * self.d_kv + 3 * d * self.intermediate
+
+    @property
+    def weight_bytes(self) -> float:
+        return (self.num_layers * self.layer_params + 2 * self.vocab * self.hidden) * self.dtype_bytes / self.tp
+
+    def kv_bytes_per_token(self) -> float:
+        return 2 * self.num_layers * self.d_kv * self.dtype_bytes / self.tp
+
+    def adapter_bytes(self, rank: int) -> float:
+        """layers * sites * 2 * d * r * dtype bytes (spec 6: 128 MiB at r=64 for 7B)."""
+        return self.num_layers * self.lora_sites * 2 * self.hidden * rank * self.dtype_bytes
+
+    def _allreduce_s(self, tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        msg = tokens * self.hidden * self.dtype_bytes
+        per = 2 * (self.tp - 1) / self.tp * msg / self.intra_bw_bytes_per_s + 2 * (self.tp - 1) * self.intra_latency_s
+        return 2 * self.num_layers * per
+
+    # ---- iteration costs -------------------------------------------------------------------
+    def prefill_s(self, lens: Sequence[int], ranks: Sequence[int], lora: bool = True, kernel: str = "sgmv") -> float:
+        if not lens:
+            return 0.0
+        T = sum(lens)
+        flops = 2 * (self.num_layers * self.layer_params + self.vocab * self.hidden) * T / self.tp
+        flops += 2 * self.num_layers * self.hidden * sum(n * n for n in lens) / self.tp  # attention
+        t = max(flops / self.flops_per_s, self.weight_bytes / self.mem_bw_bytes_per_s)
+        if lora:
+            eff = self.mbgmv_efficiency if kernel == "mbgmv" else self.bgmv_efficiency
+            lf = 4 * self.num_layers * self.lora_sites * self.hidden * sum(n * r for n, r in zip(lens, ranks)) / self.tp
+            t += lf / (self.flops_per_s * eff)
+        return t + self._allreduce_s(T) + self.iteration_overhead_s
+
+    def decode_s(self, ctx: Sequence[int], ranks: Sequence[int], kernel: str = "bgmv", lora: bool = True) -> float:
+        B = len(ctx)
+        if not B:
+            return 0.0
+        flops = 2 * (self.num_layers * self.layer_params + self.vocab * self.hidden) * B / self.tp
+        bytes_ = self.weight_bytes + self.kv_bytes_per_token() * sum(ctx)
+        t = max(flops / self.flops_per_s, bytes_ / self.mem_bw_bytes_per_s)
+        if lora and ranks:
+            per_rank = self.num_layers * self.lora_sites * 2 * self.hidden * self.dtype_bytes / self.tp
+            if kernel == "mbgmv":
+                t += per_rank * sum(ranks) / (self.mem_bw_bytes_per_s * self.mbgmv_efficiency)
+            else:
+                t += per_rank * B * max(ranks) / (self.mem_bw_bytes_per_s * self.bgmv_efficiency)
+        return t + self._allreduce_s(B) + self.iteration_overhead_s
+
+    def load_s(self, rank: int) -> float:
+        tensors = self.num_layers * self.lora_sites * 2
+        return (self.adapter_bytes(rank) / self.tp / self.h2d_bytes_per_s + tensors * self.h2d_tensor_overhead_s
+                + self.load_overhead_s)
+
+    def cpu_lora_layer_s(self, tokens: int, rank: int, procs: int) -> float:
+        """CPU LoRA of one layer (all sites) for one request on ``procs`` processes, plus the
+        2 sync points (q/k/v share an input; o has its own)."""
+        flops = 4 * self.lora_sites * self.hidden * rank * math.ceil(tokens / procs)
+        return flops / self.cpu_flops_per_core + 2 * self.cpu_sync_s
+
+    def cpu_procs(self, tokens: int, rank: int) -> int:
+        """[R] smallest P with T_cpu(L/P) + sync <= T_gpu_base(layer) (spec 2.2), capped by cores."""
+        base_layer = self.prefill_s([tokens], [rank], lora=False) / self.num_layers
+        for p in range(1, self.cpu_cores + 1):
+            if self.cpu_lora_layer_s(tokens, rank, p) <= base_layer:
+                return p
+        return self.cpu_cores
