@@ -37,9 +37,11 @@ def _describe(exc: BaseException, override_hint: str = "") -> str:
     if isinstance(exc, MissingConfigException):
         options = getattr(exc, "options", None) or []
         missing = getattr(exc, "missing_cfg_file", "") or ""
-        group, _, name = str(missing).rpartition("/")
-        if group:
-            avail = ", ".join(sorted(options)) if options else "none"
+        parts = str(missing).split("/")
+        cut = 2 if parts[0] == "hydra" else 1  # hydra/launcher=..., else system=, experiment=...
+        group, name = "/".join(parts[:cut]), "/".join(parts[cut:])
+        if group and name:
+            avail = ", ".join(_group_options(group)) or ", ".join(sorted(options)) or "none"
             return f"{group}={name}: no such {group} (available: {avail})"
     # Hydra's messages spread one fact over several lines; keep the facts, drop the advice
     # and the object dump.
@@ -55,6 +57,28 @@ def _describe(exc: BaseException, override_hint: str = "") -> str:
         if first and first not in parts:
             parts.append(first)
     return ": ".join(parts) or type(exc).__name__
+
+
+def _group_options(group: str) -> list[str]:
+    """Every option of a group in the package's conf, nested ones as ``sub/name``."""
+    from importlib import resources
+
+    if group.startswith("hydra"):
+        return []  # Hydra's own groups: the exception's option list is right for them
+    root = resources.files("conf").joinpath(group)
+    if not root.is_dir():
+        return []
+    out: list[str] = []
+
+    def walk(node, prefix: str) -> None:
+        for entry in node.iterdir():
+            if entry.is_dir():
+                walk(entry, f"{prefix}{entry.name}/")
+            elif entry.name.endswith(".yaml"):
+                out.append(prefix + entry.name[:-5])
+
+    walk(root, "")
+    return sorted(out)
 
 
 def _expand(overrides: list[str]) -> list[list[str]]:
@@ -86,10 +110,7 @@ def preflight(argv: list[str]) -> Optional[str]:
     """Compose and type every job of the command line; return an error line or None."""
     if any(a.split("=")[0] in _PASSTHROUGH_FLAGS for a in argv):
         return None
-    # Hydra's own settings are Hydra's to check, except the search path, which decides what
-    # the job's groups can find.
-    overrides = [a for a in argv if a not in _FLAGS_WITHOUT_VALUE and (
-        a.lstrip("+~").startswith("hydra.searchpath") or not a.lstrip("+~").startswith("hydra"))]
+    overrides = [a for a in argv if a not in _FLAGS_WITHOUT_VALUE]
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -105,7 +126,7 @@ def preflight(argv: list[str]) -> Optional[str]:
         with initialize_config_module(config_module="conf", version_base="1.3"):
             for combo in combos:
                 try:
-                    cfg = compose(config_name=CONFIG_NAME, overrides=combo)
+                    cfg = compose(config_name=CONFIG_NAME, overrides=combo, return_hydra_config=True)
                     typed_job(cfg)
                 except ConfigError as exc:
                     return str(exc)

@@ -23,7 +23,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _merge(group: str, schema_cls: type, node: Any, drop: tuple[str, ...] = ()) -> Any:
-    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    try:
+        data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"{key or group}: {_first_line(exc)}") from None
     for key in drop:
         data.pop(key, None)
     try:

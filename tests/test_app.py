@@ -16,6 +16,10 @@ from tests.conftest import TEST_ARGS, run_bench
     (["fault=nope"], "fault=nope: no such fault"),
     (["system.factor=abc"], "system.factor"),
     (["+system.unknown_knob=3"], "system.unknown_knob"),
+    (["experiment=adaptra/nothing"], "experiment=adaptra/nothing: no such experiment (available: adaptra/"),
+    (["hydra/launcher=nope"], "hydra/launcher=nope: no such hydra/launcher (available: basic, joblib"),
+    (["hydra.launcher.n_jobs=2"], "hydra.launcher.n_jobs"),
+    (["workload.stages=${oops}"], "workload.stages: Interpolation key 'oops' not found"),
 ])
 def test_bad_input_is_one_line_without_traceback(tmp_path, bad, expected):
     proc = run_bench(["system=echo_a", *TEST_ARGS, f"results_dir={tmp_path}", *bad])
