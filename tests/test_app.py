@@ -19,7 +19,7 @@ from tests.conftest import TEST_ARGS, run_bench
     (["experiment=adaptra/nothing"], "experiment=adaptra/nothing: no such experiment (available: adaptra/"),
     (["hydra/launcher=nope"], "hydra/launcher=nope: no such hydra/launcher (available: basic, joblib"),
     (["hydra.launcher.n_jobs=2"], "hydra.launcher.n_jobs"),
-    (["workload.stages=${oops}"], "workload.stages: Interpolation key 'oops' not found"),
+    (["workload.iterations=${oops}"], "workload.iterations: Interpolation key 'oops' not found"),
 ])
 def test_bad_input_is_one_line_without_traceback(tmp_path, bad, expected):
     proc = run_bench(["system=echo_a", *TEST_ARGS, f"results_dir={tmp_path}", *bad])
