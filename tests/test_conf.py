@@ -12,7 +12,7 @@ from hydra.core.global_hydra import GlobalHydra
 from bench.app import preflight
 from bench.config import register
 from bench.default_plan import load_plan
-from bench.validate import typed_job, typed_system
+from bench.validate import typed_fault, typed_job, typed_system
 
 CONF = resources.files("conf")
 
@@ -51,7 +51,8 @@ def test_every_system_types(composer, system):
 
 @pytest.mark.parametrize("fault", _names("fault"))
 def test_every_fault_types(composer, fault):
-    assert typed_job(composer([f"fault={fault}", "system=zb"])).fault.kind
+    # The fault spec alone; which systems and workloads accept it is each system's check.
+    assert typed_fault(composer([f"fault={fault}"]).fault).kind
 
 
 @pytest.mark.parametrize("hardware", [n for n in _names("hardware") if n != "local"])
