@@ -1,0 +1,213 @@
+"""Hybrid-parallel (DP x TP x PP) cost model over a :class:`~impl.common.parallel.plan.Plan`
+(spec malleus 6), reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
+
+- Layer forward FLOPs (LLaMA, SwiGLU): b*s*(8h^2 + 6h*ffn) + 4*b*s^2*h; GPT MLP (ffn_hidden=0):
+  b*s*(8h^2 + 4h*ffn) + 4*b*s^2*h. Backward = 2x forward.
+- t_layer(tp) = 3*F / (tp * peak * mfu) + 4 TP ring all-reduces of b*s*h elements per layer
+  (fwd + bwd) over NVLink (a TP group never leaves its node).
+- alpha_k = t_layer(tp/2^k) / t_layer(tp).
+- A stage's time per micro-batch = (max x over its GPUs) * layers * t_layer(group size).
+- Pipeline i: T_i = (m_i + S_i - 1) * max_j stage_ij + 2 (S_i - 1) P2P messages (fill + drain).
+- Iteration = max_i T_i + gradient synchronisation: ZeRO reduce-scatter + all-gather (ring,
+  2(n-1)/n * shard bytes) per layer over its n holders, the GPU with most bytes gating, at the
+  inter-node bandwidth when the holders span nodes.
+Every figure carries its unit in the name (``_s``, ``_bytes``, ``_mb``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from impl.common.api import ConfigError
+from impl.common.cost.comm import ring_allreduce_time_s
+from impl.common.cost.transformer import bytes_per_elem
+
+from .plan import Plan
+
+MB = 1024.0 * 1024.0
+
+
+def ffn_size(model) -> int:
+    return int(model.ffn_hidden) if getattr(model, "ffn_hidden", 0) else int(model.ffn_mult * model.hidden)
+
+
+def layer_fwd_flops(model, micro_batch_size: int) -> float:
+    b, s, h, f = micro_batch_size, model.seq_len, model.hidden, ffn_size(model)
+    mlp = 6 * h * f if getattr(model, "ffn_hidden", 0) else 4 * h * f
+    return float(b * s * (8 * h * h + mlp) + 4 * b * s * s * h)
+
+
+def layer_params(model) -> int:
+    h, f = model.hidden, ffn_size(model)
+    return (4 * h * h + (3 if getattr(model, "ffn_hidden", 0) else 2) * h * f)
+
+
+@dataclass(frozen=True)
+class HybridCostModel:
+    """Per-layer costs of one workload on one hardware profile."""
+
+    model: object
+    micro_batch_size: int
+    dtype: str
+    tp: int
+    peak_flops: float  # per GPU, dtype
+    mfu: float
+    intra_bw_bytes_per_s: float
+    intra_lat_s: float
+    inter_bw_bytes_per_s: float
+    inter_lat_s: float
+
+    @classmethod
+    def build(cls, wl, hw) -> "HybridCostModel":
+        if wl.dtype not in hw.peak_flops:
+            raise ConfigError(f"hardware.peak_flops: profile {hw.name} has no {wl.dtype!r} entry")
+        mfu = wl.mfu if getattr(wl, "mfu", None) else hw.mfu
+        eff = hw.comm_efficiency
+        return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, float(hw.peak_flops[wl.dtype]), float(mfu),
+                   hw.intra_node_bw_bytes_per_s * eff, hw.intra_node_latency_s,
+                   hw.inter_node_bw_bytes_per_s * eff, hw.inter_node_latency_s)
+
+    @property
+    def act_bytes(self) -> float:
+        m = self.model
+        return float(self.micro_batch_size * m.seq_len * m.hidden * bytes_per_elem(self.dtype))
+
+    def layer_time_s(self, tp_size: int) -> float:
+        """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
+        compute = 3.0 * layer_fwd_flops(self.model, self.micro_batch_size) / (tp_size * self.peak_flops * self.mfu)
+        ar = ring_allreduce_time_s(self.act_bytes, tp_size, self.intra_bw_bytes_per_s, self.intra_lat_s)
+        return compute + 4.0 * ar
+
+    def alpha(self, levels: int = 4) -> list[float]:
+        base = self.layer_time_s(self.tp)
+        out = []
+        for k in range(levels):
+            size = self.tp // (2 ** k)
+            if size < 1:
+                break
+            out.append(self.layer_time_s(size) / base)
+        return out
+
+    def p2p_s(self, same_node: bool) -> float:
+        bw, lat = (self.intra_bw_bytes_per_s, self.intra_lat_s) if same_node else (self.inter_bw_bytes_per_s, self.inter_lat_s)
+        return lat + self.act_bytes / bw
+
+    def layer_grad_bytes(self) -> float:
+        return float(layer_params(self.model) * bytes_per_elem(self.dtype))
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Per-GPU memory of a stage (spec 2.2): (k_d * l + E * [first or last]) * r + X <= C.
+
+    k_d = state_mb_per_layer + act_mb_per_layer_mb * min(d, inflight_cap): a stage d stages
+    from the end holds d micro-batches in flight under 1F1B; r = tp / group size.
+    """
+
+    state_mb_per_layer: float
+    act_mb_per_layer_mb: float
+    embed_mb: float
+    extra_mb: float
+    capacity_mb: float
+    inflight_cap: int = 1 << 30
+
+    def k_mb(self, d: int) -> float:
+        return self.state_mb_per_layer + self.act_mb_per_layer_mb * min(d, self.inflight_cap)
+
+    def stage_mb(self, stages: int, stage: int, layers: int, ratio: float) -> float:
+        d = stages - stage
+        ends = 1.0 if stage in (0, stages - 1) else 0.0
+        return (self.k_mb(d) * layers + self.embed_mb * ends) * ratio + self.extra_mb
+
+    def fits(self, stages: int, stage: int, layers: int, ratio: float) -> bool:
+        return self.stage_mb(stages, stage, layers, ratio) <= self.capacity_mb + 1e-9
+
+    def max_layers(self, stages: int, stage: int, ratio: float) -> int:
+        d = stages - stage
+        ends = 1.0 if stage in (0, stages - 1) else 0.0
+        room = (self.capacity_mb - self.extra_mb) / ratio - self.embed_mb * ends
+        return max(int(math.floor(room / self.k_mb(d) + 1e-9)), 0) if room > 0 else 0
+
+    def row(self, stages: int, stage: int, ratio: float) -> tuple[float, float, float]:
+        """(coefficient of l, constant, capacity) of the stage's memory row, as the ILP writes it."""
+        d = stages - stage
+        ends = 1.0 if stage in (0, stages - 1) else 0.0
+        return self.k_mb(d) * ratio, self.embed_mb * ends * ratio + self.extra_mb, self.capacity_mb
+
+
+def memory_model(wl, hw) -> Optional[MemoryModel]:
+    mem = getattr(wl, "memory", None)
+    if mem is None or not mem.enabled:
+        return None
+    cap = mem.capacity_mb if mem.capacity_mb else hw.memory_bytes / MB
+    return MemoryModel(mem.state_mb_per_layer, mem.act_mb_per_layer_mb, mem.embed_mb, mem.extra_mb,
+                       cap - mem.reserve_mb, mem.inflight_cap or (1 << 30))
+
+
+@dataclass(frozen=True)
+class IterationCost:
+    iteration_time_s: float
+    pipeline_s: tuple[float, ...]
+    compute_bound_s: float  # max_i m_i * max_j stage time (Z in seconds)
+    grad_sync_s: float
+    gpu_compute_s: dict  # device -> its own compute time this iteration (what x is measured from)
+
+
+def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> IterationCost:
+    """Simulated iteration time of ``plan`` when GPU g runs at 1/x[g] of nominal speed."""
+    pipes, zsec, gpu_compute = [], 0.0, {}
+    t_cache: dict[int, float] = {}
+
+    def t_layer(size: int) -> float:
+        if size not in t_cache:
+            t_cache[size] = cm.layer_time_s(size)
+        return t_cache[size]
+
+    for p in plan.pipelines:
+        stage_s = []
+        for g, n in zip(p.groups, p.layers):
+            grp = plan.groups[g]
+            stage_s.append(max(x[d] for d in grp.gpus) * n * t_layer(grp.size))
+            for d in grp.gpus:
+                gpu_compute[d] = x[d] * n * t_layer(grp.size) * p.micro_batches
+        slow = max(stage_s)
+        p2p = 0.0
+        for j in range(p.num_stages - 1):
+            same = plan.groups[p.groups[j]].node == plan.groups[p.groups[j + 1]].node
+            p2p += 2.0 * cm.p2p_s(same)
+        pipes.append((p.micro_batches + p.num_stages - 1) * slow + p2p)
+        zsec = max(zsec, p.micro_batches * slow)
+    sync = grad_sync_s(plan, cm)
+    return IterationCost(max(pipes) + sync, tuple(pipes), zsec, sync, gpu_compute)
+
+
+def grad_sync_s(plan: Plan, cm: HybridCostModel) -> float:
+    """ZeRO reduce-scatter + all-gather of every layer's gradients over its holders."""
+    if plan.dp <= 1:
+        return 0.0
+    holders: list[list[int]] = [[] for _ in range(plan.num_layers)]
+    for p in plan.pipelines:
+        for g, (lo, hi) in zip(p.groups, p.layer_ranges()):
+            for layer in range(lo, hi):
+                holders[layer].append(g)
+    per_gpu: dict[int, float] = {}
+    layer_bytes = cm.layer_grad_bytes()
+    for groups in holders:
+        n = len(groups)
+        if n <= 1:
+            continue
+        nodes = {plan.groups[g].node for g in groups}
+        bw = cm.intra_bw_bytes_per_s if len(nodes) == 1 else cm.inter_bw_bytes_per_s
+        for g in groups:
+            shard = layer_bytes / plan.groups[g].size
+            t = 2.0 * (n - 1) / n * shard / bw
+            for d in plan.groups[g].gpus:
+                per_gpu[d] = per_gpu.get(d, 0.0) + t
+    lat = 2 * (plan.dp - 1) * cm.inter_lat_s
+    return (max(per_gpu.values()) + lat) if per_gpu else 0.0
+
+
+def state_bytes_per_layer(cm: HybridCostModel) -> float:
+    """What migrating one layer moves: bf16 params + fp32 master, Adam m and v (2 + 12 bytes per parameter)."""
+    return float(layer_params(cm.model) * (bytes_per_elem(cm.dtype) + 12))

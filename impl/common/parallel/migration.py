@@ -1,0 +1,117 @@
+"""What moves when a plan changes (spec malleus 2.4), as data: a list of transfers.
+
+State units: ``-1`` = embeddings (first stage), ``0..L-1`` = layers, ``L`` = final norm + LM
+head (last stage). A GPU of a TP group of size g at TP rank t holds the fraction
+[t/g, (t+1)/g) of every unit its stage holds (its TP shard). For each (unit, destination GPU)
+the needed fraction is cut at every old holder's shard boundary; each piece is
+- reused in place when the destination already holds it,
+- else sent by the same-node holder with the fewest bytes assigned so far,
+- else by the inter-node holder with the fewest inter-node bytes assigned so far.
+Ties go to the lower GPU id, so the result is deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable, Optional
+
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Transfer:
+    unit: int
+    lo: Fraction  # fraction of the unit's state, [lo, hi)
+    hi: Fraction
+    src: int
+    dst: int
+    nbytes: float
+    inter_node: bool
+
+
+def held_units(plan: Plan) -> dict[int, dict[int, tuple[Fraction, Fraction]]]:
+    """GPU -> unit -> its shard [lo, hi)."""
+    out: dict[int, dict[int, tuple[Fraction, Fraction]]] = {}
+    L = plan.num_layers
+    for p in plan.pipelines:
+        S = p.num_stages
+        for j, (g, (a, b)) in enumerate(zip(p.groups, p.layer_ranges())):
+            units = list(range(a, b)) + ([-1] if j == 0 else []) + ([L] if j == S - 1 else [])
+            grp = plan.groups[g]
+            for t, dev in enumerate(grp.gpus):
+                sh = (Fraction(t, grp.size), Fraction(t + 1, grp.size))
+                out.setdefault(dev, {}).update({u: sh for u in units})
+    return out
+
+
+def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float]) -> tuple[list[Transfer], dict]:
+    """Transfers taking ``old``'s state to where ``new`` needs it, plus a summary."""
+    have = held_units(old)
+    need = held_units(new)
+    gpn = new.gpus_per_node
+    holders: dict[int, list[tuple[int, Fraction, Fraction]]] = {}
+    for dev, units in have.items():
+        for u, (lo, hi) in units.items():
+            holders.setdefault(u, []).append((dev, lo, hi))
+    sent: dict[int, float] = {}
+    sent_inter: dict[int, float] = {}
+    transfers: list[Transfer] = []
+    reused = 0.0
+    for dst in sorted(need):
+        for u in sorted(need[dst]):
+            lo, hi = need[dst][u]
+            hs = sorted(holders.get(u, []))
+            if not hs:
+                raise ValueError(f"unit {u} is held by no GPU of the old plan")
+            cuts = sorted({lo, hi} | {c for _, a, b in hs for c in (a, b) if lo < c < hi})
+            for a, b in zip(cuts, cuts[1:]):
+                cover = [d for d, x, y in hs if x <= a and b <= y]
+                nbytes = float(b - a) * unit_bytes(u)
+                if dst in cover:
+                    reused += nbytes
+                    continue
+                same = [d for d in cover if d // gpn == dst // gpn]
+                if same:
+                    src = min(same, key=lambda d: (sent.get(d, 0.0), d))
+                    inter = False
+                else:
+                    src = min(cover, key=lambda d: (sent_inter.get(d, 0.0), d))
+                    inter = True
+                    sent_inter[src] = sent_inter.get(src, 0.0) + nbytes
+                sent[src] = sent.get(src, 0.0) + nbytes
+                transfers.append(Transfer(u, a, b, src, dst, nbytes, inter))
+    recv: dict[int, float] = {}
+    for t in transfers:
+        recv[t.dst] = recv.get(t.dst, 0.0) + t.nbytes
+    summary = {"transfers": len(transfers), "bytes_moved": sum(t.nbytes for t in transfers),
+               "bytes_inter_node": sum(t.nbytes for t in transfers if t.inter_node), "bytes_reused": reused,
+               "max_send_bytes": max(sent.values(), default=0.0), "max_recv_bytes": max(recv.values(), default=0.0)}
+    return transfers, summary
+
+
+def migration_time_s(transfers: list[Transfer], intra_bw: float, inter_bw: float, latency_s: float = 0.0) -> float:
+    """Each GPU sends and receives in parallel; the busiest endpoint gates (bytes / link bw)."""
+    busy: dict[tuple[str, int], float] = {}
+    for t in transfers:
+        dt = t.nbytes / (inter_bw if t.inter_node else intra_bw)
+        for key in (("s", t.src), ("r", t.dst)):
+            busy[key] = busy.get(key, 0.0) + dt
+    return (max(busy.values()) + latency_s) if busy else 0.0
+
+
+def buckets(transfers: list[Transfer], bucket_bytes: float) -> list[list[Transfer]]:
+    """Rounds of transfers: per (src, dst) pair at most ``bucket_bytes`` per round (bounds the
+    extra peak memory of a migration), in a deterministic order every rank computes alike."""
+    per_pair: dict[tuple[int, int], list[list[Transfer]]] = {}
+    for t in sorted(transfers, key=lambda t: (t.src, t.dst, t.unit, t.lo)):
+        lst = per_pair.setdefault((t.src, t.dst), [[]])
+        if lst[-1] and sum(x.nbytes for x in lst[-1]) + t.nbytes > bucket_bytes:
+            lst.append([])
+        lst[-1].append(t)
+    rounds: list[list[Transfer]] = []
+    for pair in sorted(per_pair):
+        for r, b in enumerate(per_pair[pair]):
+            while len(rounds) <= r:
+                rounds.append([])
+            rounds[r].extend(b)
+    return rounds

@@ -1,0 +1,86 @@
+"""Malleus figures, drawn from a sweep's records."""
+from __future__ import annotations
+
+import collections
+import pathlib
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ORDER = ("uniform", "data_only", "layers_only", "restart_replan", "malleus")
+METRIC = "iteration_time_s"
+
+
+def _ok(records):
+    return [r for r in records if r.get("status") == "ok" and METRIC in r.get("metrics", {})]
+
+
+def speedups(records, out_dir, name: str = "speedup") -> list[pathlib.Path]:
+    """Speedup over the uniform plan per system, one bar group per (experiment, workload, hardware);
+    the straggler-free bound (uniform time / straggler-free time) as a marker."""
+    recs = _ok(records)
+    t = {}
+    free = {}
+    for r in recs:
+        key = (r["experiment"].split("/")[-1], r["workload"], r["hardware"])
+        t[(key, r["system"])] = r["metrics"][METRIC]["value"]
+        if "straggler_free_iteration_time_s" in r["metrics"]:
+            free[key] = r["metrics"]["straggler_free_iteration_time_s"]["value"]
+    keys = sorted({k for k, _ in t})
+    systems = [s for s in ORDER if any((k, s) in t for k in keys)] + sorted({s for _, s in t} - set(ORDER))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(keys) + 2), 4))
+    w = 0.8 / max(len(systems), 1)
+    for si, s in enumerate(systems):
+        xs, ys = [], []
+        for ki, k in enumerate(keys):
+            if (k, s) in t and (k, "uniform") in t:
+                xs.append(ki + si * w)
+                ys.append(t[(k, "uniform")] / t[(k, s)])
+        ax.bar(xs, ys, w, label=s)
+    for ki, k in enumerate(keys):
+        if k in free and (k, "uniform") in t:
+            ax.plot([ki - w / 2, ki + 0.8 - w / 2], [t[(k, "uniform")] / free[k]] * 2, "k--", lw=1)
+    ax.set_xticks([ki + 0.4 - w / 2 for ki in range(len(keys))])
+    ax.set_xticklabels([f"{k[0]}\n{k[1].replace('hybrid_', '')}\n{k[2]}" for k in keys], fontsize=7)
+    ax.set_ylabel(f"speedup over uniform ({METRIC})")
+    ax.set_title("Malleus and baselines vs uniform (dashed: straggler-free bound)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = pathlib.Path(out_dir) / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def iteration_trace(records, out_dir) -> list[pathlib.Path]:
+    """Real/S7 runs: iteration time per iteration, one line per system."""
+    recs = [r for r in records if r.get("status") in ("ok", "invalid")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in sorted(recs, key=lambda r: r["system"]):
+        series = r.get("info", {}).get("iteration_times_s") if isinstance(r.get("info"), dict) else None
+        if series:
+            ax.plot(range(len(series)), series, marker=".", label=r["system"])
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("iteration time (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = pathlib.Path(out_dir) / "iteration_trace.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def speedups_total(records, out_dir) -> list[pathlib.Path]:
+    """Like :func:`speedups`, on total time (dynamic runs: detection, planning, migration and
+    restarts all count)."""
+    global METRIC
+    saved, METRIC = METRIC, "total_time_s"
+    try:
+        return speedups(records, out_dir, name="speedup_total")
+    finally:
+        METRIC = saved

@@ -1,0 +1,263 @@
+"""Malleus and its baselines as harness systems (one class, the policy chosen by a knob).
+
+| system          | plan                                                           | on a change          |
+|-----------------|----------------------------------------------------------------|----------------------|
+| malleus         | six-step planner (regroup TP, stages, layers, micro-batches)   | async plan + live migration |
+| uniform         | Megatron 3D layout                                             | nothing              |
+| data_only       | uniform layout, micro-batches by ILP-B                         | live (free) switch   |
+| layers_only     | uniform layout, layers by ILP-A per pipeline                   | live migration       |
+| restart_replan  | drop straggling nodes, best homogeneous layout (B3)            | checkpoint + restart |
+
+Sim mode prices each iteration's plan with :func:`impl.common.parallel.cost.iteration_cost`
+under the fault's per-GPU factors; detection, planner latency (modelled, overlapped with
+training) and migration time (bytes / bandwidth) are part of the loop, so the same policy
+code drives sim and real (:mod:`impl.malleus.real`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from faults.compute_slowdown import slowdown_at, validate_compute_slowdown
+from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
+from impl.common.parallel.cost import HybridCostModel, iteration_cost, memory_model, state_bytes_per_layer
+from impl.common.parallel.migration import migration_time_s, plan_migration
+from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_diff, plan_z, z_lower_bound
+
+from . import baselines
+from .planner import PlannerConfig, check_node_limits, check_uniform_fits, plan as malleus_plan
+from .straggler import StragglerMonitor
+
+POLICIES = ("malleus", "uniform", "data_only", "layers_only", "restart_replan")
+SUPPORTED_FAULTS = ("none", "compute_slowdown")
+
+
+@dataclass
+class _Pending:
+    plan: Plan
+    ready_at_s: float
+    snapshot: list
+
+
+class HybridTraining(System):
+    @dataclass
+    class Config:
+        policy: str = "malleus"
+        # 'measured': per-GPU compute timers + hysteresis (spec 2.1); 'oracle': the injected factors.
+        detection: str = "measured"
+        check_every: int = 3
+        window: int = 2
+        replan_delta: float = 0.3
+        healthy_below: float = 1.2
+        top_k: int = 5
+        shrink_penalty: float = 2.0
+        solver_a: str = "cbc"
+        solver_b: str = "highs"  # or "search" (exact combinatorial, for >= 512 GPUs)
+        rescore: bool = True
+        # Sim: modelled planner wall time (training continues on the old plan meanwhile).
+        planner_latency_s: float = 30.0
+        # restart_replan: 'exclude' (B3: drop straggling nodes) or 'malleus' (the ablation:
+        # Malleus's plan, applied by checkpoint-restart instead of live migration).
+        restart_plan: str = "exclude"
+        restart_init_s: float = 120.0  # process launch + framework init + warm-up
+        ckpt_bw_bytes_per_s: float = 2.0e9  # per GPU, save and load each
+        # Sim: spread restart costs over this many iterations of a straggler episode
+        # (spec 6: B3 amortises); 0 = charge them at the iteration they happen.
+        episode_iterations: int = 500
+        # Real: bucket size of the batched migration P2P (bounds its extra peak memory).
+        bucket_mb: float = 1.0
+        # Real: run these policies' plans interleaved in one job (one iteration each per
+        # round, migrating between them) and report each one's median: the fair comparison
+        # on a shared machine. Empty = this policy only.
+        interleave: List[str] = field(default_factory=list)
+        # Real: also run the single-process reference on the same global batches and check
+        # every iteration's losses (rtol below); a mismatch marks the run invalid.
+        check_losses: bool = True
+        loss_rtol: float = 1e-5
+        timeout_s: float = 600.0
+
+    def __init__(self, cfg, name):
+        super().__init__(cfg, name)
+        for fld, allowed in (("policy", POLICIES), ("detection", ("measured", "oracle")),
+                             ("restart_plan", ("exclude", "malleus")), ("solver_a", ("cbc", "highs")),
+                             ("solver_b", ("cbc", "highs", "search"))):
+            if getattr(cfg, fld) not in allowed:
+                raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
+        for k in cfg.interleave:
+            if k not in POLICIES:
+                raise ConfigError(f"system.interleave: unknown policy {k!r} (one of: {', '.join(POLICIES)})")
+        if cfg.check_every < 1 or cfg.window < 1:
+            raise ConfigError(f"system.check_every ({cfg.check_every}) and system.window ({cfg.window}) must be >= 1")
+        if cfg.top_k < 1:
+            raise ConfigError(f"system.top_k must be >= 1, got {cfg.top_k}")
+
+    # ---- shared ------------------------------------------------------------------------
+    def planner_config(self, job: JobContext, alpha) -> PlannerConfig:
+        wl = job.workload
+        if wl.global_batch_size % wl.micro_batch_size:
+            raise ConfigError(f"workload.global_batch_size {wl.global_batch_size} is not a multiple of "
+                              f"micro_batch_size {wl.micro_batch_size}")
+        return PlannerConfig(wl.num_gpus, wl.gpus_per_node, wl.dp, wl.tp, wl.pp, wl.model.num_layers,
+                             wl.num_microbatches, tuple(alpha), memory_model(wl, job.hardware), self.cfg.top_k,
+                             self.cfg.shrink_penalty, self.cfg.healthy_below, self.cfg.solver_a, self.cfg.solver_b)
+
+    def check_job(self, job: JobContext) -> None:
+        wl = job.workload
+        if getattr(wl, "kind", None) != "hybrid":
+            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'hybrid' workload, got {getattr(wl, 'kind', None)!r}")
+        if job.fault.kind not in SUPPORTED_FAULTS:
+            raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {job.fault.kind!r} "
+                              f"(supports: {', '.join(SUPPORTED_FAULTS)})")
+        validate_compute_slowdown(job.fault, wl.num_gpus)
+        from faults.compute_slowdown import change_iterations
+
+        iters = wl.warmup_iterations + wl.iterations
+        for it in [0] + change_iterations(job.fault, iters):
+            check_node_limits(slowdown_at(job.fault, it, wl.num_gpus), wl.gpus_per_node, wl.tp, self.cfg.healthy_below)
+
+    def policy_plan(self, policy: str, pcfg: PlannerConfig, x, old: Plan, cost_fn=None, cm=None) -> tuple[Plan, dict]:
+        if policy == "malleus" or (policy == "restart_replan" and self.cfg.restart_plan == "malleus"):
+            res = malleus_plan(pcfg, x, old_plan=old, cost_fn=cost_fn if self.cfg.rescore else None)
+            return res.plan, {"z": res.z, "stats": res.stats,
+                              "candidates": [{"z": c.z, "cost_s": c.cost_s} for c in res.candidates]}
+        if policy == "uniform":
+            return baselines.uniform(pcfg, x), {}
+        if policy == "data_only":
+            return baselines.data_only(pcfg, x), {}
+        if policy == "layers_only":
+            return baselines.layers_only(pcfg, x), {}
+        return baselines.restart_exclude(pcfg, x, cm), {}
+
+    def run(self, job: JobContext) -> RunResult:
+        self.check_job(job)
+        if job.mode == "sim":
+            return self._run_sim(job)
+        from .real import run_real
+
+        return run_real(self, job)
+
+    # ---- sim ---------------------------------------------------------------------------
+    def restart_cost_s(self, plan: Plan, cm: HybridCostModel) -> float:
+        per_layer = state_bytes_per_layer(cm)
+        worst = max(max(p.layers) for p in plan.pipelines) * per_layer / min(g.size for g in plan.groups)
+        return self.cfg.restart_init_s + 2.0 * worst / self.cfg.ckpt_bw_bytes_per_s
+
+    def _run_sim(self, job: JobContext) -> RunResult:
+        wl, hw, cfg = job.workload, job.hardware, self.cfg
+        cm = HybridCostModel.build(wl, hw)
+        alpha = list(wl.alpha) if wl.alpha else cm.alpha(int(math.log2(wl.tp)) + 1)
+        pcfg = self.planner_config(job, alpha)
+        N = wl.num_gpus
+        current = pcfg.uniform()
+        check_uniform_fits(current, pcfg)
+        t_free = iteration_cost(current, [1.0] * N, cm).iteration_time_s
+        mon = StragglerMonitor(N, cfg.window, cfg.check_every, cfg.replan_delta, cfg.healthy_below,
+                               t_ref_s=cm.layer_time_s(wl.tp))
+        snapshot = [1.0] * N
+        cache: dict = {}
+        pending: Optional[_Pending] = None
+        clock = 0.0
+        iters = wl.warmup_iterations + wl.iterations
+        times, history, restart_total, migration_total, replans = [], [], 0.0, 0.0, 0
+        extra_by_iter: dict[int, float] = {}
+        per_layer_state = state_bytes_per_layer(cm)
+        L = wl.model.num_layers
+
+        def unit_bytes(u: int) -> float:
+            return per_layer_state if 0 <= u < L else per_layer_state * 0.5
+
+        react = cfg.policy != "uniform"
+        it_range = range(iters)
+        if job.show_progress:
+            from tqdm import tqdm
+
+            it_range = tqdm(it_range, desc=f"{self.name} sim", leave=False)
+        last_info: dict = {}
+        for it in it_range:
+            x_true = slowdown_at(job.fault, it, N)
+            stall = 0.0
+            # apply a finished plan at this iteration boundary
+            if pending is not None and clock >= pending.ready_at_s:
+                if pending.plan.signature() != current.signature():
+                    if cfg.policy == "restart_replan":
+                        stall = self.restart_cost_s(pending.plan, cm)
+                        restart_total += stall
+                    else:
+                        transfers, summ = plan_migration(current, pending.plan, unit_bytes)
+                        stall = migration_time_s(transfers, cm.intra_bw_bytes_per_s, cm.inter_bw_bytes_per_s,
+                                                 cm.inter_lat_s)
+                        migration_total += stall
+                    history.append({"iteration": it, "plan": pending.plan.label, "stall_s": stall,
+                                    "diff": plan_diff(current, pending.plan)[:12]})
+                    current = pending.plan
+                    replans += 1
+                    mon.reset()
+                snapshot = pending.snapshot
+                pending = None
+            cost = iteration_cost(current, x_true, cm)
+            t = cost.iteration_time_s
+            if cfg.policy == "restart_replan" and cfg.episode_iterations == 0:
+                t += stall
+            elif cfg.policy != "restart_replan":
+                t += stall
+            clock += t
+            if it >= wl.warmup_iterations:
+                times.append(t)
+            if not react:
+                continue
+            # observe (compute-only time per GPU; probe for suspended GPUs)
+            if cfg.detection == "oracle":
+                x_seen, due = list(x_true), mon.cache_key(x_true, current.suspended) != mon.cache_key(snapshot, current.suspended)
+            else:
+                lay = current.gpu_layout()
+                for g, e in lay.items():
+                    k = int(round(math.log2(current.tp / e["tp_size"])))
+                    m = current.pipelines[e["pipeline"]].micro_batches
+                    n = e["layers"][1] - e["layers"][0]
+                    mon.observe_active(g, cost.gpu_compute_s[g], n, m, cm.layer_time_s(e["tp_size"]) / cm.layer_time_s(wl.tp))
+                for g in current.suspended:
+                    mon.observe_suspended(g, x_true[g], 1.0)
+                x_seen = mon.rates(snapshot)
+                due = ((it + 1) % cfg.check_every == 0 and mon.ready()
+                       and mon.replan_due(x_seen, snapshot, current.suspended))
+            if due and pending is None:
+                key = mon.cache_key(x_seen, current.suspended)
+                if key in cache:
+                    new, latency = cache[key], 0.0
+                else:
+                    new, last_info = self.policy_plan(cfg.policy, pcfg, x_seen, current,
+                                                      cost_fn=lambda p, xs=list(x_seen): iteration_cost(p, xs, cm).iteration_time_s,
+                                                      cm=cm)
+                    cache[key] = new
+                    latency = cfg.planner_latency_s if cfg.detection == "measured" else 0.0
+                pending = _Pending(new, clock + latency, list(x_seen))
+                if latency == 0.0 and cfg.detection == "oracle":
+                    pass
+        if cfg.policy == "restart_replan" and cfg.episode_iterations > 0 and restart_total > 0:
+            share = restart_total / cfg.episode_iterations
+            times = [t + share for t in times]
+        x_end = slowdown_at(job.fault, iters - 1, N)
+        y_end = group_rates(current, x_end, alpha)
+        med = statistics.median(times)
+        samples = wl.global_batch_size
+        metrics = {
+            "iteration_time_s": Metric.from_samples(times, "s", "lower"),
+            "total_time_s": Metric.scalar(math.fsum(times), "s", "lower"),
+            "throughput_samples_per_s": Metric.scalar(samples * len(times) / math.fsum(times), "samples/s", "higher"),
+            "straggler_free_iteration_time_s": Metric.scalar(t_free, "s", "lower"),
+            "slowdown_vs_straggler_free": Metric.scalar(med / t_free, "x", "lower"),
+            "z_units": Metric.scalar(plan_z(current, y_end), "layer-microbatches", "lower"),
+            "z_over_lower_bound": Metric.scalar(plan_z(current, y_end) / z_lower_bound(current, y_end), "x", "lower"),
+            "replans": Metric.scalar(replans, "count", "lower"),
+            "migration_s": Metric.scalar(migration_total, "s", "lower"),
+            "restart_s": Metric.scalar(restart_total, "s", "lower"),
+        }
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        (job.out_dir / "plan.json").write_text(json.dumps(current.to_dict(), indent=1))
+        (job.out_dir / "plan.txt").write_text(format_plan(current, y_end) + "\n")
+        return RunResult(metrics=metrics, artifacts=["plan.json", "plan.txt"], info={
+            "policy": cfg.policy, "alpha": alpha, "final_plan": format_plan(current, y_end),
+            "history": history[:20], "planner": last_info, "straggler_free_iteration_time_s": t_free})

@@ -1,0 +1,141 @@
+"""Plan validity, the spec's worked examples (exact), monotonicity and determinism."""
+from __future__ import annotations
+
+import pytest
+
+from impl.common.api import ConfigError
+from impl.common.parallel.cost import MemoryModel
+from impl.common.parallel.plan import (Group, Plan, PipelinePlan, PlanError, format_plan, group_rates, plan_diff,
+                                       plan_violations, plan_z, uniform_plan, validate_plan, z_lower_bound)
+from impl.malleus.ilp import ilp_a, ilp_b, ilp_b_exact
+from impl.malleus.planner import PlannerConfig, check_node_limits, plan
+
+MEM_32B = MemoryModel(2850, 500, 1000, 5000, 81252, 4)
+MEM_70B = MemoryModel(1231, 416, 500, 4500, 81252, 4)
+CFG1 = PlannerConfig(32, 8, 4, 2, 4, 60, 64, (1.0, 2.0, 4.0, 8.0), MEM_32B)
+CFG2 = PlannerConfig(64, 8, 2, 8, 4, 80, 64, (1.0, 1.90, 3.66, 7.22), MEM_70B)
+
+
+def rates(n, slow):
+    x = [1.0] * n
+    for g, v in slow.items():
+        x[g] = v
+    return x
+
+
+X1 = rates(32, {0: 4.79, 8: 2.34, 16: 3.8})
+X2 = rates(64, {0: 12.53, 8: 12.53, 16: 2.57})
+
+
+@pytest.fixture(scope="module")
+def ex1():
+    return plan(CFG1, X1)
+
+
+@pytest.fixture(scope="module")
+def ex2():
+    return plan(CFG2, X2)
+
+
+def test_worked_example_1_exact(ex1):
+    p = ex1.plan
+    assert [list(pp.layers) for pp in p.pipelines] == [[11, 8, 19, 22], [5, 17, 19, 19], [15] * 4, [15] * 4]
+    assert [pp.micro_batches for pp in p.pipelines] == [11, 15, 19, 19]
+    assert ex1.z == pytest.approx(285)
+    # straggler groups y = 2.34, 2.0 (shrunk: the 4.79 GPU suspended), 3.8
+    ys = sorted(y for y in ex1.group_y if y > 1)
+    assert ys == pytest.approx([2.0, 2.34, 3.8])
+    assert p.suspended == (0,)
+    # straggler-free Z = 240; uniform 3.8*15*16 = 912 -> 3.2x
+    assert plan_z(CFG1.uniform(), group_rates(CFG1.uniform(), [1.0] * 32, CFG1.alpha)) == 240
+    assert 912 / ex1.z == pytest.approx(3.2, abs=0.01)
+
+
+def test_worked_example_2_exact(ex2):
+    p = ex2.plan
+    assert [list(pp.layers) for pp in p.pipelines] == [[2, 5, 5, 10, 10, 10, 19, 19], [3, 3, 6, 23, 22, 23]]
+    assert [pp.micro_batches for pp in p.pipelines] == [35, 29]
+    assert ex2.z == pytest.approx(667)
+    assert sorted(g.size for g in p.groups) == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 5
+    assert set(p.suspended) == {0, 8, 16}
+
+
+@pytest.mark.parametrize("res_name", ["ex1", "ex2"])
+def test_planner_output_valid(res_name, request):
+    res = request.getfixturevalue(res_name)
+    cfg, x = (CFG1, X1) if res_name == "ex1" else (CFG2, X2)
+    validate_plan(res.plan, memory=cfg.memory, x=x, alpha=cfg.alpha, z=res.z)
+    assert res.z >= z_lower_bound(res.plan, res.group_y) - 1e-9
+    assert Plan.from_dict(res.plan.to_dict()) == res.plan
+    assert "Z = " in format_plan(res.plan, res.group_y)
+    assert plan_diff(cfg.uniform(), res.plan)
+
+
+def test_all_healthy_gives_uniform():
+    res = plan(CFG1, [1.0] * 32)
+    assert res.z == 60 * 64 / 16
+    assert all(pp.layers == (15,) * 4 and pp.micro_batches == 16 for pp in res.plan.pipelines)
+    assert res.plan.suspended == ()
+
+
+def test_deterministic():
+    a, b = plan(CFG1, X1), plan(CFG1, X1)
+    assert a.plan.to_json() == b.plan.to_json() and a.z == b.z
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_ilp_a_monotone_in_y(solver):
+    """Fixed template: Z never decreases when any group rate grows."""
+    base = [3.0, 1.0, 1.0, 1.0]
+    prev = None
+    for y0 in [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0]:
+        zs = []
+        for ys in ([y0, 1.0, 1.0, 1.0], base):
+            zs.append(ilp_a(ys, [1.0] * 4, 60, MEM_32B, solver)[0])
+        Z = ilp_b(zs, [4, 4], 64)[0]
+        assert Z == ilp_b_exact(zs, [4, 4], 64)
+        if prev is not None:
+            assert Z >= prev - 1e-9
+        prev = Z
+
+
+def test_planner_z_monotone_when_a_rate_grows():
+    prev = 0.0
+    for v in [1.0, 1.3, 2.0, 3.0, 4.79, 8.0]:
+        z = plan(CFG1, rates(32, {0: v, 8: 2.34})).z
+        assert z >= prev - 1e-9
+        prev = z
+
+
+def test_validator_catches_broken_plans():
+    u = uniform_plan(8, 4, 2, 2, 2, 8, 8)
+    assert plan_violations(u) == []
+    bad_m = Plan(u.num_gpus, u.gpus_per_node, u.tp, u.num_layers, u.num_microbatches, u.groups,
+                 (PipelinePlan(u.pipelines[0].groups, (4, 4), 1), u.pipelines[1]), ())
+    v = " ".join(plan_violations(bad_m))
+    assert "m=1 < 2 stages" in v and "sum to 5" in v
+    bad_l = Plan(u.num_gpus, u.gpus_per_node, u.tp, u.num_layers, u.num_microbatches, u.groups,
+                 (PipelinePlan(u.pipelines[0].groups, (3, 4), 4), u.pipelines[1]), ())
+    assert "sum to 7, not L=8" in " ".join(plan_violations(bad_l))
+    cross = Plan(8, 4, 2, 8, 8, (Group((3, 4), 0),) + u.groups[1:], u.pipelines, ())
+    v = " ".join(plan_violations(cross))
+    assert "spans nodes" in v
+    odd = Plan(8, 4, 4, 8, 8, (Group((0, 1, 2), 0), Group((4, 5, 6, 7), 1)),
+               (PipelinePlan((0, 1), (4, 4), 8),), (3,))
+    assert "tp/2^k" in " ".join(plan_violations(odd))
+    with pytest.raises(PlanError):
+        validate_plan(bad_m)
+
+
+def test_memory_violation_reported():
+    p = uniform_plan(32, 8, 4, 2, 4, 60, 64)
+    tiny = MemoryModel(2850, 500, 1000, 5000, 40000, 4)
+    assert any("MB > capacity" in v for v in plan_violations(p, memory=tiny))
+
+
+def test_bad_input_one_line():
+    with pytest.raises(ConfigError, match="more than a node allows"):
+        check_node_limits(rates(32, {8: 2.0, 9: 2.0}), 8, 2)
+    check_node_limits(rates(32, {g: 2.0 for g in range(8, 16)}), 8, 2)  # a whole node is fine
+    with pytest.raises(ConfigError, match="dp\\*tp\\*pp"):
+        PlannerConfig(32, 8, 4, 2, 2, 60, 64)
