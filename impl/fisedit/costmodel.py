@@ -8,9 +8,12 @@ LayerNorm that feeds them and attn2's text K/V scales with the active tokens; th
 dense. Active fractions come from the actual per-layer masks (max-pooled latent mask, and for
 convs its block expansion), so halos, borders and pooling are counted, not assumed.
 
-Sparse op time [R] = roofline(op at its active fraction) + gather/scatter bytes / HBM BW +
-launch overhead per extra kernel; the step's cache bytes cross PCIe overlapped with compute,
-only the excess is exposed.
+Sparse op time [R] = roofline(op at its active fraction) + gather/scatter bytes / HBM BW, as
+three kernel launches (gather, op, scatter) instead of one; the step's kernels go through
+``stream_time_s`` (host issue overlapped with GPU execution, as on one CUDA stream without
+per-op synchronisation), so launch overhead costs time only where kernels are shorter than
+their launches. The step's cache bytes cross PCIe overlapped with compute, only the excess is
+exposed.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, op_time_s
+from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, op_time_s, stream_time_s
 from impl.common.hardware import HardwareProfile
 
 from .mask import layer_mask
@@ -150,17 +153,20 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
     mf = MaskFractions(mask, block) if mask is not None else None
     dense_f = sum(o.flops for o in ops)
     sparse_f = 0.0
-    dense_s = sparse_s = 0.0
+    dense_k, sparse_k = [], []  # (gpu seconds, launches) per op, in execution order
     for o in ops:
         f, gs = op_fraction(o, mf, th, latent_hw)
         sparse_f += o.flops * f
         if hw is not None:
-            dense_s += op_time_s(o, hw, dtype, launch_s=launch_s)
+            t = op_time_s(o, hw, dtype, launch_s=0.0)
+            dense_k.append((t, 1))
             if f >= 1.0 and gs == 0.0:
-                sparse_s += op_time_s(o, hw, dtype, launch_s=launch_s)
-            else:
-                sparse_s += (op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=launch_s)
-                             + gs * BYTES[dtype] / hw.memory_bw_bytes_per_s + 2 * launch_s)
+                sparse_k.append((t, 1))
+            else:  # gather + op on the active part + scatter: three launches
+                sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0)
+                                 + gs * BYTES[dtype] / hw.memory_bw_bytes_per_s, 3))
+    dense_s = stream_time_s(dense_k, launch_s) if hw is not None else 0.0
+    sparse_s = stream_time_s(sparse_k, launch_s) if hw is not None else 0.0
     cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)
     if hw is not None:
         h2d = 0.0 if cache_on_gpu or mask is None else cache_bytes / (hw.host_link_bw_bytes_per_s * pcie_efficiency)

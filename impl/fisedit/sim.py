@@ -51,6 +51,7 @@ class Model:
     k: int
     dense_diff_s: float
     fallback: float
+    cache_dtype: str = "fp16"
     memo: dict = field(default_factory=dict)
 
     @property
@@ -109,11 +110,14 @@ def build_model(system, job: JobContext) -> Model:
     auto = Thresholds.auto(latent_hw)
     th = Thresholds(cfg.conv_min_cells or auto.conv_min, cfg.linear_min_cells or auto.linear_min,
                     cfg.attn_min_cells or auto.attn_min)
-    step_bytes = cache_bytes_per_step(ops, th, cfg.cache_dtype, latent_elems=shape.in_channels * latent_hw[0] * latent_hw[1])
+    cache_dtype = sp.dtype if cfg.cache_dtype == "auto" else cfg.cache_dtype
+    if cache_dtype not in BYTES:
+        raise ConfigError(f"system.cache_dtype: unknown value {cache_dtype!r} (one of: auto, {', '.join(BYTES)})")
+    step_bytes = cache_bytes_per_step(ops, th, cache_dtype, latent_elems=shape.in_channels * latent_hw[0] * latent_hw[1])
     dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s)
     return Model(ops, th, latent_hw, hw, sp.dtype, cfg.block, sp.engine_gain, cfg.pcie_efficiency,
                  sp.launch_overhead_s, step_bytes, sp.num_steps, sp.mask_steps, dense, cfg.dense_fallback_ratio,
-                 on_gpu_default=cfg.cache_on_gpu)
+                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu)
 
 
 def beta_params(mean: float, p90: float) -> tuple:
@@ -140,7 +144,7 @@ def run_sim(system, job: JobContext) -> RunResult:
     metrics: dict = {}
     info: dict = {"scenario": sp.scenario, "hardware": m.hw.name, "dtype": sp.dtype, "num_steps": m.N,
                   "mask_steps": m.k, "engine_gain": m.gain, "thresholds_cells": vars(m.th),
-                  "cache_bytes_per_step": m.step_bytes, "dense_step_diffusers_s": m.dense_diff_s,
+                  "cache_bytes_per_step": m.step_bytes, "cache_dtype": m.cache_dtype, "dense_step_diffusers_s": m.dense_diff_s,
                   "dense_step_engine_s": m.dense_engine_s, "n_ops": len(m.ops)}
     ref_f = sp.mask_mean
     # every variant reports its own per-edit time at the representative f (for compare tables)
@@ -157,7 +161,7 @@ def run_sim(system, job: JobContext) -> RunResult:
     metrics["engine_gain_included"] = Metric.scalar(1.0 if wg else 0.0, "bool", "higher")
     metrics["sparse_step_speedup"] = Metric.scalar(
         m.dense_engine_s / m.sparse_step_s(ref_f, with_gain=True, on_gpu=m.on_gpu_default), "x", "higher")
-    info["cache_placement"] = "gpu/H2D hidden" if m.on_gpu_default else f"host over PCIe ({system.cfg.cache_dtype})"
+    info["cache_placement"] = "gpu/H2D hidden" if m.on_gpu_default else f"host over PCIe ({m.cache_dtype})"
     res = RunResult(metrics=metrics, info=info)
     {"f1": _f1, "f2": _f2, "f3": _f3, "f4": _f4}[sp.scenario](m, system, job, res)
     return res

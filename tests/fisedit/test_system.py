@@ -82,3 +82,32 @@ def test_sim_f2_reports_both_figures_and_which_is_headline(tmp_path):
     assert m["engine_gain_included"].value == 1.0
     assert m["e2e_speedup_vs_diffusers_dense"].value == with_gain
     assert no_gain < 3.0  # without the engine gain F2 stays under the paper's band
+
+
+def test_stream_time_hides_launches_behind_long_kernels_only():
+    from impl.common.diffusion.cost import stream_time_s
+
+    L = 5e-6
+    long = [(100e-6, 3)] * 10  # kernels far longer than their launches: launches hidden but the first
+    assert stream_time_s(long, L) == pytest.approx(3 * L + 10 * 100e-6)
+    short = [(1e-6, 3)] * 10  # launch-bound: the host's issue rate sets the time
+    assert stream_time_s(short, L) == pytest.approx(30 * L + 1e-6)
+    mixed = [(100e-6, 1), (1e-6, 3), (50e-6, 1), (1e-6, 3)]
+    t = stream_time_s(mixed, L)
+    assert max(sum(g for g, _ in mixed), sum(n for _, n in mixed) * L) <= t <= sum(g + n * L for g, n in mixed)
+
+
+def test_sim_cache_dtype_follows_compute_dtype(tmp_path):
+    from impl.common.workloads.diffusion import EditSimSpec
+
+    def bytes_(d, **kw):
+        d.mkdir()
+        job = _job(d, mode="sim", hw=_hw("a100-40g"), sim=EditSimSpec(scenario="f3", **kw))
+        return _sys().run(job).info
+
+    auto16 = bytes_(tmp_path / "a", dtype="fp16")
+    auto32 = bytes_(tmp_path / "b", dtype="fp32")
+    assert auto16["cache_dtype"] == "fp16" and auto32["cache_dtype"] == "fp32"
+    assert auto32["cache_bytes_per_step"] == pytest.approx(2 * auto16["cache_bytes_per_step"])
+    # spec 2.1 [R]: the fp32 cache of SD 2.1 768 with CFG batch 2 is about 1 GB per step
+    assert 0.8e9 < auto32["cache_bytes_per_step"] < 1.5e9

@@ -4,6 +4,10 @@
 memory, no weights) and runs one forward with hooks; every Conv2d, Linear, GroupNorm,
 LayerNorm and attention core becomes an :class:`Op` with its shapes, FLOPs and bytes.
 :func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``.
+:func:`stream_time_s` puts a sequence of kernels on one CUDA stream: the host issues each
+launch in ``launch_s`` and the GPU runs the kernels back to back, so launch cost is exposed
+only where kernels are shorter than their launches (CUDA kernel launches are asynchronous to
+the host; CUDA C++ Programming Guide, "Asynchronous Concurrent Execution").
 Elementwise work that is not a module (SiLU, residual adds) is charged to the norm ops as
 ``ELEMENTWISE_PASSES`` extra read+write passes over their tensors.
 """
@@ -143,5 +147,21 @@ def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1
     return max(op.flops * flops_scale / hw.flops(dtype), mem / hw.memory_bw_bytes_per_s) + launch_s
 
 
+def stream_time_s(kernels, launch_s: float) -> float:
+    """Wall time of ``kernels`` = [(gpu_seconds, launches), ...] issued in order on one stream.
+
+    The host issues launch j at ``j * launch_s``; a kernel group starts when its last launch is
+    issued and the previous group has finished. Long kernels hide later launches (the host runs
+    ahead), short ones expose them; the serial sum ``sum(gpu + launches * launch_s)`` is the
+    synchronous upper bound, ``max(sum gpu, launches * launch_s)`` the lower one.
+    """
+    issued = end = 0.0
+    for gpu_s, n in kernels:
+        issued += n * launch_s
+        end = max(end, issued) + gpu_s
+    return end
+
+
 def dense_step_time_s(ops, hw: HardwareProfile, dtype: str, launch_s: float = 5e-6) -> float:
-    return sum(op_time_s(o, hw, dtype, launch_s=launch_s) for o in ops)
+    """One UNet forward, one kernel per traced op, launches overlapped with execution."""
+    return stream_time_s([(op_time_s(o, hw, dtype, launch_s=0.0), 1) for o in ops], launch_s)
