@@ -35,6 +35,25 @@ def forward_flops_per_layer(micro_batch_size: int, seq_len: int, hidden: int, ff
     return float((8 + 4 * ffn_mult) * b * s * h * h + 4 * b * s * s * h)
 
 
+def ffn_size(model) -> int:
+    """MLP width: the SwiGLU width when set, else ffn_mult * hidden (GPT)."""
+    return int(model.ffn_hidden) if getattr(model, "ffn_hidden", 0) else int(model.ffn_mult * model.hidden)
+
+
+def layer_fwd_flops(model, micro_batch_size: int) -> float:
+    """Forward FLOPs of one layer of ``model``: b·s·(8h² + MLP) + 4·b·s²·h, MLP = 6hf for
+    SwiGLU (3 matrices) or 4hf for GPT (2); equals :func:`forward_flops_per_layer` for GPT."""
+    b, s, h, f = micro_batch_size, model.seq_len, model.hidden, ffn_size(model)
+    mlp = 6 * h * f if getattr(model, "ffn_hidden", 0) else 4 * h * f
+    return float(b * s * (8 * h * h + mlp) + 4 * b * s * s * h)
+
+
+def layer_matrix_params(model) -> int:
+    """Weight-matrix parameters of one layer (no biases/norms): 4h² + (3 or 2)·h·f."""
+    h, f = model.hidden, ffn_size(model)
+    return 4 * h * h + (3 if getattr(model, "ffn_hidden", 0) else 2) * h * f
+
+
 def activation_msg_bytes(micro_batch_size: int, seq_len: int, hidden: int, dtype: str) -> float:
     """Bytes of one pipeline message (activation forward or its gradient backward)."""
     return float(micro_batch_size * seq_len * hidden * bytes_per_elem(dtype))

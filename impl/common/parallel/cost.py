@@ -21,26 +21,11 @@ from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
 from impl.common.cost.comm import ring_allreduce_time_s
-from impl.common.cost.transformer import bytes_per_elem
+from impl.common.cost.transformer import bytes_per_elem, layer_fwd_flops, layer_matrix_params
 
 from .plan import Plan
 
 MB = 1024.0 * 1024.0
-
-
-def ffn_size(model) -> int:
-    return int(model.ffn_hidden) if getattr(model, "ffn_hidden", 0) else int(model.ffn_mult * model.hidden)
-
-
-def layer_fwd_flops(model, micro_batch_size: int) -> float:
-    b, s, h, f = micro_batch_size, model.seq_len, model.hidden, ffn_size(model)
-    mlp = 6 * h * f if getattr(model, "ffn_hidden", 0) else 4 * h * f
-    return float(b * s * (8 * h * h + mlp) + 4 * b * s * s * h)
-
-
-def layer_params(model) -> int:
-    h, f = model.hidden, ffn_size(model)
-    return (4 * h * h + (3 if getattr(model, "ffn_hidden", 0) else 2) * h * f)
 
 
 @dataclass(frozen=True)
@@ -94,7 +79,7 @@ class HybridCostModel:
         return lat + self.act_bytes / bw
 
     def layer_grad_bytes(self) -> float:
-        return float(layer_params(self.model) * bytes_per_elem(self.dtype))
+        return float(layer_matrix_params(self.model) * bytes_per_elem(self.dtype))
 
 
 @dataclass(frozen=True)
@@ -210,4 +195,4 @@ def grad_sync_s(plan: Plan, cm: HybridCostModel) -> float:
 
 def state_bytes_per_layer(cm: HybridCostModel) -> float:
     """What migrating one layer moves: bf16 params + fp32 master, Adam m and v (2 + 12 bytes per parameter)."""
-    return float(layer_params(cm.model) * (bytes_per_elem(cm.dtype) + 12))
+    return float(layer_matrix_params(cm.model) * (bytes_per_elem(cm.dtype) + 12))

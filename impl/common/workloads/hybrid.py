@@ -6,19 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from impl.common.workloads.pipeline import ModelShape
+
 
 @dataclass
-class HybridModelShape:
-    """LLaMA-like shape (ffn_hidden > 0: SwiGLU with 3 matrices) or GPT (ffn_hidden = 0:
-    ffn_mult * hidden, 2 matrices; what the tiny real-mode model is)."""
+class HybridModelShape(ModelShape):
+    """The shared transformer shape; LLaMA-like when ffn_hidden > 0 (SwiGLU), GPT otherwise
+    (what the tiny real-mode model is). Longer default sequence than the pipeline demo."""
 
-    name: str = "gpt-tiny"
-    num_layers: int = 8
-    hidden: int = 64
-    heads: int = 4
-    ffn_mult: int = 4
-    ffn_hidden: int = 0
-    vocab: int = 256
     seq_len: int = 64
 
 

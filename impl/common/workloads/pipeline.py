@@ -14,6 +14,8 @@ class ModelShape:
     hidden: int = 64
     heads: int = 4
     ffn_mult: int = 4
+    # > 0: LLaMA-style SwiGLU MLP of this width (3 matrices); 0: GPT MLP of ffn_mult * hidden.
+    ffn_hidden: int = 0
     vocab: int = 256
     seq_len: int = 32
 
