@@ -21,17 +21,13 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.llm.engine import EngineRequest, ServingEngine
 from impl.common.llm.lora import AdapterSpec, adapters_from_peft, load_peft_model, make_peft_model, save_adapters
 from impl.common.llm.metrics import check_conservation, serving_metrics
-from impl.common.llm.model import LlamaShape, build_llama, synthetic_prompt
+from impl.common.llm.model import build_llama, synthetic_prompt
 
 
 def build_models(job: JobContext, adapter_ranks: dict, seed: int):
     """Base model (plain HF Llama) and host adapters created, saved and re-loaded with PEFT."""
     wl = job.workload
-    m = wl.model
-    shape = LlamaShape(name=m.name, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                       num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
-                       num_key_value_heads=m.num_key_value_heads, vocab_size=m.vocab_size)
-    base = build_llama(shape, seed)
+    base = build_llama(wl.model, seed)
     specs = [AdapterSpec(a, r, use_rslora=wl.adapters.use_rslora) for a, r in sorted(adapter_ranks.items())]
     pm = make_peft_model(copy.deepcopy(base), specs, seed=seed + 1)
     with tempfile.TemporaryDirectory() as d:

@@ -7,28 +7,14 @@ that requests of different lengths share one flattened token batch with per-requ
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from impl.common.api import ConfigError
+from impl.common.workloads.serving import LlamaShape
 
 SITES = ("q_proj", "k_proj", "v_proj", "o_proj")
-
-
-@dataclass
-class LlamaShape:
-    """Model shape of the real (tiny) Llama; defaults = spec caraserve.md section 5."""
-
-    name: str = "llama-tiny"
-    hidden_size: int = 256
-    intermediate_size: int = 688
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4
-    vocab_size: int = 1024
-    max_position_embeddings: int = 4096
 
 
 def llama_config(shape: LlamaShape):

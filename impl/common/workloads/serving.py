@@ -6,8 +6,9 @@ from typing import List, Optional
 
 
 @dataclass
-class RealModel:
-    """Tiny Llama for real mode (fields of ``transformers.LlamaConfig``)."""
+class LlamaShape:
+    """Tiny Llama for real mode (fields of ``transformers.LlamaConfig``); defaults = spec
+    caraserve.md section 5. Built by :func:`impl.common.llm.model.build_llama`."""
 
     name: str = "llama-tiny"
     hidden_size: int = 256
@@ -16,6 +17,7 @@ class RealModel:
     num_attention_heads: int = 4
     num_key_value_heads: int = 4
     vocab_size: int = 1024
+    max_position_embeddings: int = 4096
 
 
 @dataclass
@@ -62,7 +64,7 @@ class ServingAdapters:
 @dataclass
 class ServingWorkload:
     kind: str = "serving"
-    model: RealModel = field(default_factory=RealModel)
+    model: LlamaShape = field(default_factory=LlamaShape)
     paper_model: PaperModel = field(default_factory=PaperModel)
     trace: ServingTrace = field(default_factory=ServingTrace)
     adapters: ServingAdapters = field(default_factory=ServingAdapters)
