@@ -62,14 +62,27 @@ def _steps(t: float, delta: float, minimum: int) -> int:
     return max(minimum, math.ceil(t / delta - _EPS))
 
 
-def _check_vec(name: str, v: Sequence[float], n: int, *, positive: bool) -> list[float]:
-    if len(v) != n:
-        raise ConfigError(f"{name} has {len(v)} entries, expected {n}")
-    for i, t in enumerate(v):
-        if not (t > 0 if positive else t >= 0) or math.isinf(t) or t != t:
-            bound = "> 0" if positive else ">= 0"
-            raise ConfigError(f"{name}[{i}] = {t} must be finite and {bound}")
-    return [float(t) for t in v]
+def check_vec(name: str, v: Sequence[float], n: int, *, positive: bool) -> list[float]:
+    """``n`` finite numbers (> 0, or >= 0 when not ``positive``), or a one-line ConfigError."""
+    try:
+        vals = [float(t) for t in v]
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a sequence of numbers, got {v!r}") from None
+    if len(vals) != n:
+        raise ConfigError(f"{name} has {len(vals)} entries, expected {n}")
+    for i, t in enumerate(vals):
+        if not (t > 0 if positive else t >= 0) or not math.isfinite(t):
+            raise ConfigError(f"{name}[{i}] = {t} must be finite and {'> 0' if positive else '>= 0'}")
+    return vals
+
+
+def check_times(tF, tB, tW, c) -> tuple[int, list[float], list[float], list[float], list[float]]:
+    """Per-stage op times and per-link delays of one pipeline, checked: (S, tF, tB, tW, c)."""
+    S = len(tF)
+    if S < 1:
+        raise ConfigError("tF is empty: need one forward time per stage (num_stages >= 1)")
+    return (S, check_vec("tF", tF, S, positive=True), check_vec("tB", tB, S, positive=True),
+            check_vec("tW", tW, S, positive=True), check_vec("c", c, S - 1, positive=False))
 
 
 def _check_warmup(warmup: Sequence[int], num_stages: int, num_microbatches: int) -> list[int]:
@@ -252,13 +265,7 @@ def build_timeline(tF: Sequence[float], tB: Sequence[float], tW: Sequence[float]
     something is always running or in transit. Past it a ``ScheduleError`` is raised instead
     of looping on; a deadlock (nothing running, nothing in transit) is reported at once.
     """
-    S = len(tF)
-    if S < 1:
-        raise ConfigError("tF is empty: need one forward time per stage (num_stages >= 1)")
-    tF = _check_vec("tF", tF, S, positive=True)
-    tB = _check_vec("tB", tB, S, positive=True)
-    tW = _check_vec("tW", tW, S, positive=True)
-    c = _check_vec("c", c, S - 1, positive=False)
+    S, tF, tB, tW, c = check_times(tF, tB, tW, c)
     n = num_microbatches
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"num_microbatches must be an integer >= 1, got {n!r}")

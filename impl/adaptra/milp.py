@@ -53,6 +53,7 @@ import numpy as np
 
 from impl.common.api import ConfigError
 from impl.common.schedule.ir import Action, Op, Schedule
+from impl.adaptra.builder import check_times, check_vec
 
 _KINDS = (Op.F, Op.B, Op.W)
 _F, _B, _W = 0, 1, 2
@@ -81,27 +82,8 @@ class MilpResult:
         return self.status == "optimal"
 
 
-def _check_vec(name: str, v: Sequence[float], n: int, *, positive: bool) -> list[float]:
-    try:
-        vals = [float(t) for t in v]
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be a sequence of numbers, got {v!r}") from None
-    if len(vals) != n:
-        raise ConfigError(f"{name} has {len(vals)} entries, expected {n}")
-    for i, t in enumerate(vals):
-        if not (t > 0 if positive else t >= 0) or not math.isfinite(t):
-            raise ConfigError(f"{name}[{i}] = {t} must be finite and {'> 0' if positive else '>= 0'}")
-    return vals
-
-
 def _check_inputs(tF, tB, tW, c, num_microbatches, memory_limit):
-    S = len(tF)
-    if S < 1:
-        raise ConfigError("tF is empty: need one forward time per stage (num_stages >= 1)")
-    tF = _check_vec("tF", tF, S, positive=True)
-    tB = _check_vec("tB", tB, S, positive=True)
-    tW = _check_vec("tW", tW, S, positive=True)
-    c = _check_vec("c", c, S - 1, positive=False)
+    S, tF, tB, tW, c = check_times(tF, tB, tW, c)
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, (int, np.integer)) \
             or num_microbatches < 1:
         raise ConfigError(f"num_microbatches must be an integer >= 1, got {num_microbatches!r}")
@@ -515,7 +497,7 @@ def scheduler_gap(S: int, N: int, t_op_s: float = 0.01, c: Optional[Sequence[flo
         raise ConfigError(f"t_op_s must be finite and > 0, got {t_op_s}")
     if memory not in ("quota", "none"):
         raise ConfigError(f"memory must be 'quota' or 'none', got {memory!r}")
-    c = default_delays(S, t_op_s) if c is None else _check_vec("c", c, S - 1, positive=False)
+    c = default_delays(S, t_op_s) if c is None else check_vec("c", c, S - 1, positive=False)
     t = [float(t_op_s)] * S
 
     t0 = time.perf_counter()
