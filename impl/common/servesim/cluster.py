@@ -52,6 +52,7 @@ class SimServer:
         self.loads = 0
         self.wake_at: Optional[float] = None
         self.merged: Optional[str] = None
+        self.version = 0  # bumped on every change of queue/batch state (routers cache on it)
 
     # ---- state visible to routers ---------------------------------------------------------
     def active(self) -> int:
@@ -96,6 +97,7 @@ class SimServer:
 
     # ---- events ---------------------------------------------------------------------------
     def arrive(self, r: SReq, now: float) -> None:
+        self.version += 1
         a = self.sched.arrive(r)
         if a is not None:
             self._start_load(a, r.rank, now)
@@ -104,6 +106,7 @@ class SimServer:
     def _kick(self, now: float) -> None:
         if self.busy:
             return
+        self.version += 1
         for a in self.sched.retry_pins():
             self._start_load(a, self._rank_in_queue(a), now)
         plan = self.sched.plan(lambda r: self._resident(r.adapter, now))
@@ -194,6 +197,7 @@ class SimServer:
     def _finish(self, plan: Plan) -> None:
         now = self.eng.now_s
         self.busy = False
+        self.version += 1
         if plan.kind == "prefill":
             for r in plan.reqs:
                 r.data["first_s"] = now
