@@ -74,7 +74,7 @@ def run_real(system, job: JobContext) -> RunResult:
     if wl.op_pad_s > 0:
         result.emulated.append(f"every F/B/W op padded with sleep to {wl.op_pad_s * 1e3:g} ms (spec adaptra.md 5); "
                                "raw compute is reported as raw_*_compute_s")
-    if stats.device == "cpu" and cfg.comm == "delegated":
+    if stats.device == "cpu" and "delegated" in stats.comm_paths:
         result.emulated.append("delegated path: host<->device copies are CPU memcpy (no GPU present)")
     if len(times) < MIN_MEASURED_ITERATIONS:
         result.mark_invalid(f"only {len(times)} measured iterations (< {MIN_MEASURED_ITERATIONS})")
