@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
+from impl.common.api import ConfigError
 from impl.common.parallel.cost import HybridCostModel, iteration_cost
-from impl.common.parallel.plan import (Group, Plan, PipelinePlan, effective_rate, even_split, group_rates,
-                                       uniform_plan)
+from impl.common.parallel.plan import (Group, Plan, PipelinePlan, PlanError, effective_rate, even_split,
+                                       group_rates, uniform_plan)
 
 from .ilp import ilp_a, ilp_b
 from .planner import PlannerConfig
@@ -79,7 +80,7 @@ def restart_exclude(cfg: PlannerConfig, x: Sequence[float], cm: Optional[HybridC
                 continue
             try:
                 p = uniform_plan(N, gpn, dp, tp, pp, cfg.num_layers, cfg.num_microbatches)
-            except Exception:
+            except (PlanError, ConfigError):  # this (dp, tp, pp) cannot lay out: skip it
                 continue
             if cfg.memory is not None:
                 ratio = cfg.tp / tp

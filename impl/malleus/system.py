@@ -234,8 +234,6 @@ class HybridTraining(System):
                     cache[key] = new
                     latency = cfg.planner_latency_s if cfg.detection == "measured" else 0.0
                 pending = _Pending(new, clock + latency, list(x_seen))
-                if latency == 0.0 and cfg.detection == "oracle":
-                    pass
         if cfg.policy == "restart_replan" and cfg.episode_iterations > 0 and restart_total > 0:
             share = restart_total / cfg.episode_iterations
             times = [t + share for t in times]

@@ -60,3 +60,30 @@ def test_any_plan_sequence_trains_like_one_process():
     # consumed-sample counter: contiguous ranges, M samples per iteration
     flat = [r for it in out["consumed"] for r in it]
     assert flat[0][0] == 0 and all(b[0] == a[1] for a, b in zip(flat, flat[1:])) and flat[-1][1] == M * iters
+
+
+def test_iteration_time_is_last_rank_even_when_rank0_suspended():
+    """Rank 0 suspended (it only probes): the iteration time must still cover the slowest
+    active rank's work, not collapse to rank 0's probe."""
+    m = 4
+    u = uniform_plan(4, 1, 2, 1, 2, 8, m)
+    g = [Group((d,), d) for d in range(4)]
+    # GPU 0 suspended: pipeline 0 = GPU 1 alone (8 layers), pipeline 1 = GPUs 2, 3
+    susp = Plan(4, 1, 1, 8, m, (g[1], g[2], g[3]), (PipelinePlan((0,), (8,), 2), PipelinePlan((1, 2), (4, 4), 2)),
+                (0,), "susp0")
+    validate_plan(susp)
+    plans = [u, susp, susp]
+    cfg = HybridRunConfig(SHAPE, 4, 1, m, len(plans), seed=0, initial_plan=u.to_dict(), layer_fwd_pad_s=0.002,
+                          layer_bwd_pad_s=0.004, verify_migration=False, timeout_s=120)
+    out = run_hybrid(cfg, FixedPlans([p.to_dict() for p in plans]))
+    seen_susp = 0
+    for t, r in zip(out["iteration_times_s"], out["reports"]):
+        assert t == r["iteration_time_s"] == max(r["rank_times_s"])
+        assert t >= max(c for c in r["compute_s"] if c is not None)
+        assert all(t >= rt for rt in r["rank_times_s"])
+        if r["suspended"] == [0]:
+            seen_susp += 1
+            assert r["probe_s"][0] is not None and r["compute_s"][1] > 0
+            # the reported time covers rank 1's whole iteration, not rank 0's probe
+            assert t >= r["rank_times_s"][1] >= r["compute_s"][1]
+    assert seen_susp == 2

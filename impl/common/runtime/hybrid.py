@@ -16,10 +16,14 @@ One process per "GPU" (``num_gpus`` ranks). Each iteration:
    replica's accumulated gradients gives the per-sample mean over the global batch (never
    a mean of replica means); the sum is one all-reduce of a flat full-model vector over the
    active ranks (zeros where a rank holds nothing: exact), then each holder steps Adam;
-4. compute times, probe times and losses go to rank 0 (control traffic, not training).
+4. compute times, probe times, losses and each rank's elapsed time go to rank 0 (control
+   traffic, not training).
 
-The first rank's wall time from the aligned start to the end of the optimizer step is the
-iteration time. Errors in any rank end the run with one line naming the rank.
+Every rank measures its own wall time from the aligned start (the world all-reduce every
+rank joins, suspended or not) to the end of its work for the iteration (optimizer step for
+active ranks, the probe for suspended ones); the iteration time is the maximum over ranks,
+i.e. until the last rank finishes (``rank_times_s`` in each report keeps the per-rank
+values). Errors in any rank end the run with one line naming the rank.
 """
 from __future__ import annotations
 
@@ -282,18 +286,21 @@ class _Worker:
             dist.all_reduce(flag)
             t0 = time.perf_counter()
             res = self.run_iteration(it, x)
-            t_iter = time.perf_counter() - t0
+            t_rank = time.perf_counter() - t0  # this rank's elapsed time from the aligned start
             gathered = [None] * cfg.num_gpus
-            dist.all_gather_object(gathered, (res["compute_s"], res["probe_s"], res["losses"]))
+            dist.all_gather_object(gathered, (res["compute_s"], res["probe_s"], res["losses"], t_rank))
             if self.rank == 0:
                 losses: dict = {}
-                for _, _, ls in gathered:
-                    losses.update(ls)
+                for g in gathered:
+                    losses.update(g[2])
+                rank_times = [g[3] for g in gathered]
+                t_iter = max(rank_times)  # until the last rank finishes its work
                 lay = self.plan.gpu_layout()
                 report = {"iteration": it, "compute_s": [g[0] for g in gathered], "probe_s": [g[1] for g in gathered],
                           "layout": {d: (e["layers"][1] - e["layers"][0], self.plan.pipelines[e["pipeline"]].micro_batches,
                                          e["tp_size"]) for d, e in lay.items()},
-                          "suspended": list(self.plan.suspended), "iteration_time_s": t_iter}
+                          "suspended": list(self.plan.suspended), "rank_times_s": rank_times,
+                          "iteration_time_s": t_iter}
                 out["iteration_times_s"].append(t_iter)
                 out["losses"].append([losses[k] for k in sorted(losses)])
                 out["plans"].append(self.plan.to_dict())
