@@ -175,23 +175,24 @@ class SimServer:
         cold = [r for r in reqs if not self._resident(r.adapter, now)]
         if not cold:
             return total, stall
-        # CaraServe: layer by layer; a cold request's layer runs on the CPU path unless its
-        # group was resident when the group started; the layer waits for the slowest delta.
+        # CaraServe (spec 2.1): layer by layer; a cold request's layer runs on the CPU path unless
+        # the layer's group is resident when the layer starts (switch at a layer boundary); the
+        # layer waits for the slowest delta. All cold requests on the CPU path in a layer share the
+        # host's cores and link (cost.cpu_layer_s).
         base = c.prefill_s(lens, ranks, lora=True) / c.num_layers
         t = now
-        group_start: dict = {}
+        memo: dict = {}
         for l in range(c.num_layers):
             g = self.group_of[l]
-            cpu_t = 0.0
+            jobs = []
             for r in cold:
-                key = (r.rid, g)
-                if key not in group_start:
-                    group_start[key] = self.ready_at[r.adapter][g] > t
-                if group_start[key]:
-                    p = c.cpu_procs(r.prompt_len, r.rank)
-                    cpu_t = max(cpu_t, c.cpu_lora_layer_s(r.prompt_len, r.rank, p))
+                if self.ready_at[r.adapter][g] > t:
+                    jobs.append((r.prompt_len, r.rank))
                     self.cpu_layers += 1
-            t += max(base, cpu_t)
+            jobs = tuple(jobs)
+            if jobs not in memo:
+                memo[jobs] = c.cpu_layer_s(jobs)
+            t += max(base, memo[jobs])
         return t - now, stall
 
     def _finish(self, plan: Plan) -> None:

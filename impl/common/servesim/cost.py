@@ -4,8 +4,11 @@ Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source
 - GPU: ``hardware.peak_flops[dtype] * mfu`` and ``memory_bw_bytes_per_s`` (datasheet);
 - H2D: ``host_link_bw_bytes_per_s * h2d_efficiency`` (spec 6: ~22 GB/s pinned on PCIe4 =
   0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us, spec 6);
-- host CPU: ``cpu_flops_per_core`` (40 GFLOP/s fp32, spec 6) x cores for the CPU LoRA path and a
-  sync/IPC cost ``cpu_sync_s`` per LoRA input per layer (the paper: transfer < 1 ms);
+- host CPU: ``cpu_flops_per_core`` (40 GFLOP/s fp32, spec 6) x ``cpu_cores`` (32 per host, spec 6)
+  shared by all cold requests of an iteration on the CPU path; per layer it moves x to host per
+  distinct LoRA input (2) and a delta back per site over the H2D link (spec 2.2 T_xfer), plus a
+  sync cost ``cpu_sync_s`` per LoRA input per layer (assumed 100 us; the spec gives only
+  "transfer < 1 ms");
 - LoRA kernels: BGMV (Punica, pads to the batch max rank: traffic ~ B * max r), MBGMV (S-LoRA,
   no padding: ~ sum r) with an efficiency factor each (``lora_kernel_efficiency``).
 """
@@ -111,16 +114,54 @@ class ServingCost:
         return (self.adapter_bytes(rank) / self.tp / self.h2d_bytes_per_s + tensors * self.h2d_tensor_overhead_s
                 + self.load_overhead_s)
 
+    def cpu_compute_s(self, tokens: int, rank: int, procs: int) -> float:
+        """CPU LoRA FLOPs of one layer (all sites) for one request, rows split over ``procs``."""
+        return 4 * self.lora_sites * self.hidden * rank * math.ceil(tokens / procs) / self.cpu_flops_per_core
+
+    def cpu_xfer_s(self, tokens: int) -> float:
+        """Per layer (spec 2.2 T_xfer, 2.3): x to host shared memory once per distinct LoRA input
+        (2: q/k/v share one, o has its own) and one delta back per site, over the pinned host link."""
+        return tokens * self.hidden * self.dtype_bytes * (2 + self.lora_sites) / self.h2d_bytes_per_s
+
     def cpu_lora_layer_s(self, tokens: int, rank: int, procs: int) -> float:
-        """CPU LoRA of one layer (all sites) for one request on ``procs`` processes, plus the
-        2 sync points (q/k/v share an input; o has its own)."""
-        flops = 4 * self.lora_sites * self.hidden * rank * math.ceil(tokens / procs)
-        return flops / self.cpu_flops_per_core + 2 * self.cpu_sync_s
+        """One request alone on the CPU path for one layer: compute on ``procs`` processes, its
+        transfers, plus the 2 sync points (q/k/v share an input; o has its own)."""
+        return self.cpu_compute_s(tokens, rank, procs) + self.cpu_xfer_s(tokens) + 2 * self.cpu_sync_s
 
     def cpu_procs(self, tokens: int, rank: int) -> int:
-        """[R] smallest P with T_cpu(L/P) + sync <= T_gpu_base(layer) (spec 2.2), capped by cores."""
+        """[R] smallest P with T_cpu(L/P) + T_xfer <= T_gpu_base(layer) (spec 2.2), capped by cores."""
         base_layer = self.prefill_s([tokens], [rank], lora=False) / self.num_layers
         for p in range(1, self.cpu_cores + 1):
             if self.cpu_lora_layer_s(tokens, rank, p) <= base_layer:
                 return p
         return self.cpu_cores
+
+    def cpu_layer_s(self, jobs: Sequence[tuple]) -> float:
+        """One layer of the CPU path for every cold request ``(tokens, rank)`` of an iteration.
+
+        The host has ``cpu_cores`` cores for all of them: each request wants its profiled
+        ``cpu_procs`` processes; if the wants fit they run side by side, otherwise the cores are
+        handed out one at a time to the request that is slowest so far (each gets >= 1, none more
+        than it wants; ties: lower index), and with more requests than cores each runs on one
+        process and they queue on the cores (longest first onto the least-loaded core). Transfers
+        of all requests share the one host link (serialised); the sync points overlap."""
+        if not jobs:
+            return 0.0
+        C, n = self.cpu_cores, len(jobs)
+        want = [self.cpu_procs(t, r) for t, r in jobs]
+        if sum(want) <= C:
+            compute = max(self.cpu_compute_s(t, r, p) for (t, r), p in zip(jobs, want))
+        elif n <= C:
+            alloc = [1] * n
+            for _ in range(C - n):
+                i = max((i for i in range(n) if alloc[i] < want[i]),
+                        key=lambda i: (self.cpu_compute_s(*jobs[i], alloc[i]), -i))
+                alloc[i] += 1
+            compute = max(self.cpu_compute_s(t, r, p) for (t, r), p in zip(jobs, alloc))
+        else:
+            loads = [0.0] * C
+            for c in sorted((self.cpu_compute_s(t, r, 1) for t, r in jobs), reverse=True):
+                k = min(range(C), key=lambda k: (loads[k], k))
+                loads[k] += c
+            compute = max(loads)
+        return compute + sum(self.cpu_xfer_s(t) for t, _ in jobs) + 2 * self.cpu_sync_s
