@@ -108,6 +108,12 @@ def ratio(candidate: float, baseline: float, better: str) -> Optional[float]:
     return num / den
 
 
+def _natural(text: str) -> tuple:
+    """Sort key that orders numbers inside labels by value (delay_s=0.0 before 0.06, 12 before 24)."""
+    return tuple((0, float(tok), "") if re.fullmatch(r"\d+(?:\.\d+)?(?:e-?\d+)?", tok) else (1, 0.0, tok)
+                 for tok in re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", text) if tok)
+
+
 def _created_key(rec: dict) -> tuple:
     text = rec.get("created") or ""
     try:
@@ -148,7 +154,7 @@ def compare_records(records: Iterable[dict], baseline: Optional[str] = None, *,
             continue
         by_system.setdefault(rec["system"], []).append(rec)
     return [_table(key, ok[key], excluded[key], baseline, metrics) for key in
-            sorted(ok, key=lambda k: tuple(getattr(k, f) for f in GROUP_FIELDS))]
+            sorted(ok, key=lambda k: tuple(_natural(getattr(k, f)) for f in GROUP_FIELDS))]
 
 
 def _table(key: GroupKey, by_system: dict[str, list[dict]], excluded: dict[str, int],

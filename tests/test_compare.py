@@ -204,3 +204,12 @@ def test_wide_tables_split_into_chunks_and_flat_spread_is_hidden():
     assert max(len(line) for line in text.splitlines() if not line.startswith(("==", "   "))) <= 100
     assert text.count("\nsystem ") >= 3 and all(f"metric_{i:02d}" in text for i in range(8))
     assert "[" not in text.split("\nsystem", 1)[1].replace("[s, lower=better]", "")
+
+
+def test_groups_order_numbers_by_value():
+    from bench.compare import _natural
+
+    labels = ["link_delay[delay_s=0.06]", "link_delay[delay_s=0.0]", "link_delay[delay_s=0.01]"]
+    assert sorted(labels, key=_natural) == ["link_delay[delay_s=0.0]", "link_delay[delay_s=0.01]",
+                                            "link_delay[delay_s=0.06]"]
+    assert sorted(["n=24", "n=3", "n=12"], key=_natural) == ["n=3", "n=12", "n=24"]
