@@ -113,7 +113,8 @@ class ActivationCache:
 
     @classmethod
     def load(cls, path) -> "ActivationCache":
-        data: dict[str, Any] = torch.load(pathlib.Path(path), weights_only=False)
+        # weights_only: a cache file may come from anyone; it must never run pickled code.
+        data: dict[str, Any] = torch.load(pathlib.Path(path), weights_only=True)
         c = cls(meta=data["meta"], budget_bytes=data["budget_bytes"], entries=data["entries"],
                 skipped_steps=list(data["skipped_steps"]))
         c.nbytes = sum(c.step_bytes(s) for s in c.entries)

@@ -394,7 +394,7 @@ def run_hybrid(cfg: HybridRunConfig, controller: Optional[Controller] = None) ->
                 raise RuntimeError(f"rank {rank}: {payload}")
             done += 1
             if rank == 0:
-                result = torch.load(io.BytesIO(payload), weights_only=False)
+                result = torch.load(io.BytesIO(payload), weights_only=True)
     finally:
         for p in procs:
             p.join(timeout=5)
