@@ -50,6 +50,7 @@ class ServingSystem(System):
         sim_pool_slots: int = 64
         # Layer groups the loader moves in order (CaraServe switches at a group boundary).
         load_groups: int = 4
+        # 0: CPU LoRA path in-process; 1: one worker process over shared memory.
         cpu_workers: int = 1
         # Real mode: other policies run in the same job on the same trace, rotating order per
         # round (a gate compares medians measured side by side).
@@ -88,6 +89,11 @@ class ServingSystem(System):
         if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
             raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
                               f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
+        if cfg.cpu_workers not in (0, 1):
+            # One worker process serves every CPU-path request; more are not implemented, and a
+            # larger value must not be silently treated as 1.
+            raise ConfigError(f"system.cpu_workers must be 0 (in-process CPU path) or 1 (a worker process), "
+                              f"got {cfg.cpu_workers}")
 
     # ---- shared --------------------------------------------------------------------------
     def trace(self, job: JobContext) -> Trace:

@@ -227,7 +227,8 @@ def _f2(m: Model, system, job, res: RunResult):
 
 
 def _gpu_spare_bytes(m: Model) -> float:
-    weights = 865.9e6 * BYTES[m.dtype]
+    # Weights of the UNet actually modelled (SD 2.1 or the workload's), from its traced ops.
+    weights = sum(op.weight_elems for op in m.ops) * BYTES[m.dtype]
     act = 4e9  # [R] activations + workspace of a CFG-2 768^2 step, fp16
     return max(0.0, m.hw.memory_bytes - weights - act)
 

@@ -120,3 +120,11 @@ def test_routing_is_deterministic_per_seed(tmp_path, router):
     b, _ = simulate_policy(s, j, trace, cost, "caraserve", router)
     assert [(r.rid, r.server, r.done_s) for r in a.records] == [(r.rid, r.server, r.done_s) for r in b.records]
     assert len({r.server for r in a.records}) > 1 or router == "firstfit"
+
+
+def test_unsupported_cpu_worker_count_is_refused():
+    from impl.caraserve.system import ServingSystem
+    from impl.common.api import ConfigError
+
+    with pytest.raises(ConfigError, match="system.cpu_workers must be 0"):
+        ServingSystem(ServingSystem.Config(cpu_workers=3), "caraserve")
