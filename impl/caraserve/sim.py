@@ -65,6 +65,8 @@ def run_sim(system, job: JobContext) -> RunResult:
         res, model = simulate_policy(system, job, trace, cost, c.policy, c.router, progress=bar)
     metrics = serving_metrics(res.records, res.arrived, res.dropped, res.makespan_s, res.stall_s, res.busy_s)
     metrics["loads"] = Metric.scalar(res.loads, "loads", "lower")
+    if res.migrations is not None:  # dlora: requests moved between servers (0 without migration)
+        metrics["migrations"] = Metric.scalar(res.migrations["requests"], "requests", "lower")
     result = RunResult(metrics=metrics, info={
         "policy": c.policy, "router": c.router, "servers": wl.num_servers, "requests": len(trace),
         "adapters": len(trace.adapters), "cpu_layers": res.cpu_layers, "tp": wl.tp,
@@ -73,6 +75,8 @@ def run_sim(system, job: JobContext) -> RunResult:
                  "decode_s_b1": cost.decode_s([int(wl.trace.prompt_median)], [32])}})
     if model is not None:
         result.info["cost_model"] = model.to_dict()
+    if res.migrations is not None:
+        result.info["migrations"] = res.migrations
     check_conservation(result, res.arrived, len(res.records), res.dropped)
     short = [r.rid for r in res.records if r.latency_s < r.isolated_s * (1 - 1e-9)]
     if short:

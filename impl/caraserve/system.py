@@ -73,6 +73,12 @@ class ServingSystem(System):
         penalty_s: float = 1.0
         dlora_merge_share: float = 0.6
         dlora_merge_min: int = 4
+        # dLoRA co-migration (sim, >1 server): every interval the most loaded server (queued +
+        # running + incoming requests) sheds work to the least loaded when they differ by more
+        # than the threshold (README "dLoRA").
+        dlora_migrate: bool = True
+        dlora_migrate_interval_s: float = 0.5
+        dlora_migrate_threshold: int = 4
         plots: bool = True
         # Punica: round each adapter's rank up to {16, 32, 64} instead of rejecting the trace.
         pad_ranks_to_supported: bool = False
@@ -89,6 +95,9 @@ class ServingSystem(System):
         if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
             raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
                               f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
+        if not cfg.dlora_migrate_interval_s > 0 or cfg.dlora_migrate_threshold < 1:
+            raise ConfigError("system.dlora_migrate_interval_s must be > 0 and system.dlora_migrate_threshold >= 1 "
+                              f"(got {cfg.dlora_migrate_interval_s}, {cfg.dlora_migrate_threshold})")
         if cfg.cpu_workers not in (0, 1):
             # One worker process serves every CPU-path request; more are not implemented, and a
             # larger value must not be silently treated as 1.
@@ -138,4 +147,6 @@ class ServingSystem(System):
         c = self.cfg
         return SchedulerConfig(policy=policy or c.policy, max_batch=c.max_batch, max_prefill_tokens=c.max_prefill_tokens,
                                pool_slots=c.sim_pool_slots if sim else c.pool_slots, load_groups=c.load_groups,
-                               dlora_merge_share=c.dlora_merge_share, dlora_merge_min=c.dlora_merge_min)
+                               dlora_merge_share=c.dlora_merge_share, dlora_merge_min=c.dlora_merge_min,
+                               dlora_migrate=c.dlora_migrate, dlora_migrate_interval_s=c.dlora_migrate_interval_s,
+                               dlora_migrate_threshold=c.dlora_migrate_threshold)

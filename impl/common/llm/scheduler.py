@@ -67,6 +67,11 @@ class SchedulerConfig:
     load_groups: int = 1
     dlora_merge_share: float = 0.6
     dlora_merge_min: int = 4
+    # dLoRA request-adapter co-migration between servers; read only by the simulator
+    # (impl/common/servesim/cluster.py), the real engine is one server.
+    dlora_migrate: bool = True
+    dlora_migrate_interval_s: float = 0.5
+    dlora_migrate_threshold: int = 4
 
 
 class BatchScheduler:

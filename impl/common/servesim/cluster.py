@@ -5,12 +5,18 @@ engine (continuous batching, prefill first, adapter pool with LRU + pinning); it
 come from :class:`~impl.common.servesim.cost.ServingCost`. A router (``route(req, servers,
 now) -> index``) places each arrival. Deterministic: plain floats, insertion-ordered events,
 seeded RNGs only; the same inputs give bit-identical results.
+
+dLoRA's request-adapter co-migration (policy ``dlora``, more than one server,
+``SchedulerConfig.dlora_migrate``) is a periodic balancer in the same event engine
+(:class:`Migrator`); every other policy schedules no extra event.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from impl.common.api import ConfigError
 from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.scheduler import BatchScheduler, Plan, SchedulerConfig, SReq
@@ -29,6 +35,21 @@ class SimResult:
     cpu_layers: int = 0
     loads: int = 0
     per_server_busy_s: list = field(default_factory=list)
+    migrations: Optional[dict] = None  # dlora only: counts (see Migrator.summary)
+    migration_log: list = field(default_factory=list)  # dlora only: one MigrationEvent per request moved
+
+
+@dataclass(frozen=True)
+class MigrationEvent:
+    rid: int
+    adapter: str
+    kind: str  # waiting | running
+    src: int
+    dst: int
+    depart_s: float
+    arrive_s: float  # running: depart + KV transfer; waiting: depart (prompt only, no KV yet)
+    kv_bytes: float
+    generated: int  # tokens already produced when it left
 
 
 class SimServer:
@@ -53,6 +74,9 @@ class SimServer:
         self.wake_at: Optional[float] = None
         self.merged: Optional[str] = None
         self.version = 0  # bumped on every change of queue/batch state (routers cache on it)
+        self.migrator: Optional["Migrator"] = None
+        self.incoming = 0  # running requests whose KV cache is on its way here
+        self.outbox: list = []  # running requests leaving at the end of the iteration in flight
 
     # ---- state visible to routers ---------------------------------------------------------
     def active(self) -> int:
@@ -63,6 +87,11 @@ class SimServer:
 
     def queue(self) -> list:
         return list(self.sched.waiting)
+
+    def load(self) -> int:
+        """Balancer's view: requests this server will serve (in-flight handoffs already counted
+        at their destination, so two ticks never move the same work twice)."""
+        return len(self.sched.running) + len(self.sched.waiting) + self.incoming - len(self.outbox)
 
     # ---- loads ----------------------------------------------------------------------------
     def _start_load(self, adapter: str, rank: int, now: float) -> float:
@@ -207,7 +236,191 @@ class SimServer:
             done = self.sched.decoded(plan)
         for r in done:
             self.on_done(self, r, now)
+        if self.outbox:
+            self.migrator.ship(self, now)
         self._kick(now)
+
+    # ---- migration (dLoRA) ----------------------------------------------------------------
+    def take_waiting(self, reqs: list) -> None:
+        ids = {id(r) for r in reqs}
+        sched = self.sched
+        for r in reqs:
+            if r.pinned:
+                sched.pool.release(r.adapter)
+                r.pinned = False
+            else:
+                sched.unpinned -= 1
+        sched.waiting = deque(r for r in sched.waiting if id(r) not in ids)
+        self.version += 1
+
+    def receive_waiting(self, reqs: list, now: float) -> None:
+        """Moved queued requests keep their arrival order (FIFO by arrival, ties by id) rather
+        than queueing behind later local arrivals."""
+        sched = self.sched
+        sched.waiting = deque(sorted(list(sched.waiting) + list(reqs), key=lambda r: (r.arrival_s, r.rid)))
+        sched.unpinned += len(reqs)
+        self.version += 1
+        self._kick(now)
+
+    def land(self, r: SReq) -> None:
+        self.incoming -= 1
+        self.sched.running.append(r)
+        self.version += 1
+        self._kick(self.eng.now_s)
+
+
+class Migrator:
+    """dLoRA co-migration [R] (spec caraserve.md 3: "co-migrates requests and adapters across
+    replicas"; dLoRA's own planner is not public in enough detail, so this is a greedy stand-in).
+
+    Every ``interval_s`` of sim time: while the most loaded server (``SimServer.load``) exceeds
+    the least loaded by more than ``threshold`` requests, move up to half the gap from the former
+    to the latter (ties: lowest id). Requests move per adapter: the largest groups that fit the
+    budget go whole (queued and running together, so the adapter leaves with its requests and the
+    source frees its slot), largest first, then fewest running (KV to move), then adapter name; if
+    no group fits, the queue tail of the largest group with a queue moves (the adapter is then on
+    both servers). The source's merged-mode adapter stays (merged mode serves it fastest there).
+    - Queued requests move at once: no KV exists yet and a prompt is a few KiB; the destination
+      loads the adapter through its own pool and loader at prefill, like any arrival.
+    - Running requests leave at the source's next iteration boundary (never mid-iteration), are
+      pinned in the destination's pool (a load starts if new), and join its batch after the KV
+      transfer, ``intra_latency_s + kv_bytes_per_token x context / intra_bw_bytes_per_s``, during
+      which they make no progress. Only as many as the destination's batch has room for.
+    """
+
+    def __init__(self, servers: list, cost: ServingCost, eng: Engine, interval_s: float, threshold: int):
+        self.servers, self.cost, self.eng = servers, cost, eng
+        self.interval_s, self.threshold = interval_s, threshold
+        self.ticks = 0
+        self.log: list = []
+        self.adapters = 0
+        self._groups_seen: set = set()
+        for s in servers:
+            s.migrator = self
+
+    @staticmethod
+    def empty() -> dict:
+        return {"requests": 0, "waiting": 0, "running": 0, "adapters": 0, "kv_bytes": 0.0, "ticks": 0}
+
+    def summary(self) -> dict:
+        waiting = sum(1 for e in self.log if e.kind == "waiting")
+        return {"requests": len(self.log), "waiting": waiting, "running": len(self.log) - waiting,
+                "adapters": self.adapters, "kv_bytes": sum(e.kv_bytes for e in self.log), "ticks": self.ticks}
+
+    def tick(self, _=None) -> None:
+        now = self.eng.now_s
+        self.ticks += 1
+        self.balance(now)
+        # Any remaining work has an event pending (arrival, iteration end, wake, KV landing); with
+        # none, nothing can change any more and ticking on would never end (stuck requests are
+        # reported as dropped, as without migration).
+        if len(self.eng):
+            self.eng.schedule(now + self.interval_s, self.tick)
+
+    def balance(self, now: float) -> None:
+        servers = self.servers
+        n = len(servers)
+        loads = [s.load() for s in servers]
+        stuck: set = set()  # sources with nothing movable this tick
+        for _ in range(n * n):
+            srcs = [i for i in range(n) if i not in stuck]
+            if not srcs:
+                break
+            src = min(srcs, key=lambda i: (-loads[i], i))
+            dst = min(range(n), key=lambda i: (loads[i], i))
+            gap = loads[src] - loads[dst]
+            if gap <= self.threshold:
+                break
+            moved = self._move(servers[src], servers[dst], gap // 2, now)
+            if not moved:
+                stuck.add(src)
+                continue
+            loads[src] -= moved
+            loads[dst] += moved
+
+    def _move(self, src: SimServer, dst: SimServer, budget: int, now: float) -> int:
+        leaving = {id(r) for r, _, _ in src.outbox}
+        groups: dict = {}
+        for r in src.sched.waiting:
+            groups.setdefault(r.adapter, ([], []))[0].append(r)
+        for r in src.sched.running:
+            if id(r) not in leaving:
+                groups.setdefault(r.adapter, ([], []))[1].append(r)
+        groups.pop(src.sched.merged, None)
+        if not groups:
+            return 0
+        room = dst.cfg.max_batch - len(dst.sched.running) - dst.incoming
+        # fewest adapter moves per request first; among equal groups, the fewest KV transfers
+        order = sorted(groups, key=lambda a: (-(len(groups[a][0]) + len(groups[a][1])), len(groups[a][1]), a))
+        picks = []  # (adapter, waiting to move, running to move)
+        left = budget
+        for a in order:
+            w, run = groups[a]
+            if len(w) + len(run) > left:
+                continue
+            run = run[:max(0, room)]
+            if not w and not run:
+                continue
+            room -= len(run)
+            left -= len(w) + len(run)
+            picks.append((a, w, run))
+            if not left:
+                break
+        if not picks:
+            a = next((a for a in order if groups[a][0]), None)
+            if a is None:
+                return 0
+            w = groups[a][0]
+            picks.append((a, w[len(w) - min(budget, len(w)):], []))
+        key = self.ticks
+        moved_w = []
+        for a, w, run in picks:
+            moved_w.extend(w)
+            for r in w:
+                self._count(key, a, dst)
+                self.log.append(MigrationEvent(r.rid, a, "waiting", src.sid, dst.sid, now, now, 0.0, r.generated))
+            for r in run:
+                dst.incoming += 1
+                if src.busy:
+                    src.outbox.append((r, dst, key))
+                else:
+                    self._handoff(src, r, dst, key, now)
+        if moved_w:
+            src.take_waiting(moved_w)
+            dst.receive_waiting(moved_w, now)
+            src._kick(now)  # a blocked queue head may have left
+        return sum(len(w) + len(run) for _, w, run in picks)
+
+    def _count(self, key, adapter: str, dst: SimServer) -> None:
+        g = (key, adapter, dst.sid)
+        if g not in self._groups_seen:
+            self._groups_seen.add(g)
+            self.adapters += 1
+
+    def ship(self, src: SimServer, now: float) -> None:
+        out, src.outbox = src.outbox, []
+        for r, dst, key in out:
+            self._handoff(src, r, dst, key, now)
+
+    def _handoff(self, src: SimServer, r: SReq, dst: SimServer, key, now: float) -> None:
+        running = src.sched.running
+        k = next((i for i, x in enumerate(running) if x is r), None)
+        if k is None or not dst.sched.pool.can_admit(r.adapter):
+            dst.incoming -= 1  # finished meanwhile, or the destination's slots are all pinned: stays
+            return
+        del running[k]
+        src.sched.pool.release(r.adapter)
+        src.version += 1
+        _, is_new, _ = dst.sched.pool.acquire(r.adapter)
+        if is_new:  # the adapter follows its request through the destination's loader
+            dst.ready_at.pop(r.adapter, None)
+            dst._start_load(r.adapter, r.rank, now)
+        c = self.cost
+        kv = c.kv_bytes_per_token() * (r.prompt_len + r.generated)
+        at = now + c.intra_latency_s + kv / c.intra_bw_bytes_per_s
+        self._count(key, r.adapter, dst)
+        self.log.append(MigrationEvent(r.rid, r.adapter, "running", src.sid, dst.sid, now, at, kv, r.generated))
+        self.eng.schedule(at, dst.land, r)
 
 
 def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, cost: ServingCost,
@@ -230,6 +443,13 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
         for a in preload:
             s.sched.pool.preload(a)
 
+    mig = None
+    if cfg.policy == "dlora" and cfg.dlora_migrate and num_servers > 1 and requests:
+        if not cfg.dlora_migrate_interval_s > 0 or cfg.dlora_migrate_threshold < 1:
+            raise ConfigError("system.dlora_migrate_interval_s must be > 0 and system.dlora_migrate_threshold >= 1 "
+                              f"(got {cfg.dlora_migrate_interval_s}, {cfg.dlora_migrate_threshold})")
+        mig = Migrator(servers, cost, eng, cfg.dlora_migrate_interval_s, cfg.dlora_migrate_threshold)
+
     def arrive(r: SReq):
         now = eng.now_s
         i = route(r, servers, now)
@@ -237,10 +457,14 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
 
     for r in requests:
         eng.schedule(r.arrival_s, arrive, r)
+    if mig is not None:
+        eng.schedule(min(r.arrival_s for r in requests) + mig.interval_s, mig.tick)
     eng.run()
     makespan = max((r.done_s for r in records), default=0.0) - min((r.arrival_s for r in requests), default=0.0)
     return SimResult(records=sorted(records, key=lambda x: x.rid), arrived=len(requests),
                      dropped=len(requests) - len(records), makespan_s=makespan,
                      stall_s=sum(s.stall_s for s in servers), busy_s=sum(s.busy_s for s in servers),
                      cpu_layers=sum(s.cpu_layers for s in servers), loads=sum(s.loads for s in servers),
-                     per_server_busy_s=[s.busy_s for s in servers])
+                     per_server_busy_s=[s.busy_s for s in servers],
+                     migrations=(mig.summary() if mig is not None else Migrator.empty()) if cfg.policy == "dlora" else None,
+                     migration_log=mig.log if mig is not None else [])
