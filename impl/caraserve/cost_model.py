@@ -23,7 +23,7 @@ class PoorFitError(ConfigError):
     pass
 
 
-def _features_dec(ctx: Sequence[int], ranks: Sequence[int], kernel: str) -> list[float]:
+def features_dec(ctx: Sequence[int], ranks: Sequence[int], kernel: str) -> list[float]:
     B = len(ranks)
     if not B:
         return [0.0, 0.0, 0.0, 0.0]
@@ -31,13 +31,13 @@ def _features_dec(ctx: Sequence[int], ranks: Sequence[int], kernel: str) -> list
     return [1.0, float(B), float(lora), float(sum(ctx))]
 
 
-def _features_pre(lens: Sequence[int], ranks: Sequence[int]) -> list[float]:
+def features_pre(lens: Sequence[int], ranks: Sequence[int]) -> list[float]:
     if not lens:
         return [0.0, 0.0, 0.0]
     return [1.0, float(sum(lens)), float(sum(n * r for n, r in zip(lens, ranks)))]
 
 
-def _nnls_fit(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+def nnls_fit(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     from scipy.optimize import nnls
 
     coef, _ = nnls(X, y)
@@ -61,12 +61,12 @@ class RankCostModel:
     def decode_s(self, ctx: Sequence[int], ranks: Sequence[int]) -> float:
         if not ranks:
             return 0.0
-        return float(np.dot(self.dec_coef, _features_dec(ctx, ranks, self.kernel)))
+        return float(np.dot(self.dec_coef, features_dec(ctx, ranks, self.kernel)))
 
     def prefill_s(self, lens: Sequence[int], ranks: Sequence[int]) -> float:
         if not lens:
             return 0.0
-        return float(np.dot(self.pre_coef, _features_pre(lens, ranks)))
+        return float(np.dot(self.pre_coef, features_pre(lens, ranks)))
 
     def check(self) -> "RankCostModel":
         if self.dec_r2 < self.min_r2 or self.pre_r2 < self.min_r2:
@@ -102,11 +102,11 @@ def fit(dec_samples: Sequence[tuple], pre_samples: Sequence[tuple], dec_time: Ca
         kernel: str = "bgmv", min_r2: float = 0.9) -> RankCostModel:
     """Least-squares (non-negative) fit from profiled runs: ``dec_time(ctx, ranks)`` and
     ``pre_time(lens, ranks)`` are the measurements (real timings or a profile's costs)."""
-    Xd = np.array([_features_dec(c, r, kernel) for c, r in dec_samples])
+    Xd = np.array([features_dec(c, r, kernel) for c, r in dec_samples])
     yd = np.array([dec_time(c, r) for c, r in dec_samples])
-    Xp = np.array([_features_pre(l, r) for l, r in pre_samples])
+    Xp = np.array([features_pre(l, r) for l, r in pre_samples])
     yp = np.array([pre_time(l, r) for l, r in pre_samples])
-    cd, r2d = _nnls_fit(Xd, yd)
-    cp, r2p = _nnls_fit(Xp, yp)
+    cd, r2d = nnls_fit(Xd, yd)
+    cp, r2p = nnls_fit(Xp, yp)
     return RankCostModel(kernel=kernel, dec_coef=[float(x) for x in cd], pre_coef=[float(x) for x in cp],
                          dec_r2=r2d, pre_r2=r2p, min_r2=min_r2, samples=len(dec_samples) + len(pre_samples))

@@ -10,8 +10,13 @@ the engine submit several cold requests' jobs before waiting. The worker calls t
 tensors (loaded from the same safetensors file), so a CPU delta is bit-identical to the device
 one at the same thread count.
 
+The ring itself (:class:`ShmWorker`) knows nothing of LoRA: the job the worker runs is a
+parameter, so the IPC micro-benchmark (spec 5C, :func:`negate_job` vs :class:`QueueWorker`)
+times this very transport.
+
 Control block (int64): [0] submitted seq, [1] completed seq, [2] stop, [3] ready;
-per slot: [4 + 6*s + 0..5] = adapter index, layer, input group (0=qkv, 1=o), rows, seq, -.
+per slot: [4 + 6*s + 0..5] = three job ints (LoRA: adapter index, layer, input group 0=qkv,
+1=o), rows, seq, -.
 """
 from __future__ import annotations
 
@@ -53,19 +58,12 @@ def _spin(cond, idle_sleep_s: float = 0.0):
             time.sleep(idle_sleep_s)
 
 
-def _worker_main(names_shm, shapes, path, adapter_names, threads, slots, req_sem, done_sem):
-    torch.set_num_threads(threads)
+def _lora_job(path, adapter_names):
+    """Job of a CPU LoRA worker: the deltas of one LoRA input group, one output plane per site."""
     from safetensors import safe_open
 
     from impl.common.llm.kernels import lora_delta
 
-    ctrl_shm = shared_memory.SharedMemory(name=names_shm[0])
-    x_shm = shared_memory.SharedMemory(name=names_shm[1])
-    y_shm = shared_memory.SharedMemory(name=names_shm[2])
-    max_rows, d_in, d_out = shapes
-    ctrl = np.ndarray((HDR + PER * slots,), dtype=np.int64, buffer=ctrl_shm.buf)
-    xb = torch.from_numpy(np.ndarray((slots, max_rows, d_in), dtype=np.float32, buffer=x_shm.buf))
-    yb = torch.from_numpy(np.ndarray((slots, 3, max_rows, d_out), dtype=np.float32, buffer=y_shm.buf))
     W: dict = {}
     scales = []
     with safe_open(path, framework="pt") as f:
@@ -74,6 +72,37 @@ def _worker_main(names_shm, shapes, path, adapter_names, threads, slots, req_sem
             scales.append(float(meta[name]))
             for s in SITES:
                 W[(i, s)] = (f.get_tensor(f"{name}|{s}|A"), f.get_tensor(f"{name}|{s}|B"))
+
+    def run(job, x, y):
+        a, layer, grp = job
+        for j, site in enumerate(GROUPS[grp]):
+            A, B = W[(a, site)]
+            d = lora_delta(x, A[layer], B[layer], scales[a])
+            y[j, :x.shape[0], :d.shape[1]] = d
+
+    return run
+
+
+def negate_job():
+    """Job of the IPC micro-benchmark (spec 5C): y = -x. Exact in fp32, and unlike an echo it
+    proves the worker wrote the returned bytes (a stale or aliased slot fails the check)."""
+
+    def run(job, x, y):
+        torch.neg(x, out=y[0, :x.shape[0], :x.shape[1]])
+
+    return run
+
+
+def _worker_main(names_shm, shapes, threads, slots, req_sem, done_sem, make_job, job_args):
+    torch.set_num_threads(threads)
+    ctrl_shm = shared_memory.SharedMemory(name=names_shm[0])
+    x_shm = shared_memory.SharedMemory(name=names_shm[1])
+    y_shm = shared_memory.SharedMemory(name=names_shm[2])
+    max_rows, d_in, d_out, outs = shapes
+    ctrl = np.ndarray((HDR + PER * slots,), dtype=np.int64, buffer=ctrl_shm.buf)
+    xb = torch.from_numpy(np.ndarray((slots, max_rows, d_in), dtype=np.float32, buffer=x_shm.buf))
+    yb = torch.from_numpy(np.ndarray((slots, outs, max_rows, d_out), dtype=np.float32, buffer=y_shm.buf))
+    job = make_job(*job_args)
     ctrl[3] = 1
     done = int(ctrl[1])
     while not ctrl[2]:
@@ -84,11 +113,7 @@ def _worker_main(names_shm, shapes, path, adapter_names, threads, slots, req_sem
         slot = seq % slots
         base = HDR + PER * slot
         a, layer, grp, n = (int(v) for v in ctrl[base:base + 4])
-        x = xb[slot, :n]
-        for j, site in enumerate(GROUPS[grp]):
-            A, B = W[(a, site)]
-            d = lora_delta(x, A[layer], B[layer], scales[a])
-            yb[slot, j, :n, :d.shape[1]] = d
+        job((a, layer, grp), xb[slot, :n], yb[slot])
         done = seq
         ctrl[1] = done
         done_sem.release()
@@ -120,26 +145,23 @@ class _Handle:
         return self.result
 
 
-class CPULoRAWorker:
-    """One spawned CPU LoRA process (2 cores allow 1; spec 8)."""
+class ShmWorker:
+    """A spawned, single-threaded process serving jobs from a shared-memory ring of ``slots``
+    slots, each ``max_rows x d_in`` fp32 in and ``outs x max_rows x d_out`` fp32 out.
+    ``make_job(*job_args)`` runs in the worker (a module-level function: spawn pickles it by
+    name) and returns ``run(job, x, y_slot)``; ``job`` is three ints the job reads as it likes."""
 
-    def __init__(self, adapters: dict, workdir: pathlib.Path, max_rows: int, threads: int = 1, slots: int = 8,
-                 start_timeout_s: float = 120.0):
-        self.names = list(adapters)
-        self.index = {n: i for i, n in enumerate(self.names)}
-        first = next(iter(adapters.values()))
-        d_in = max(first.A[s].shape[2] for s in SITES)
-        self.dims = {s: first.B[s].shape[1] for s in SITES}
-        d_out = max(self.dims.values())
+    def __init__(self, make_job, job_args, max_rows: int, d_in: int, d_out: int, outs: int = 1, threads: int = 1,
+                 slots: int = 8, start_timeout_s: float = 120.0):
         self.max_rows, self.slots = max_rows, slots
-        path = save_host_adapters(adapters, pathlib.Path(workdir) / "cpu_worker_adapters.safetensors")
         self._shm = [shared_memory.SharedMemory(create=True, size=8 * (HDR + PER * slots)),
                      shared_memory.SharedMemory(create=True, size=4 * slots * max_rows * d_in),
-                     shared_memory.SharedMemory(create=True, size=4 * slots * 3 * max_rows * d_out)]
+                     shared_memory.SharedMemory(create=True, size=4 * slots * outs * max_rows * d_out)]
         self.ctrl = np.ndarray((HDR + PER * slots,), dtype=np.int64, buffer=self._shm[0].buf)
         self.ctrl[:] = 0
         self.xb = torch.from_numpy(np.ndarray((slots, max_rows, d_in), dtype=np.float32, buffer=self._shm[1].buf))
-        self.yb = torch.from_numpy(np.ndarray((slots, 3, max_rows, d_out), dtype=np.float32, buffer=self._shm[2].buf))
+        self.yb = torch.from_numpy(np.ndarray((slots, outs, max_rows, d_out), dtype=np.float32,
+                                              buffer=self._shm[2].buf))
         self.seq = 0
         self.outstanding: list[_Handle] = []
         self.wait_s = 0.0
@@ -147,36 +169,37 @@ class CPULoRAWorker:
         ctx = mp.get_context("spawn")  # CUDA + multiprocessing needs spawn (spec 8)
         self.req_sem, self.done_sem = ctx.Semaphore(0), ctx.Semaphore(0)
         self.proc = ctx.Process(target=_worker_main, daemon=True,
-                                args=([s.name for s in self._shm], (max_rows, d_in, d_out), str(path), self.names,
-                                      threads, slots, self.req_sem, self.done_sem))
+                                args=([s.name for s in self._shm], (max_rows, d_in, d_out, outs), threads, slots,
+                                      self.req_sem, self.done_sem, make_job, tuple(job_args)))
         try:
             self.proc.start()
             t0 = time.perf_counter()
             while not self.ctrl[3]:
                 if not self.proc.is_alive():
-                    raise RuntimeError(f"CPU LoRA worker exited during start-up (exit code {self.proc.exitcode})")
+                    raise RuntimeError(f"CPU worker exited during start-up (exit code {self.proc.exitcode})")
                 if time.perf_counter() - t0 > start_timeout_s:
-                    raise RuntimeError(f"CPU LoRA worker not ready after {start_timeout_s:.0f} s")
+                    raise RuntimeError(f"CPU worker not ready after {start_timeout_s:.0f} s")
                 time.sleep(0.01)
         except BaseException:
             self.close()
             raise
 
-    def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor) -> _Handle:
+    def post(self, x: torch.Tensor, job: tuple = (0, 0, 0), dims: Optional[Sequence[int]] = None) -> _Handle:
+        """Copy ``x`` into the next slot and ring the worker; ``handle.wait()`` returns the first
+        ``dims[j]`` columns of output plane j (default: one plane as wide as x)."""
         n = x.shape[0]
         if n > self.max_rows:
-            raise ValueError(f"CPU LoRA job of {n} rows exceeds the shared buffer ({self.max_rows} rows)")
-        grp = 0 if tuple(sites) == GROUPS[0] else 1
+            raise ValueError(f"CPU worker job of {n} rows exceeds the shared buffer ({self.max_rows} rows)")
         if len(self.outstanding) >= self.slots:
             self.outstanding[0].wait()
         self.seq += 1
         slot = self.seq % self.slots
         self.xb[slot, :n].copy_(x.detach().to("cpu", torch.float32))
         base = HDR + PER * slot
-        self.ctrl[base:base + 4] = (self.index[adapter], layer, grp, n)
+        self.ctrl[base:base + 4] = (*job, n)
         self.ctrl[0] = self.seq  # publish last (x86 stores are ordered)
         self.req_sem.release()
-        h = _Handle(self, self.seq, slot, n, [self.dims[s] for s in GROUPS[grp]])
+        h = _Handle(self, self.seq, slot, n, list(dims) if dims is not None else [x.shape[1]])
         self.outstanding.append(h)
         self.jobs += 1
         return h
@@ -197,6 +220,63 @@ class CPULoRAWorker:
         for shm in self._shm:
             shm.close()
             shm.unlink()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CPULoRAWorker(ShmWorker):
+    """One spawned CPU LoRA process (2 cores allow 1; spec 8)."""
+
+    def __init__(self, adapters: dict, workdir: pathlib.Path, max_rows: int, threads: int = 1, slots: int = 8,
+                 start_timeout_s: float = 120.0):
+        self.names = list(adapters)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        first = next(iter(adapters.values()))
+        d_in = max(first.A[s].shape[2] for s in SITES)
+        self.dims = {s: first.B[s].shape[1] for s in SITES}
+        path = save_host_adapters(adapters, pathlib.Path(workdir) / "cpu_worker_adapters.safetensors")
+        super().__init__(_lora_job, (str(path), self.names), max_rows, d_in, max(self.dims.values()),
+                         outs=max(len(g) for g in GROUPS), threads=threads, slots=slots,
+                         start_timeout_s=start_timeout_s)
+
+    def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor) -> _Handle:
+        grp = 0 if tuple(sites) == GROUPS[0] else 1
+        return self.post(x, (self.index[adapter], layer, grp), [self.dims[s] for s in GROUPS[grp]])
+
+
+def _queue_main(inq, outq):
+    while (x := inq.get()) is not None:
+        outq.put(np.negative(x))
+
+
+class QueueWorker:
+    """Spec 5C baseline: :func:`negate_job` behind ``multiprocessing.Queue``, so the array is
+    pickled through a pipe both ways (numpy, not torch: torch tensors would travel by PyTorch
+    IPC, which is what spec 2.2 rules out, not what 5C compares against)."""
+
+    def __init__(self):
+        ctx = mp.get_context("spawn")
+        self.inq, self.outq = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_queue_main, args=(self.inq, self.outq), daemon=True)
+        self.proc.start()
+
+    def roundtrip(self, x: np.ndarray, timeout_s: float = 120.0) -> np.ndarray:
+        self.inq.put(x)
+        return self.outq.get(timeout=timeout_s)
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        self.inq.put(None)
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(timeout=5)
+        self.proc = None
 
     def __enter__(self):
         return self
