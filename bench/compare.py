@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from bench.record import RecordError, load_records
+from impl.common.plots.save import save_png
 
 GROUP_FIELDS = ("experiment", "workload", "hardware", "fault", "mode")
 MODE_LABEL = {"sim": "sim (simulated)", "real": "real (measured)"}
@@ -352,10 +353,7 @@ def plot_metric(table: GroupTable, metric: str, path: pathlib.Path) -> pathlib.P
     k = table.key
     ax.set_title(f"{k.experiment} | {k.workload} | {k.hardware} | fault={k.fault}\n"
                  f"mode={MODE_LABEL.get(k.mode, k.mode)}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_png(fig, path, dpi=100)
     return path
 
 

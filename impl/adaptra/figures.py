@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from impl.common.plots.save import save_png  # noqa: E402
+
 ORDER = ("1f1b", "zb", "falcon", "adaptra_cpu", "adaptra")
 METRIC = "iteration_time_s"
 
@@ -49,10 +51,7 @@ def delay_sweep(records, out_dir) -> list[pathlib.Path]:
         ax.set_title(f"{workload}: iteration time vs link delay", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()
-        fig.tight_layout()
-        path = pathlib.Path(out_dir) / f"delay_sweep_{k}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        path = save_png(fig, pathlib.Path(out_dir) / f"delay_sweep_{k}.png")
         paths.append(path)
     return paths
 
@@ -74,10 +73,7 @@ def grouped_bars(records, out_dir, name: str = "scenarios") -> list[pathlib.Path
     ax.set_ylabel(f"iteration time (s, {_mode_label(recs)})")
     ax.set_title(f"{name}: iteration time per scenario")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / f"{name}.png")
     return [path]
 
 
@@ -133,10 +129,7 @@ def _bars_vs_paper(records, out_dir, *, name, key_fn, key_labels, metric, ylabel
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / f"{name}.png")
     return [path]
 
 
@@ -196,8 +189,5 @@ def trace_140b(records, out_dir) -> list[pathlib.Path]:
     bx.set_xticklabels(systems, rotation=20, fontsize=8)
     bx.set_ylabel("total time (min)")
     bx.legend(fontsize=8)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / "trace_140b.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / "trace_140b.png")
     return [path]

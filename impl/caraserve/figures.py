@@ -13,6 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from impl.common.plots.save import save_png  # noqa: E402
+
 PAPER_BAND = (1.3, 1.7)  # spec caraserve.md 6, S1: CaraServe 1.3-1.7x below S-LoRA at lambda >= 7
 
 
@@ -81,10 +83,7 @@ def latency_ratio_map(records, out_dir, base: str = "slora", mine: str = "carase
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle(f"simulated mean latency {base} / {mine}   (*: inside the paper's {PAPER_BAND[0]}-"
                  f"{PAPER_BAND[1]}x;  !: a run flagged invalid)", fontsize=9)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / "latency_ratio_map.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / "latency_ratio_map.png")
     return [path]
 
 
@@ -105,8 +104,5 @@ def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
     ax.set_title("simulated SLO attainment vs load (dashed: 99%)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / "slo_vs_rate.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / "slo_vs_rate.png")
     return [path]

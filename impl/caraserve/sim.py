@@ -8,6 +8,7 @@ from impl.caraserve.router import make_router
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.scheduler import SReq
+from impl.common.plots.save import save_png
 from impl.common.servesim import ServingCost, simulate
 
 
@@ -116,7 +117,5 @@ def plot_records(records, path, title: str) -> str:
         ax.set_ylabel("CDF")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_png(fig, path, dpi=100)
     return path.name

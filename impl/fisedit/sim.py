@@ -25,6 +25,7 @@ import numpy as np
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.diffusion.cost import BYTES, dense_step_time_s, trace_unet_ops
 from impl.common.diffusion.pipelines import SD21_ATTENTION_HEAD_DIM, SD21_UNET
+from impl.common.plots.save import save_png
 
 from .costmodel import Thresholds, cache_bytes_per_step, step_cost
 from .mask import synthetic_mask
@@ -308,10 +309,7 @@ def _plot_f1(rows, job, m):
     ax.set_title(f"FISEdit F1 (sim) on {m.hw.name}, SD2.1 768, {m.N} steps, k={m.k}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    p = job.out_dir / "f1_speedup_vs_f.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
+    p = save_png(fig, job.out_dir / "f1_speedup_vs_f.png")
     return p.name
 
 
@@ -325,10 +323,7 @@ def _plot_f2(fs, with_gain, no_gain, job, m):
     ax.set_ylabel("edits")
     ax.set_title(f"FISEdit F2 (sim) on {m.hw.name}: {len(fs)} edits, f ~ Beta")
     ax.legend(fontsize=8)
-    p = job.out_dir / "f2_dataset_speedup.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
+    p = save_png(fig, job.out_dir / "f2_dataset_speedup.png")
     return p.name
 
 
@@ -343,10 +338,7 @@ def _plot_f3(rows, gpu_speedup, job, m):
     ax.set_title(f"FISEdit F3 (sim) on {m.hw.name}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    p = job.out_dir / "f3_ram_budget.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
+    p = save_png(fig, job.out_dir / "f3_ram_budget.png")
     return p.name
 
 
@@ -361,8 +353,5 @@ def _plot_f4(rows, capacity, job, m):
     ax.set_title(f"FISEdit F4 (sim) on {m.hw.name}: capacity {capacity} cached sessions")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    p = job.out_dir / "f4_multi_user.png"
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
+    p = save_png(fig, job.out_dir / "f4_multi_user.png")
     return p.name

@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from impl.common.plots.save import save_png  # noqa: E402
+
 ORDER = ("uniform", "data_only", "layers_only", "restart_replan", "malleus")
 METRIC = "iteration_time_s"
 
@@ -49,10 +51,7 @@ def speedups(records, out_dir, name: str = "speedup") -> list[pathlib.Path]:
     ax.set_title("Malleus and baselines vs uniform (dashed: straggler-free bound)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / f"{name}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / f"{name}.png")
     return [path]
 
 
@@ -68,10 +67,7 @@ def iteration_trace(records, out_dir) -> list[pathlib.Path]:
     ax.set_ylabel("iteration time (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = pathlib.Path(out_dir) / "iteration_trace.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(out_dir) / "iteration_trace.png")
     return [path]
 
 

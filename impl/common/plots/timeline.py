@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from impl.common.plots.save import save_png  # noqa: E402
 from impl.common.schedule.ir import Op  # noqa: E402
 
 COLORS = {Op.F: "#4c72b0", Op.B: "#dd8452", Op.W: "#55a868", Op.BW: "#c44e52"}
@@ -34,8 +35,5 @@ def plot_sim_timeline(result, path: pathlib.Path, title: str) -> pathlib.Path:
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(handles, [op.value for op in COLORS], loc="upper right", fontsize=7, ncol=4)
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = save_png(fig, pathlib.Path(path))
     return path
