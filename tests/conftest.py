@@ -25,3 +25,15 @@ def run_bench(args, *, env_extra=None, cwd=None, timeout=300):
 @pytest.fixture
 def bench_cli():
     return run_bench
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For a module's tests: 1 torch thread (same kernels, same bits as the 1-thread workers; on
+    2 shared cores idle OpenMP threads also spin and steal a worker's core), restored after."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -12,17 +12,9 @@ import torch
 from impl.caraserve.cpu_prefill import QueueWorker, ShmWorker, negate_job
 
 ROWS, D = 8192, 256  # 8192 x 256 fp32 = 8 MiB
-pytestmark = pytest.mark.benchmark(min_rounds=15)  # the Queue path would otherwise get ~5 rounds
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # 1 thread here too: idle OpenMP threads spin after each copy and take the core the worker
-    # needs on a 2-core host (measured: 16 ms instead of 3.5 ms per round trip).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# 1 thread here too (measured: 16 ms instead of 3.5 ms per round trip with 2); the Queue path
+# would otherwise get ~5 rounds.
+pytestmark = [pytest.mark.benchmark(min_rounds=15), pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,7 @@ SHAPE = LlamaShape(hidden_size=64, intermediate_size=128, num_hidden_layers=3, n
 SPECS = [AdapterSpec("r8", 8), AdapterSpec("r16", 16), AdapterSpec("r32", 32), AdapterSpec("r64", 64)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
