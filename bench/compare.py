@@ -106,6 +106,8 @@ def ratio(candidate: float, baseline: float, better: str) -> Optional[float]:
     num, den = (baseline, candidate) if better == "lower" else (candidate, baseline)
     if den == 0:  # "infinitely better" helps nobody: show no ratio
         return 1.0 if num == 0 else None
+    if num == 0:  # nor does "0.00x" (infinitely worse) against a zero baseline
+        return None
     return num / den
 
 

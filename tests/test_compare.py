@@ -59,6 +59,8 @@ def by_system(table):
     (50.0, 100.0, "higher", 0.5),
     (0.0, 2.0, "lower", None),
     (0.0, 0.0, "lower", 1.0),
+    (0.03, 0.0, "lower", None),   # a stall share against a stall-free baseline: no "0.00x"
+    (0.0, 5.0, "higher", None),
     (-1.0, 2.0, "lower", None),
 ])
 def test_ratio_is_times_better_in_both_directions(cand, base, better, expected):
