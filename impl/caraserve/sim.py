@@ -1,8 +1,6 @@
 """Sim mode: the request-level simulator at paper scale (spec caraserve.md 6)."""
 from __future__ import annotations
 
-import json
-
 from impl.caraserve.cost_model import fit, profile_grid
 from impl.caraserve.router import make_router
 from impl.common.api import ConfigError, JobContext, Metric, RunResult

@@ -95,9 +95,7 @@ class ServingSystem(System):
         if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
             raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
                               f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
-        if not cfg.dlora_migrate_interval_s > 0 or cfg.dlora_migrate_threshold < 1:
-            raise ConfigError("system.dlora_migrate_interval_s must be > 0 and system.dlora_migrate_threshold >= 1 "
-                              f"(got {cfg.dlora_migrate_interval_s}, {cfg.dlora_migrate_threshold})")
+        self.sched_config()  # its own checks, at preflight rather than mid-run
         if cfg.cpu_workers not in (0, 1):
             # One worker process serves every CPU-path request; more are not implemented, and a
             # larger value must not be silently treated as 1.

@@ -73,6 +73,11 @@ class SchedulerConfig:
     dlora_migrate_interval_s: float = 0.5
     dlora_migrate_threshold: int = 4
 
+    def __post_init__(self):
+        if not self.dlora_migrate_interval_s > 0 or self.dlora_migrate_threshold < 1:
+            raise ConfigError("system.dlora_migrate_interval_s must be > 0 and system.dlora_migrate_threshold >= 1 "
+                              f"(got {self.dlora_migrate_interval_s}, {self.dlora_migrate_threshold})")
+
 
 class BatchScheduler:
     def __init__(self, cfg: SchedulerConfig):

@@ -16,7 +16,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from impl.common.api import ConfigError
 from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.scheduler import BatchScheduler, Plan, SchedulerConfig, SReq
@@ -445,9 +444,6 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
 
     mig = None
     if cfg.policy == "dlora" and cfg.dlora_migrate and num_servers > 1 and requests:
-        if not cfg.dlora_migrate_interval_s > 0 or cfg.dlora_migrate_threshold < 1:
-            raise ConfigError("system.dlora_migrate_interval_s must be > 0 and system.dlora_migrate_threshold >= 1 "
-                              f"(got {cfg.dlora_migrate_interval_s}, {cfg.dlora_migrate_threshold})")
         mig = Migrator(servers, cost, eng, cfg.dlora_migrate_interval_s, cfg.dlora_migrate_threshold)
 
     def arrive(r: SReq):
