@@ -401,7 +401,7 @@ class SchedulerGap(System):
         time_limit_s: float = 60.0
 
     def run(self, job: JobContext) -> RunResult:
-        from impl.adaptra.milp import scheduler_gap
+        from impl.adaptra.milp_gap import scheduler_gap
 
         wl = job.workload
         if not wl.sim_op_time_s:

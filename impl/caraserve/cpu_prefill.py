@@ -283,30 +283,3 @@ class QueueWorker:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class InlineCPU:
-    """Same interface, computed in-process (tests and the ``cpu_workers: 0`` knob)."""
-
-    class _H:
-        def __init__(self, r):
-            self.r = r
-
-        def wait(self):
-            return self.r
-
-    def __init__(self, adapters: dict):
-        from impl.common.llm.kernels import lora_delta
-
-        self.adapters = adapters
-        self._delta = lora_delta
-        self.jobs = 0
-        self.wait_s = 0.0
-
-    def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor):
-        ad = self.adapters[adapter]
-        self.jobs += 1
-        return self._H([self._delta(x, ad.A[s][layer], ad.B[s][layer], ad.scale) for s in sites])
-
-    def close(self):
-        pass

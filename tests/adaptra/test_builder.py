@@ -7,11 +7,12 @@ import random
 import pytest
 
 from impl.adaptra.adapt import adapt_warmup
-from impl.adaptra.builder import adaptra_schedule, build_schedule, build_timeline
+from impl.adaptra.builder import adaptra_schedule
 from impl.common.api import ConfigError
 from impl.common.schedule.comm import insert_comm
 from impl.common.schedule.generators import zb_warmup, zero_bubble
 from impl.common.schedule.ir import Op, format_schedule
+from impl.common.schedule.list_scheduler import build_schedule, build_timeline
 from impl.common.schedule.validate import ScheduleError, peak_inflight, validate_schedule
 
 MS = 1e-3

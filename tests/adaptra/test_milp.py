@@ -5,11 +5,12 @@ import random
 import pytest
 
 from impl.adaptra.adapt import adapt_warmup
-from impl.adaptra.builder import build_timeline
-from impl.adaptra.milp import replay_order, scheduler_gap, solve_pipeline_milp
+from impl.adaptra.milp import replay_order, solve_pipeline_milp
+from impl.adaptra.milp_gap import scheduler_gap
 from impl.common.api import ConfigError
 from impl.common.schedule.comm import insert_comm
 from impl.common.schedule.ir import Action, Op
+from impl.common.schedule.list_scheduler import build_timeline
 from impl.common.schedule.validate import peak_inflight, validate_schedule
 
 

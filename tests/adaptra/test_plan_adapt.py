@@ -8,10 +8,10 @@ import pytest
 
 from impl.adaptra.adapt import FORMULAS, adapt_warmup, slack
 from impl.adaptra.builder import adaptra_schedule
-from impl.adaptra.plan import initial_warmup
 from impl.common.api import ConfigError
 from impl.common.schedule.generators import one_f_one_b, one_f_one_b_warmup
 from impl.common.schedule.ir import Op
+from impl.common.schedule.warmup import initial_warmup
 
 MS = 1e-3
 

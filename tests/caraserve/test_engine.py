@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impl.caraserve.cpu_prefill import CPULoRAWorker, InlineCPU
+from impl.caraserve.cpu_prefill import CPULoRAWorker
 from impl.common.llm.engine import EngineRequest, ServingEngine, run_alone
+from impl.common.llm.forward import InlineCPU
 from impl.common.llm.lora import LoRABatch
 from impl.common.llm.pool import AdapterNotResident, AdapterPool
 from impl.common.llm.scheduler import SchedulerConfig

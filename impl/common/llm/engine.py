@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from impl.common.llm.forward import CPUPath, Item, KVCache, ragged_forward
+from impl.common.llm.forward import CPUPath, InlineCPU, Item, KVCache, ragged_forward
 from impl.common.llm.kernels import check_kernel_rank
 from impl.common.llm.lora import HostAdapter, LoRABatch, group_of_layer, layer_groups, merge_adapter, unmerge_adapter
 from impl.common.llm.metrics import RequestRecord
@@ -165,8 +165,6 @@ class ServingEngine:
         self.group_of = group_of_layer(self.num_layers, cfg.load_groups)
         self.loader = Loader(adapters, self.sched, self.num_layers, cfg.load_groups, self.device, seconds_for)
         if cpu is None and cfg.policy == "caraserve":
-            from impl.caraserve.cpu_prefill import InlineCPU
-
             cpu = InlineCPU(adapters)  # cpu_workers: 0 -> the CPU path runs in-process
         self.cpu = cpu
         self.check_residency = check_residency

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from impl.common.llm.kernels import lora_delta
 from impl.common.llm.lora import LoRABatch, MultiLoRALinear
 
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -64,6 +65,34 @@ class CPUPath:
     def __init__(self, decide: Callable[[int, int], bool], submit: Callable):
         self.decide = decide
         self.submit = submit
+
+
+class InlineCPU:
+    """The plain CPU path: each ``submit`` computes the deltas in this process, at once.
+
+    Same interface as CaraServe's CPU LoRA worker process (:mod:`impl.caraserve.cpu_prefill`);
+    the engine falls back to it when no worker is passed in (tests, ``cpu_workers: 0``).
+    """
+
+    class _Done:
+        def __init__(self, deltas):
+            self.deltas = deltas
+
+        def wait(self):
+            return self.deltas
+
+    def __init__(self, adapters: dict):
+        self.adapters = adapters
+        self.jobs = 0
+        self.wait_s = 0.0
+
+    def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor):
+        ad = self.adapters[adapter]
+        self.jobs += 1
+        return self._Done([lora_delta(x, ad.A[s][layer], ad.B[s][layer], ad.scale) for s in sites])
+
+    def close(self):
+        pass
 
 
 @torch.no_grad()

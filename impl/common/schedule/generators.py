@@ -8,7 +8,7 @@ per-stage order.
 * ``1f1b``: Megatron non-interleaved: stage i runs ``min(S−i−1, N)`` warm-up forwards, then
   alternates F and fused BW, then drains the remaining BWs.
 * ``zb``: the delay-blind Zero Bubble baseline with split B/W. Our construction [R]: the same
-  greedy list scheduler as ADAPTRA's Alg. 3/4 (:mod:`impl.adaptra.builder`), run with unit op
+  greedy list scheduler as ADAPTRA's Alg. 3/4 (:mod:`impl.common.schedule.list_scheduler`), run with unit op
   times and zero link delays, with warm-up quotas :func:`zb_warmup` = Alg. 1 at
   ``x_max = min(N, 2S−1)``, i.e. ``x_i = 2(S−i)−1``: slack 2 on every link and at most 2S−1
   stored activations, within the artifact's ZB memory limit of 2S. Slack 2 (not the 3 that
@@ -23,6 +23,8 @@ from typing import Callable
 
 from impl.common.api import ConfigError
 from impl.common.schedule.ir import Action, Op, Schedule
+from impl.common.schedule.list_scheduler import build_schedule
+from impl.common.schedule.warmup import initial_warmup
 
 
 def _check_sizes(num_stages: int, num_microbatches: int) -> None:
@@ -61,16 +63,12 @@ def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
 
 def zb_warmup(num_stages: int, num_microbatches: int) -> list[int]:
     """ZB baseline warm-up quotas: Alg. 1 at ``x_max = min(N, 2S−1)`` (see module docstring)."""
-    from impl.adaptra.plan import initial_warmup
-
     _check_sizes(num_stages, num_microbatches)
     return initial_warmup(num_stages, min(num_microbatches, 2 * num_stages - 1))
 
 
 def zero_bubble(num_stages: int, num_microbatches: int) -> Schedule:
     """Delay-blind ZB schedule (B/W split) from the list scheduler with unit op times, c = 0."""
-    from impl.adaptra.builder import build_schedule
-
     S = num_stages
     warmup = zb_warmup(S, num_microbatches)
     ones = [1.0] * S

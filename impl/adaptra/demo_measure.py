@@ -1,7 +1,7 @@
 """Manual measurement of the spec section 5 real experiment (not a test).
 
-    python -m impl.common.runtime.demo_measure                 # c = 6t = 120 ms on link (0, 1)
-    python -m impl.common.runtime.demo_measure --delay-ms 60 --link 2 --n 24
+    python -m impl.adaptra.demo_measure                 # c = 6t = 120 ms on link (0, 1)
+    python -m impl.adaptra.demo_measure --delay-ms 60 --link 2 --n 24
 
 Setup (spec section 5): 4 processes = 4 stages, 2 tiny transformer blocks each (d=64, seq 32,
 micro-batch 2), torch threads 1, each F/B/W sleep-padded to t (default 20 ms). Variants:
@@ -15,33 +15,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
-from impl.common.schedule.ir import Schedule
-
-
-@dataclass
-class AdaptraScheduleFn:
-    """ADAPTRA's schedule for the delays the runtime hands over (uniform op time ``op_s``)."""
-
-    num_stages: int
-    num_microbatches: int
-    op_s: float
-    formula: str = "paper"
-
-    def __call__(self, iteration: int, delays: dict) -> Schedule:
-        from impl.adaptra.builder import adaptra_schedule
-
-        S, t = self.num_stages, self.op_s
-        c = [float(delays.get((i, i + 1), 0.0)) for i in range(S - 1)]
-        schedule, _ = adaptra_schedule([t] * S, [t] * S, [t] * S, c, self.num_microbatches, formula=self.formula)
-        return schedule
-
 
 def main(argv=None) -> None:
-    from impl.common.runtime.demo_measure import AdaptraScheduleFn as Adaptra  # importable by workers
+    from impl.adaptra.real import AdaptraPlanner
     from impl.common.runtime.executor import NamedSchedule, run_pipeline
     from impl.common.workloads.pipeline import ModelShape, PipelineWorkload
 
@@ -66,7 +45,8 @@ def main(argv=None) -> None:
         "a": ("1F1B + inline", NamedSchedule("1f1b", S, N), "inline"),
         "b": ("ZB + FIFO(Q=1)", NamedSchedule("zb", S, N), "fifo"),
         "c": (f"ZB + delegated(K={args.delegates})", NamedSchedule("zb", S, N), "delegated"),
-        "d": (f"ADAPTRA + delegated(K={args.delegates})", Adaptra(S, N, t), "delegated"),
+        "d": (f"ADAPTRA + delegated(K={args.delegates})", AdaptraPlanner(t, S, N, formula="paper", steps_per_op=30),
+              "delegated"),
     }
     chosen = [v.strip() for v in args.variants.split(",")]
     delays_ms = ([0.0] if not args.no_zero else []) + [args.delay_ms]

@@ -1,4 +1,7 @@
-"""Alg. 1: the initial (delay-blind) warm-up plan.
+"""Even-slack warm-up quotas: ADAPTRA's Alg. 1, the initial (delay-blind) warm-up plan.
+
+Shared: ADAPTRA's schedule starts from it and the ZB baseline (:func:`impl.common.schedule.
+generators.zb_warmup`) is exactly it at ``x_max = min(N, 2S−1)``.
 
 With no delay information the best a schedule can do is spread the activation budget evenly
 over the links, because the slack ``Δ_i = x_i − x_{i+1}`` of a link is what absorbs a later

@@ -1,0 +1,1 @@
+"""FISEdit: cache-enabled sparse diffusion inference for prompt edits (Yu et al., AAAI 2024)."""
