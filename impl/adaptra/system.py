@@ -4,7 +4,8 @@
 |-------------|----------------------------------|---------------------------------------|
 | adaptra     | Alg. 2 + Alg. 3/4, delay-aware   | host delegates once a delay is seen   |
 | adaptra_cpu | ZB, delay-blind                  | host delegates once a delay is seen   |
-| zb          | ZB, delay-blind                  | in-stream FIFO, depth 1 (HOL)         |
+| zb          | ZB, delay-blind, <= 2S-1 stored  | in-stream FIFO, depth 1 (HOL)         |
+| zb_uncapped | ZB, delay-blind, no act. cap     | in-stream FIFO, depth 1 (HOL)         |
 | 1f1b        | Megatron 1F1B                    | in-stream FIFO, depth 1 (HOL)         |
 
 Sim mode replays each iteration's schedule in the discrete-event simulator; real mode runs it
@@ -36,7 +37,7 @@ from impl.common.schedule.comm import insert_comm
 from impl.common.schedule.generators import generate
 from impl.common.schedule.ir import Schedule
 
-SCHEDULES = ("adaptra", "zb", "1f1b", "gpipe")
+SCHEDULES = ("adaptra", "zb", "zb_uncapped", "1f1b", "gpipe")
 # latency: no queueing at all (the spec's "simulator reference", sim only).
 COMMS = ("inline", "in_stream", "delegated", "latency")
 DELEGATE_WHEN = ("always", "on_delay")
@@ -121,6 +122,11 @@ class PipelineTraining(System):
             sched, warmup = adaptra_schedule(tF, tB, tW, c, N, formula=self.cfg.adapt_formula,
                                              steps_per_op=self.cfg.steps_per_op)
             return sched, warmup
+        if self.cfg.schedule == "zb_uncapped":
+            # The paper's simulator builds its uncapped ZB from the profiled op times (at c = 0).
+            from impl.common.schedule.generators import zero_bubble_uncapped
+
+            return zero_bubble_uncapped(S, N, tF, tB, tW, steps_per_op=self.cfg.steps_per_op), None
         return generate(self.cfg.schedule, S, N), None
 
     def check(self, mode, wl, hardware, fault) -> None:

@@ -16,13 +16,16 @@ SMALL = ["mode=real", "workload=pipeline_s4", "workload.num_microbatches=6", "wo
 
 
 def test_every_variant_trains_the_same_model(tmp_path):
-    results = {s: run_job([f"system={s}", *SMALL], tmp_path / s) for s in ("1f1b", "zb", "adaptra_cpu", "adaptra")}
+    results = {s: run_job([f"system={s}", *SMALL], tmp_path / s) for s in ("1f1b", "zb", "zb_uncapped", "adaptra_cpu", "adaptra")}
     digests = {s: r.info["params_sha256"] for s, r in results.items()}
     assert len(set(digests.values())) == 1, digests  # bitwise-equal final parameters
     losses = {s: r.info["losses_last_iteration"] for s, r in results.items()}
     assert all(v == losses["zb"] for v in losses.values()), losses
     assert results["adaptra"].info["comm_paths"] == ["delegated"] * 3
     assert results["zb"].info["comm_paths"] == ["fifo"] * 3
+    # N = 6 < 2S−1: the uncapped ZB stores more activations on stage 1 than the capped one
+    peak = {s: results[s].info["peak_in_flight"] for s in ("zb", "zb_uncapped")}
+    assert peak["zb_uncapped"] != peak["zb"], peak
     assert any("padded with sleep" in e for e in results["adaptra"].emulated)
 
 

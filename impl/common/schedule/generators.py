@@ -16,6 +16,14 @@ per-stage order.
   time is absorbed, two are not (§5: 750/760/880 ms at c = 0/10/20 ms, t = 10 ms). With
   uniform op times, c = 0 and N ≥ 2S−1 this is exactly ADAPTRA's schedule, as the equal
   no-delay times in the paper imply.
+* ``zb_uncapped``: the ZB of the paper's own simulator [C] (PipeMorph
+  ``pipeline_simulator/policy.py:ZeroBubblePolicy``): the same list scheduler with no warm-up
+  quota and no activation cap, B > F > W among ready ops, built once at c = 0. Stage 0 runs
+  forwards until its first B arrives, so its stored activations follow the op times, not 2S−1.
+  With uniform op times and N ≥ 2S−1 it is exactly ``zb`` (the first B reaches stage i after
+  ``2(S−i)−1`` forwards either way); with tB > tF it stores more and absorbs more delay. The
+  artifact builds it with the profiled op times: :func:`zero_bubble_uncapped` takes them
+  (the sim system passes the stage costs); the ``(S, N)`` generator uses unit times.
 """
 from __future__ import annotations
 
@@ -76,10 +84,25 @@ def zero_bubble(num_stages: int, num_microbatches: int) -> Schedule:
                           num_microbatches=num_microbatches, steps_per_op=1)
 
 
+def zero_bubble_uncapped(num_stages: int, num_microbatches: int, tF=None, tB=None, tW=None, *,
+                         steps_per_op: int = 30) -> Schedule:
+    """The paper simulator's delay-blind ZB: no activation cap, built with these op times
+    (unit times when omitted), c = 0 (see module docstring)."""
+    from impl.adaptra.builder import build_schedule
+
+    _check_sizes(num_stages, num_microbatches)
+    S = num_stages
+    ones = [1.0] * S
+    return build_schedule(ones if tF is None else tF, ones if tB is None else tB, ones if tW is None else tW,
+                          [0.0] * (S - 1), [1] * S, num_microbatches=num_microbatches,
+                          steps_per_op=steps_per_op, wait_first_backward=False, limit_inflight=False)
+
+
 GENERATORS: dict[str, Callable[[int, int], Schedule]] = {
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
     "zb": zero_bubble,
+    "zb_uncapped": zero_bubble_uncapped,
 }
 
 
