@@ -88,7 +88,6 @@ def zero_bubble_uncapped(num_stages: int, num_microbatches: int, tF=None, tB=Non
                          steps_per_op: int = 30) -> Schedule:
     """The paper simulator's delay-blind ZB: no activation cap, built with these op times
     (unit times when omitted), c = 0 (see module docstring)."""
-    from impl.adaptra.builder import build_schedule
 
     _check_sizes(num_stages, num_microbatches)
     S = num_stages
