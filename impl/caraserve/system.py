@@ -31,7 +31,8 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.llm.kernels import PUNICA_RANKS
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.scheduler import POLICIES, SchedulerConfig, SReq
-from impl.common.servesim.cost import ServingCostConfig
+from impl.common.llm.model import check_llama_shape
+from impl.common.servesim.cost import ServingCost, ServingCostConfig
 from impl.common.traces import Trace, TraceSpec, generate_trace, load_trace
 
 ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
@@ -125,10 +126,14 @@ class ServingSystem(System):
         kind = getattr(workload, "kind", None)
         if kind != "serving":
             raise ConfigError(f"workload.kind: {self.name} needs a 'serving' workload, got {kind!r}")
-        if mode == "sim" and (hardware.host_link_bw_bytes_per_s <= 0 or hardware.memory_bw_bytes_per_s <= 0):
-            raise ConfigError(f"hardware.{hardware.name}: host_link_bw_bytes_per_s and memory_bw_bytes_per_s must be "
-                              f"> 0 for serving sim (got {hardware.host_link_bw_bytes_per_s}, "
-                              f"{hardware.memory_bw_bytes_per_s})")
+        if mode == "sim":
+            if hardware.host_link_bw_bytes_per_s <= 0 or hardware.memory_bw_bytes_per_s <= 0:
+                raise ConfigError(f"hardware.{hardware.name}: host_link_bw_bytes_per_s and memory_bw_bytes_per_s must "
+                                  f"be > 0 for serving sim (got {hardware.host_link_bw_bytes_per_s}, "
+                                  f"{hardware.memory_bw_bytes_per_s})")
+            ServingCost.from_profile(workload.paper_model, hardware, self.cfg.cost, tp=workload.tp)  # its checks
+        else:
+            check_llama_shape(workload.model)
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "sim":

@@ -17,11 +17,8 @@ from impl.common.workloads.pipeline import ModelShape
 SITES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def llama_config(shape: ModelShape):
-    """The ``transformers.LlamaConfig`` of a LLaMA shape (``ffn_hidden`` = intermediate_size,
-    ``seq_len`` = max_position_embeddings)."""
-    from transformers import LlamaConfig
-
+def check_llama_shape(shape: ModelShape) -> None:
+    """What :func:`llama_config` needs of a shape (a system's preflight calls it too)."""
     if shape.ffn_hidden < 1:
         raise ConfigError(f"model.ffn_hidden: a Llama needs its SwiGLU width (> 0), got {shape.ffn_hidden}")
     if shape.hidden % shape.heads:
@@ -30,6 +27,14 @@ def llama_config(shape: ModelShape):
         raise ConfigError(f"model.heads {shape.heads} is not divisible by model.kv_heads {shape.num_kv_heads}")
     if shape.vocab < 260:
         raise ConfigError(f"model.vocab must be >= 260 for the byte tokenizer, got {shape.vocab}")
+
+
+def llama_config(shape: ModelShape):
+    """The ``transformers.LlamaConfig`` of a LLaMA shape (``ffn_hidden`` = intermediate_size,
+    ``seq_len`` = max_position_embeddings)."""
+    from transformers import LlamaConfig
+
+    check_llama_shape(shape)
     return LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.ffn_hidden,
                        num_hidden_layers=shape.num_layers, num_attention_heads=shape.heads,
                        num_key_value_heads=shape.num_kv_heads, vocab_size=shape.vocab,
