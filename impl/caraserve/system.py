@@ -58,7 +58,7 @@ class ServingSystem(System):
         # round (a gate compares medians measured side by side).
         interleave: List[str] = field(default_factory=list)
         # Sim cost model knobs [R], units and sources in impl/common/servesim/cost.py
-        # (system.cost.bgmv_efficiency=...).
+        # (+system.cost.bgmv_efficiency=...).
         cost: ServingCostConfig = field(default_factory=ServingCostConfig)
         # Rank-aware router: fitted model must reach this R^2; SLO violation penalty (s).
         min_r2: float = 0.9
