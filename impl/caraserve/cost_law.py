@@ -241,7 +241,7 @@ class CostLaw(System):
         info = {"laws": {"max_r": "T = a0 + a1 B + a2 B max r", "sum_r": "T = a0 + a1 B + a2 sum r",
                          "_chunked": f"r rounded up to a multiple of {RANK_CHUNK} in the features"},
                 "coef_order": ["a0", "a1", "a2"], "kernels": per_kernel,
-                "model": {"hidden_size": wl.model.hidden_size, "num_hidden_layers": wl.model.num_hidden_layers},
+                "model": {"hidden": wl.model.hidden, "num_layers": wl.model.num_layers},
                 "torch_threads": wl.torch_threads, "context_len": c.context_len, "repeats": c.repeats,
                 "samples": [{"B": len(m), "rank_counts": {str(r): m.count(r) for r in sorted(set(m))},
                              **{f"{k}_s": times[k][i] for k in c.kernels}} for i, m in enumerate(mixes)]}

@@ -32,7 +32,7 @@ def latency_ratios(records, base: str = "slora", mine: str = "caraserve") -> dic
     point where both policies have a record; ``flagged`` when either run was marked invalid."""
     lat, flagged = {}, set()
     for r in _ok(records, "latency_mean_s", flagged=True):
-        key = (_trace(r)["rate_rps"], _trace(r)["output_median"], r["config"]["system"]["load_overhead_s"])
+        key = (_trace(r)["rate_rps"], _trace(r)["output_median"], r["config"]["system"]["cost"]["load_overhead_s"])
         lat[(key, r["config"]["system"]["policy"])] = r["metrics"]["latency_mean_s"]["value"]
         if r["status"] != "ok":
             flagged.add(key)

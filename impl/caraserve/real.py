@@ -82,7 +82,7 @@ def run_real(system, job: JobContext) -> RunResult:
     emulate = device == "cpu"
     hw = job.hardware
     seconds_for = (lambda a: wl.load_rho * t_prefill * bytes_of[a] / mean_bytes) if emulate else None
-    a10_load = mean_bytes / (hw.host_link_bw_bytes_per_s * c.h2d_efficiency) if hw.host_link_bw_bytes_per_s else 0.0
+    a10_load = mean_bytes / (hw.host_link_bw_bytes_per_s * c.cost.h2d_efficiency) if hw.host_link_bw_bytes_per_s else 0.0
 
     reqs = [EngineRequest(rid=r.rid, arrival_s=r.arrival_s, adapter=r.adapter, prompt=prompts[i],
                           output_len=r.output_len, slo_tpot_s=slo) for i, r in enumerate(trace.requests)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from impl.caraserve.cost_model import fit, profile_grid
 from impl.caraserve.router import make_router
-from impl.common.api import ConfigError, JobContext, Metric, RunResult
+from impl.common.api import JobContext, Metric, RunResult
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.scheduler import SReq
 from impl.common.plots.save import save_png
@@ -12,13 +12,7 @@ from impl.common.servesim import ServingCost, simulate
 
 def build_cost(system, job: JobContext) -> ServingCost:
     c, wl, hw = system.cfg, job.workload, job.hardware
-    if hw.host_link_bw_bytes_per_s <= 0 or hw.memory_bw_bytes_per_s <= 0:
-        raise ConfigError(f"hardware.{hw.name}: host_link_bw_bytes_per_s and memory_bw_bytes_per_s must be > 0 for serving sim")
-    return ServingCost.from_profile(
-        wl.paper_model, hw, tp=wl.tp, h2d_bytes_per_s=hw.host_link_bw_bytes_per_s * c.h2d_efficiency,
-        h2d_tensor_overhead_s=c.h2d_tensor_overhead_s, cpu_flops_per_core=c.cpu_flops_per_core, cpu_cores=c.cpu_cores,
-        cpu_sync_s=c.cpu_sync_s, bgmv_efficiency=c.bgmv_efficiency, mbgmv_efficiency=c.mbgmv_efficiency,
-        iteration_overhead_s=c.iteration_overhead_s, load_overhead_s=c.load_overhead_s)
+    return ServingCost.from_profile(wl.paper_model, hw, c.cost, tp=wl.tp)
 
 
 def _requests(trace) -> list[SReq]:

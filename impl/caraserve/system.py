@@ -31,6 +31,8 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.llm.kernels import PUNICA_RANKS
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.scheduler import POLICIES, SchedulerConfig, SReq
+from impl.common.llm.model import check_llama_shape
+from impl.common.servesim.cost import ServingCost, ServingCostConfig
 from impl.common.traces import Trace, TraceSpec, generate_trace, load_trace
 
 ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
@@ -55,19 +57,9 @@ class ServingSystem(System):
         # Real mode: other policies run in the same job on the same trace, rotating order per
         # round (a gate compares medians measured side by side).
         interleave: List[str] = field(default_factory=list)
-        # Sim cost model knobs [R] (see impl/common/servesim/cost.py for units and sources).
-        h2d_efficiency: float = 0.69
-        h2d_tensor_overhead_s: float = 20e-6
-        cpu_cores: int = 32
-        cpu_flops_per_core: float = 40e9
-        cpu_sync_s: float = 100e-6
-        bgmv_efficiency: float = 1.0
-        mbgmv_efficiency: float = 0.5
-        iteration_overhead_s: float = 1e-3
-        # Fixed software cost per adapter load on top of bytes/bandwidth (0 = roofline only).
-        # The paper observes ONDMD stalls of ~29% of serving time at 9 RPS (spec 1), which the
-        # roofline load (~8 ms per mean adapter) does not reproduce; see README "calibration".
-        load_overhead_s: float = 0.0
+        # Sim cost model knobs [R], units and sources in impl/common/servesim/cost.py
+        # (+system.cost.bgmv_efficiency=...).
+        cost: ServingCostConfig = field(default_factory=ServingCostConfig)
         # Rank-aware router: fitted model must reach this R^2; SLO violation penalty (s).
         min_r2: float = 0.9
         penalty_s: float = 1.0
@@ -130,9 +122,20 @@ class ServingSystem(System):
             return trace.validate(PUNICA_RANKS, "Punica BGMV")
         return trace.validate()
 
+    def check(self, mode, workload, hardware, fault) -> None:
+        kind = getattr(workload, "kind", None)
+        if kind != "serving":
+            raise ConfigError(f"workload.kind: {self.name} needs a 'serving' workload, got {kind!r}")
+        if mode == "sim":
+            if hardware.host_link_bw_bytes_per_s <= 0 or hardware.memory_bw_bytes_per_s <= 0:
+                raise ConfigError(f"hardware.{hardware.name}: host_link_bw_bytes_per_s and memory_bw_bytes_per_s must "
+                                  f"be > 0 for serving sim (got {hardware.host_link_bw_bytes_per_s}, "
+                                  f"{hardware.memory_bw_bytes_per_s})")
+            ServingCost.from_profile(workload.paper_model, hardware, self.cfg.cost, tp=workload.tp)  # its checks
+        else:
+            check_llama_shape(workload.model)
+
     def run(self, job: JobContext) -> RunResult:
-        if job.workload.kind != "serving":
-            raise ConfigError(f"workload.kind: {self.name} needs a 'serving' workload, got {job.workload.kind!r}")
         if job.mode == "sim":
             from impl.caraserve.sim import run_sim
 

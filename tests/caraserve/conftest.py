@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from impl.common.llm.lora import AdapterSpec, adapters_from_peft, make_peft_model
-from impl.common.llm.model import LlamaShape, build_llama
+from impl.common.llm.model import build_llama
+from impl.common.workloads.serving import LlamaShape
 
-SHAPE = LlamaShape(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=4, vocab_size=300)
+SHAPE = LlamaShape(hidden=64, ffn_hidden=128, num_layers=4, heads=4, kv_heads=4, vocab=300)
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,10 @@ import pytest
 from impl.caraserve.cost_model import PoorFitError, fit, profile_grid
 from impl.caraserve.router import make_router
 from impl.common.servesim import ServingCost
+from impl.common.workloads.serving import PaperModel
 
-COST = ServingCost(hidden=4096, num_layers=32, intermediate=11008, heads=32, kv_heads=32, vocab=32000)
+COST = ServingCost(model=PaperModel(name="llama2-7b", num_layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008,
+                                     vocab=32000))
 
 
 @pytest.mark.parametrize("kernel", ["bgmv", "mbgmv"])

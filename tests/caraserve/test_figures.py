@@ -9,7 +9,7 @@ def rec(policy, rate, out, overhead, latency, status="ok", name=None, slo=None):
     if slo is not None:
         metrics["slo_attainment"] = {"value": slo}
     return {"status": status, "system": name or policy, "metrics": metrics,
-            "config": {"system": {"policy": policy, "load_overhead_s": overhead},
+            "config": {"system": {"policy": policy, "cost": {"load_overhead_s": overhead}},
                        "workload": {"trace": {"rate_rps": rate, "output_median": out}}}}
 
 

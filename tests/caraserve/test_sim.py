@@ -11,6 +11,7 @@ from impl.caraserve.sim import build_cost, simulate_policy
 from impl.caraserve.system import ServingSystem
 from impl.common.api import ConfigError, JobContext
 from impl.common.hardware import HardwareProfile
+from impl.common.servesim.cost import ServingCostConfig
 from impl.common.workloads.serving import ServingAdapters, ServingTrace, ServingWorkload
 
 A10 = HardwareProfile(name="a10", peak_flops={"fp16": 125e12}, memory_bytes=24 * 2**30, memory_bw_bytes_per_s=600e9,
@@ -82,8 +83,8 @@ def test_concurrent_cold_starts_cost_caraserve_time(tmp_path, seed):
 
 def test_fewer_host_cores_slow_the_cpu_path(tmp_path):
     j = burst_job(tmp_path, 0)
-    t32 = mean_ttft(system(cpu_cores=32), j, ("caraserve",))["caraserve"]
-    t8 = mean_ttft(system(cpu_cores=8), j, ("caraserve",))["caraserve"]
+    t32 = mean_ttft(system(cost=ServingCostConfig(cpu_cores=32)), j, ("caraserve",))["caraserve"]
+    t8 = mean_ttft(system(cost=ServingCostConfig(cpu_cores=8)), j, ("caraserve",))["caraserve"]
     assert t8 > t32 * 1.1
 
 

@@ -21,8 +21,11 @@ from impl.common.cost import (
     stage_grad_bytes,
     tp_allreduce_time_s,
 )
+from impl.common.cost.transformer import layer_fwd_flops, layer_matrix_params
 from impl.common.hardware import HardwareProfile
+from impl.common.servesim.cost import ServingCost
 from impl.common.workloads.pipeline import ModelShape
+from impl.common.workloads.serving import LlamaShape, PaperModel
 
 
 @pytest.fixture
@@ -65,10 +68,66 @@ def test_bytes_and_params():
     with pytest.raises(ConfigError, match="dtype 'int3'"):
         bytes_per_elem("int3")
     h = 768
-    assert layer_params(h) == 12 * h * h + 13 * h
     m = ModelShape(num_layers=12, hidden=h, vocab=50257, seq_len=1024)
-    assert model_params(m) == pytest.approx(124e6, rel=0.01)  # GPT-2 small
-    assert sum(stage_grad_bytes(m, 4, "fp16")) == 12 * layer_params(h) * 2
+    assert layer_params(m) == 12 * h * h + 13 * h
+    assert model_params(m) == 124_439_808  # GPT-2 small, as published (tied LM head)
+    assert sum(stage_grad_bytes(m, 4, "fp16")) == 12 * layer_params(m) * 2
+
+
+# Published parameter counts of Llama 2 (no biases, SwiGLU, untied LM head; 70B uses 8 KV heads).
+@pytest.mark.parametrize("shape, published", [
+    (PaperModel(name="llama2-7b"), 6_738_415_616),
+    (PaperModel(name="llama2-13b", num_layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=13824), 13_015_864_320),
+    (PaperModel(name="llama2-70b", num_layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672), 68_976_648_192),
+])
+def test_llama_param_counts_match_the_published_ones(shape, published):
+    assert model_params(shape) == published
+    # A SwiGLU layer is not a 4h MLP: the count follows ffn_hidden (3 matrices) and the KV heads.
+    h, f, kv = shape.hidden, shape.ffn_hidden, shape.kv_hidden
+    assert layer_params(shape) == 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    assert layer_fwd_flops(shape, 1) == 2 * shape.seq_len * layer_matrix_params(shape) + 4 * shape.seq_len ** 2 * h
+
+
+def _numel(module, matrices_only=False) -> int:
+    return sum(p.numel() for p in module.parameters() if not matrices_only or p.dim() == 2)
+
+
+def test_gpt_layer_params_equal_the_built_tiny_gpt():
+    from impl.common.models.tiny_gpt import TinyGPT
+
+    shape = ModelShape(num_layers=2, hidden=32, heads=4, ffn_mult=3, vocab=64, seq_len=16)
+    model = TinyGPT(shape, seed=0)
+    assert layer_params(shape) == _numel(model.blocks[0])
+    assert layer_matrix_params(shape) == _numel(model.blocks[0], matrices_only=True)
+
+
+def test_swiglu_gqa_params_equal_the_built_tiny_llama():
+    from impl.common.llm.model import build_llama
+
+    shape = LlamaShape(num_layers=3, hidden=64, heads=4, kv_heads=2, ffn_hidden=176, vocab=300, seq_len=128)
+    model = build_llama(shape)
+    layer = model.model.layers[0]
+    assert layer_params(shape) == _numel(layer)
+    assert layer_matrix_params(shape) == _numel(layer, matrices_only=True)
+    assert model_params(shape) == _numel(model)
+    # The serving cost counts the same matrices.
+    assert ServingCost(model=PaperModel(**{k: getattr(shape, k) for k in ("num_layers", "hidden", "heads", "kv_heads",
+                                                                            "ffn_hidden", "vocab")})).layer_params \
+        == layer_matrix_params(shape)
+
+
+def test_swiglu_stage_costs_and_grad_bytes_follow_ffn_hidden(h800):
+    gpt = ModelShape(num_layers=8, hidden=1024, heads=8, ffn_mult=4, vocab=32000, seq_len=512)
+    # Same width as a 4h GPT MLP, but SwiGLU has 3 matrices: 1.5x the MLP weights and FLOPs.
+    llama = ModelShape(num_layers=8, hidden=1024, heads=8, ffn_hidden=4096, vocab=32000, seq_len=512)
+    h, f = 1024, 4096
+    assert layer_matrix_params(llama) - layer_matrix_params(gpt) == h * f
+    g_gpt, g_llama = stage_grad_bytes(gpt, 2, "fp16"), stage_grad_bytes(llama, 2, "fp16")
+    assert g_llama[0] == 4 * layer_params(llama) * 2 and g_llama[0] > g_gpt[0]
+    c_gpt, c_llama = stage_costs(gpt, 2, 1, "fp16", 1, h800), stage_costs(llama, 2, 1, "fp16", 1, h800)
+    assert c_llama.tf_s[0] == pytest.approx(4 * layer_fwd_flops(llama, 1) / h800.flops("fp16"))
+    assert c_llama.tf_s[0] > c_gpt.tf_s[0]
+    assert c_gpt.tf_s[0] == pytest.approx(4 * forward_flops_per_layer(1, 512, h) / h800.flops("fp16"))
 
 
 def test_ring_allreduce_and_tp_costs(h800):

@@ -11,10 +11,10 @@ from impl.common.llm import kernels as K
 from impl.common.llm.forward import Item, KVCache, ragged_forward
 from impl.common.llm.lora import (AdapterSpec, LoRABatch, adapters_from_peft, load_peft_model, make_peft_model,
                                   merge_adapter, save_adapters, unmerge_adapter)
-from impl.common.llm.model import LlamaShape, build_llama, build_tokenizer, encode_bytes
+from impl.common.llm.model import build_llama, build_tokenizer, encode_bytes
+from impl.common.workloads.serving import LlamaShape
 
-SHAPE = LlamaShape(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                   num_key_value_heads=2, vocab_size=300)
+SHAPE = LlamaShape(hidden=64, ffn_hidden=128, num_layers=3, heads=4, kv_heads=2, vocab=300)
 SPECS = [AdapterSpec("r8", 8), AdapterSpec("r16", 16), AdapterSpec("r32", 32), AdapterSpec("r64", 64)]
 
 

@@ -1,9 +1,12 @@
 """Closed-form transformer costs (spec adaptra §6): FLOPs, bytes, parameters, per-stage op times.
 
 Conventions, kept deliberately simple so a reader can audit every number:
-- Forward FLOPs of one layer = (8 + 4·ffn_mult)·b·s·h² + 4·b·s²·h, which is the spec's
-  24·b·s·h² + 4·b·s²·h at ffn_mult = 4 (QKV+O projections 8bsh², MLP 16bsh², scores and
-  weighted values 4bs²h).
+- Forward FLOPs of one layer = 2·b·s·(weight-matrix parameters) + 4·b·s²·h; for a GPT
+  shape that is (8 + 4·ffn_mult)·b·s·h² + 4·b·s²·h, the spec's 24·b·s·h² + 4·b·s²·h at
+  ffn_mult = 4 (QKV+O projections 8bsh², MLP 16bsh², scores and weighted values 4bs²h).
+- A shape is GPT (GELU MLP of ffn_mult·h, biases, LayerNorms) when ``ffn_hidden`` is 0 and
+  LLaMA (SwiGLU MLP of ffn_hidden, no biases, RMSNorms, grouped-query K/V) otherwise; every
+  count below follows that one switch.
 - Backward is split as in ZeroBubble: B (input gradient) ≈ W (weight gradient) ≈ F FLOPs, so
   a full backward is 2F.
 - Embedding and LM head are not counted (spec §6 costs layers only).
@@ -35,39 +38,58 @@ def forward_flops_per_layer(micro_batch_size: int, seq_len: int, hidden: int, ff
     return float((8 + 4 * ffn_mult) * b * s * h * h + 4 * b * s * s * h)
 
 
+def is_swiglu(model) -> bool:
+    return bool(getattr(model, "ffn_hidden", 0))
+
+
 def ffn_size(model) -> int:
     """MLP width: the SwiGLU width when set, else ffn_mult * hidden (GPT)."""
-    return int(model.ffn_hidden) if getattr(model, "ffn_hidden", 0) else int(model.ffn_mult * model.hidden)
+    return int(model.ffn_hidden) if is_swiglu(model) else int(model.ffn_mult * model.hidden)
 
 
-def layer_fwd_flops(model, micro_batch_size: int) -> float:
-    """Forward FLOPs of one layer of ``model``: b·s·(8h² + MLP) + 4·b·s²·h, MLP = 6hf for
-    SwiGLU (3 matrices) or 4hf for GPT (2); equals :func:`forward_flops_per_layer` for GPT."""
-    b, s, h, f = micro_batch_size, model.seq_len, model.hidden, ffn_size(model)
-    mlp = 6 * h * f if getattr(model, "ffn_hidden", 0) else 4 * h * f
-    return float(b * s * (8 * h * h + mlp) + 4 * b * s * s * h)
+def kv_size(model) -> int:
+    """Width of the K (and V) projection: hidden for multi-head attention, less with GQA."""
+    return int(model.kv_hidden) if hasattr(model, "kv_hidden") else int(model.hidden)
 
 
 def layer_matrix_params(model) -> int:
-    """Weight-matrix parameters of one layer (no biases/norms): 4h² + (3 or 2)·h·f."""
-    h, f = model.hidden, ffn_size(model)
-    return 4 * h * h + (3 if getattr(model, "ffn_hidden", 0) else 2) * h * f
+    """Weight-matrix parameters of one layer (no biases/norms): Q and O h² each, K and V
+    h·kv each (4h² without GQA), plus the MLP's (3 or 2)·h·f."""
+    h, f, kv = model.hidden, ffn_size(model), kv_size(model)
+    return 2 * h * h + 2 * h * kv + (3 if is_swiglu(model) else 2) * h * f
+
+
+def layer_params(model) -> int:
+    """All parameters of one layer. GPT: the matrices, a bias on each projection
+    (2h + 2kv + f + h) and two LayerNorms (4h), i.e. (4 + 2·ffn_mult)h² + (9 + ffn_mult)h;
+    LLaMA: the matrices and two RMSNorm weights (2h), no biases."""
+    h, f, kv = model.hidden, ffn_size(model), kv_size(model)
+    if is_swiglu(model):
+        return layer_matrix_params(model) + 2 * h
+    return layer_matrix_params(model) + (2 * h + 2 * kv + f + h) + 4 * h
+
+
+def model_params(model) -> int:
+    """Layers, embeddings and the final norm. GPT (GPT-2's layout): token and position
+    embeddings, LM head tied to the token embedding, final LayerNorm (2h). LLaMA (HF
+    ``LlamaForCausalLM`` untied, as :func:`impl.common.llm.model.build_llama` builds it):
+    token embedding, LM head, final RMSNorm (h); rotary positions have no table."""
+    h, v = model.hidden, model.vocab
+    edges = 2 * v * h + h if is_swiglu(model) else (v + model.seq_len) * h + 2 * h
+    return model.num_layers * layer_params(model) + edges
+
+
+def layer_fwd_flops(model, micro_batch_size: int) -> float:
+    """Forward FLOPs of one layer of ``model``: 2·b·s·(matrix params) + 4·b·s²·h, i.e.
+    b·s·(8h² + MLP) + 4·b·s²·h with MLP = 6hf for SwiGLU (3 matrices) or 4hf for GPT (2);
+    equals :func:`forward_flops_per_layer` for GPT."""
+    b, s, h = micro_batch_size, model.seq_len, model.hidden
+    return float(2 * b * s * layer_matrix_params(model) + 4 * b * s * s * h)
 
 
 def activation_msg_bytes(micro_batch_size: int, seq_len: int, hidden: int, dtype: str) -> float:
     """Bytes of one pipeline message (activation forward or its gradient backward)."""
     return float(micro_batch_size * seq_len * hidden * bytes_per_elem(dtype))
-
-
-def layer_params(hidden: int, ffn_mult: int = 4) -> int:
-    """Parameters of one layer: attention 4h²+4h, MLP 2·f·h²+(f+1)h, two layernorms 4h."""
-    h, f = hidden, ffn_mult
-    return (4 + 2 * f) * h * h + (9 + f) * h
-
-
-def model_params(model: ModelShape) -> int:
-    """Layers plus token and position embeddings (the LM head is tied to the embedding)."""
-    return model.num_layers * layer_params(model.hidden, model.ffn_mult) + (model.vocab + model.seq_len) * model.hidden
 
 
 def layer_split(num_layers: int, stages: int) -> tuple[int, ...]:
@@ -142,7 +164,7 @@ def stage_costs(model: ModelShape, stages: int, micro_batch_size: int, dtype: st
         raise ConfigError(f"tp must be >= 1, got {tp}")
     layers = layer_split(model.num_layers, stages)
     flops_per_s = hw.flops(dtype)
-    compute_s = forward_flops_per_layer(micro_batch_size, model.seq_len, model.hidden, model.ffn_mult) / (tp * flops_per_s)
+    compute_s = layer_fwd_flops(model, micro_batch_size) / (tp * flops_per_s)
     ar_s = tp_allreduce_time_s(micro_batch_size, model.seq_len, model.hidden, dtype, tp, hw)
     tf = tuple(n * (compute_s + 2 * ar_s) for n in layers)
     tb = tf  # same FLOPs and the same two all-reduces
@@ -152,5 +174,5 @@ def stage_costs(model: ModelShape, stages: int, micro_batch_size: int, dtype: st
 
 def stage_grad_bytes(model: ModelShape, stages: int, dtype: str, tp: int = 1) -> tuple[float, ...]:
     """Gradient bytes per stage and TP rank (what a DP all-reduce moves); embeddings ignored."""
-    per_layer = layer_params(model.hidden, model.ffn_mult) * bytes_per_elem(dtype) / tp
+    per_layer = layer_params(model) * bytes_per_elem(dtype) / tp
     return tuple(n * per_layer for n in layer_split(model.num_layers, stages))

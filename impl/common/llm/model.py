@@ -12,30 +12,37 @@ from typing import Optional
 import torch
 
 from impl.common.api import ConfigError
-from impl.common.workloads.serving import LlamaShape
+from impl.common.workloads.pipeline import ModelShape
 
 SITES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def llama_config(shape: LlamaShape):
+def check_llama_shape(shape: ModelShape) -> None:
+    """What :func:`llama_config` needs of a shape (a system's preflight calls it too)."""
+    if shape.ffn_hidden < 1:
+        raise ConfigError(f"model.ffn_hidden: a Llama needs its SwiGLU width (> 0), got {shape.ffn_hidden}")
+    if shape.hidden % shape.heads:
+        raise ConfigError(f"model.hidden {shape.hidden} is not divisible by model.heads {shape.heads}")
+    if shape.heads % shape.num_kv_heads:
+        raise ConfigError(f"model.heads {shape.heads} is not divisible by model.kv_heads {shape.num_kv_heads}")
+    if shape.vocab < 260:
+        raise ConfigError(f"model.vocab must be >= 260 for the byte tokenizer, got {shape.vocab}")
+
+
+def llama_config(shape: ModelShape):
+    """The ``transformers.LlamaConfig`` of a LLaMA shape (``ffn_hidden`` = intermediate_size,
+    ``seq_len`` = max_position_embeddings)."""
     from transformers import LlamaConfig
 
-    if shape.hidden_size % shape.num_attention_heads:
-        raise ConfigError(f"model.hidden_size {shape.hidden_size} is not divisible by "
-                          f"model.num_attention_heads {shape.num_attention_heads}")
-    if shape.num_attention_heads % shape.num_key_value_heads:
-        raise ConfigError(f"model.num_attention_heads {shape.num_attention_heads} is not divisible by "
-                          f"model.num_key_value_heads {shape.num_key_value_heads}")
-    if shape.vocab_size < 260:
-        raise ConfigError(f"model.vocab_size must be >= 260 for the byte tokenizer, got {shape.vocab_size}")
-    return LlamaConfig(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                       num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
-                       num_key_value_heads=shape.num_key_value_heads, vocab_size=shape.vocab_size,
-                       max_position_embeddings=shape.max_position_embeddings, tie_word_embeddings=False,
+    check_llama_shape(shape)
+    return LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.ffn_hidden,
+                       num_hidden_layers=shape.num_layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.num_kv_heads, vocab_size=shape.vocab,
+                       max_position_embeddings=shape.seq_len, tie_word_embeddings=False,
                        attn_implementation="eager", bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-def build_llama(shape: LlamaShape, seed: int = 0):
+def build_llama(shape: ModelShape, seed: int = 0):
     """fp32 ``LlamaForCausalLM`` with seeded random weights, in eval mode."""
     from transformers import LlamaForCausalLM
 

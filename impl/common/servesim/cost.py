@@ -1,6 +1,8 @@
 """Per-iteration serving costs at paper scale from a hardware profile (roofline) [R].
 
-Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source:
+Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source; the knobs
+that neither the model shape nor the hardware profile gives are :class:`ServingCostConfig`
+(a system's ``cost`` node, so they have one name and one default):
 - GPU: ``hardware.peak_flops[dtype] * mfu`` and ``memory_bw_bytes_per_s`` (datasheet);
 - H2D: ``host_link_bw_bytes_per_s * h2d_efficiency`` (spec 6: ~22 GB/s pinned on PCIe4 =
   0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us, spec 6);
@@ -10,61 +12,110 @@ Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source
   sync cost ``cpu_sync_s`` per LoRA input per layer (assumed 100 us; the spec gives only
   "transfer < 1 ms");
 - LoRA kernels: BGMV (Punica, pads to the batch max rank: traffic ~ B * max r), MBGMV (S-LoRA,
-  no padding: ~ sum r) with an efficiency factor each (``lora_kernel_efficiency``).
+  no padding: ~ sum r) with an efficiency factor each (``bgmv_efficiency``, ``mbgmv_efficiency``).
+- Shapes: the model is a :class:`~impl.common.workloads.pipeline.ModelShape` (LLaMA: SwiGLU,
+  grouped-query K/V); weights are its matrices plus embedding and LM head
+  (:func:`~impl.common.cost.transformer.layer_matrix_params`; norms, ~0.004% of 7B, left out).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Sequence
+
+from impl.common.api import ConfigError
+from impl.common.cost.transformer import layer_matrix_params
+from impl.common.workloads.serving import PaperModel
 
 
 @dataclass
-class ServingCost:
-    hidden: int
-    num_layers: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    dtype_bytes: int = 2
+class ServingCostConfig:
+    """The serving cost model's own knobs [R] (``system.cost.*``); defaults are the ones every
+    CaraServe figure was measured with."""
+
+    h2d_efficiency: float = 0.69  # share of hardware.host_link_bw_bytes_per_s a pinned copy gets
+    h2d_tensor_overhead_s: float = 20e-6  # per tensor copied host -> device
+    cpu_cores: int = 32
+    cpu_flops_per_core: float = 40e9
+    cpu_sync_s: float = 100e-6  # per LoRA input per layer on the CPU path
+    lora_sites: int = 4  # q, k, v, o
+    bgmv_efficiency: float = 1.0  # Punica's BGMV, share of the memory bandwidth
+    mbgmv_efficiency: float = 0.5  # S-LoRA's MBGMV: slower than Punica's kernel
+    iteration_overhead_s: float = 1e-3  # per scheduler iteration (launches, sampling)
+    # Fixed software cost per adapter load on top of bytes/bandwidth (0 = roofline only).
+    # The paper observes ONDMD stalls of ~29% of serving time at 9 RPS (spec 1), which the
+    # roofline load (~8 ms per mean adapter) does not reproduce; see the CaraServe README.
+    load_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not v >= 0:
+                raise ConfigError(f"system.cost.{f.name} must be >= 0, got {v}")
+        for name in ("h2d_efficiency", "bgmv_efficiency", "mbgmv_efficiency", "cpu_flops_per_core"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"system.cost.{name} must be > 0, got {getattr(self, name)}")
+        if self.cpu_cores < 1 or self.lora_sites < 1:
+            raise ConfigError(f"system.cost.cpu_cores ({self.cpu_cores}) and system.cost.lora_sites "
+                              f"({self.lora_sites}) must be >= 1")
+
+
+@dataclass(kw_only=True)
+class ServingCost(ServingCostConfig):
+    """The knobs plus the model, the TP degree and the hardware rates they apply to."""
+
+    model: PaperModel = field(default_factory=PaperModel)
     tp: int = 1
     flops_per_s: float = 50e12
     mem_bw_bytes_per_s: float = 600e9
-    h2d_bytes_per_s: float = 22e9
-    h2d_tensor_overhead_s: float = 20e-6
+    host_link_bw_bytes_per_s: float = 32e9  # PCIe 4.0 x16
     intra_bw_bytes_per_s: float = 32e9
     intra_latency_s: float = 5e-6
-    cpu_flops_per_core: float = 40e9
-    cpu_cores: int = 32
-    cpu_sync_s: float = 100e-6
-    lora_sites: int = 4
-    bgmv_efficiency: float = 0.5
-    mbgmv_efficiency: float = 0.35
-    iteration_overhead_s: float = 1e-3
-    load_overhead_s: float = 0.0  # fixed software cost per adapter load (allocation, bookkeeping)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.model.ffn_hidden:
+            raise ConfigError(f"workload.paper_model.ffn_hidden: the serving cost model is LLaMA's "
+                              f"(SwiGLU), got {self.model.ffn_hidden}")
 
     @classmethod
-    def from_profile(cls, model, hardware, tp: int = 1, dtype: str = "fp16", **kw) -> "ServingCost":
-        return cls(hidden=model.hidden, num_layers=model.num_layers, intermediate=model.intermediate,
-                   heads=model.heads, kv_heads=model.kv_heads, vocab=model.vocab, dtype_bytes=model.dtype_bytes,
-                   tp=tp, flops_per_s=hardware.flops(dtype), mem_bw_bytes_per_s=hardware.memory_bw_bytes_per_s,
+    def from_profile(cls, model, hardware, config: ServingCostConfig | None = None, tp: int = 1,
+                     dtype: str = "fp16") -> "ServingCost":
+        knobs = {f.name: getattr(config, f.name) for f in fields(ServingCostConfig)} if config else {}
+        return cls(model=model, tp=tp, flops_per_s=hardware.flops(dtype),
+                   mem_bw_bytes_per_s=hardware.memory_bw_bytes_per_s,
+                   host_link_bw_bytes_per_s=hardware.host_link_bw_bytes_per_s,
                    intra_bw_bytes_per_s=hardware.intra_node_bw_bytes_per_s,
-                   intra_latency_s=hardware.intra_node_latency_s, **kw)
+                   intra_latency_s=hardware.intra_node_latency_s, **knobs)
 
     # ---- shapes ----------------------------------------------------------------------------
     @property
+    def hidden(self) -> int:
+        return self.model.hidden
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    @property
+    def dtype_bytes(self) -> int:
+        return self.model.dtype_bytes
+
+    @property
+    def h2d_bytes_per_s(self) -> float:
+        return self.host_link_bw_bytes_per_s * self.h2d_efficiency
+
+    @property
     def d_kv(self) -> int:
-        return self.hidden * self.kv_heads // self.heads
+        return self.model.kv_hidden
 
     @property
     def layer_params(self) -> int:
-        d = self.hidden
-        return 2 * d * d + 2 * d * self.d_kv + 3 * d * self.intermediate
+        return layer_matrix_params(self.model)
 
     @property
     def weight_bytes(self) -> float:
-        return (self.num_layers * self.layer_params + 2 * self.vocab * self.hidden) * self.dtype_bytes / self.tp
+        return (self.num_layers * self.layer_params + 2 * self.model.vocab * self.hidden) * self.dtype_bytes / self.tp
 
     def kv_bytes_per_token(self) -> float:
         return 2 * self.num_layers * self.d_kv * self.dtype_bytes / self.tp
@@ -85,7 +136,7 @@ class ServingCost:
         if not lens:
             return 0.0
         T = sum(lens)
-        flops = 2 * (self.num_layers * self.layer_params + self.vocab * self.hidden) * T / self.tp
+        flops = 2 * (self.num_layers * self.layer_params + self.model.vocab * self.hidden) * T / self.tp
         flops += 2 * self.num_layers * self.hidden * sum(n * n for n in lens) / self.tp  # attention
         t = max(flops / self.flops_per_s, self.weight_bytes / self.mem_bw_bytes_per_s)
         if lora:
@@ -98,7 +149,7 @@ class ServingCost:
         B = len(ctx)
         if not B:
             return 0.0
-        flops = 2 * (self.num_layers * self.layer_params + self.vocab * self.hidden) * B / self.tp
+        flops = 2 * (self.num_layers * self.layer_params + self.model.vocab * self.hidden) * B / self.tp
         bytes_ = self.weight_bytes + self.kv_bytes_per_token() * sum(ctx)
         t = max(flops / self.flops_per_s, bytes_ / self.mem_bw_bytes_per_s)
         if lora and ranks:

@@ -7,7 +7,8 @@ from typing import Optional
 
 @dataclass
 class ModelShape:
-    """Transformer shape used by the cost model (sim) and the tiny builder (real)."""
+    """The one transformer shape: the cost models (sim), the tiny GPT builder (real training)
+    and the tiny Llama builder (real serving) all read it. Build it with keywords."""
 
     name: str = "gpt-tiny"
     num_layers: int = 8
@@ -17,7 +18,19 @@ class ModelShape:
     # > 0: LLaMA-style SwiGLU MLP of this width (3 matrices); 0: GPT MLP of ffn_mult * hidden.
     ffn_hidden: int = 0
     vocab: int = 256
+    # Training: the sequence length; serving: the longest sequence (position table) it takes.
     seq_len: int = 32
+    # Key/value heads (grouped-query attention); 0 = heads (multi-head attention).
+    kv_heads: int = 0
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the K (and of the V) projection: hidden * kv_heads / heads."""
+        return self.hidden * self.num_kv_heads // self.heads
 
 
 @dataclass

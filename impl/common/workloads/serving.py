@@ -4,34 +4,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from impl.common.workloads.pipeline import ModelShape
+
 
 @dataclass
-class LlamaShape:
-    """Tiny Llama for real mode (fields of ``transformers.LlamaConfig``); defaults = spec
-    caraserve.md section 5. Built by :func:`impl.common.llm.model.build_llama`."""
+class LlamaShape(ModelShape):
+    """Tiny Llama for real mode; defaults = spec caraserve.md section 5. ``ffn_hidden`` is the
+    SwiGLU width (LlamaConfig's intermediate_size), ``seq_len`` its max_position_embeddings.
+    Built by :func:`impl.common.llm.model.build_llama`."""
 
     name: str = "llama-tiny"
-    hidden_size: int = 256
-    intermediate_size: int = 688
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 4
-    vocab_size: int = 1024
-    max_position_embeddings: int = 4096
+    num_layers: int = 4
+    hidden: int = 256
+    heads: int = 4
+    kv_heads: int = 4
+    ffn_hidden: int = 688
+    vocab: int = 1024
+    seq_len: int = 4096
 
 
 @dataclass
-class PaperModel:
+class PaperModel(ModelShape):
     """Paper-scale shape for sim costs and for the emulated adapter bytes (spec 6)."""
 
     name: str = "llama2-7b"
-    hidden: int = 4096
     num_layers: int = 32
-    intermediate: int = 11008
+    hidden: int = 4096
     heads: int = 32
     kv_heads: int = 32
+    ffn_hidden: int = 11008
     vocab: int = 32000
-    dtype_bytes: int = 2
+    seq_len: int = 4096
+    dtype_bytes: int = 2  # bytes per weight element (fp16)
 
 
 @dataclass
