@@ -12,6 +12,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from bench import provenance
+from bench.host_load import HostLoadProbe, contention_reason
 from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
 from impl.common.api import ConfigError, JobContext, RunResult
@@ -84,6 +85,9 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     status = "failed"
     logger = None
     wandb_info = None
+    probe: Optional[HostLoadProbe] = None
+    host_load: Optional[dict] = None
+    invalid_reasons: list[str] = []
     try:
         job = typed_job(cfg)
         # A knob override does not rename the system (a global tweak like timeline=false would
@@ -103,11 +107,21 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
                          hardware_name=choices["hardware"] or job.hardware.name, fault=job.fault,
                          fault_name=choices["fault"] or "none", out_dir=out_dir,
                          show_progress=bool(cfg.progress))
+        # Real timings are judged by how busy the host was meanwhile; sim ones never are.
+        probe = HostLoadProbe().start() if mode == "real" else None
         result = job.system.run(ctx)
+        host_load = probe.stop() if probe else None
         if not isinstance(result, RunResult):
             raise TypeError(f"system {system_label!r} returned {type(result).__name__}, not RunResult")
         status = result.status
+        invalid_reasons = list(result.invalid_reasons)
+        contended = contention_reason(host_load, cfg.validity.max_foreign_cpu_frac) if host_load else None
+        if contended and status != "failed":
+            status = "invalid"
+            invalid_reasons.append(contended)
     except Exception as exc:  # the record must say why; the multirun goes on
+        if probe is not None and host_load is None:
+            host_load = probe.stop()
         error = _one_line(exc)
         (out_dir / "error.log").write_text(traceback.format_exc())
     finally:
@@ -127,7 +141,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "created": now_iso(),
         "status": status,
         "error": error,
-        "invalid_reasons": list(result.invalid_reasons) if result else [],
+        "invalid_reasons": invalid_reasons,
         "experiment": experiment,
         "system": system_label,
         "mode": str(resolved["mode"]),
@@ -144,6 +158,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "artifacts": list(result.artifacts) if result else [],
         "duration_s": round(time.perf_counter() - started, 3),
     }
+    if host_load is not None:
+        record["host_load"] = host_load
     if sweep:
         record["sweep"] = sweep
     try:

@@ -96,6 +96,9 @@ class TypedJob:
 
 
 def typed_job(cfg: DictConfig) -> TypedJob:
+    bound = cfg.get("validity", {}).get("max_foreign_cpu_frac")
+    if bound is not None and not 0 <= bound <= 1:
+        raise ConfigError(f"validity.max_foreign_cpu_frac: must be in [0, 1] or null, got {bound}")
     system, name = typed_system(cfg.system)
     mode = str(cfg.mode.value if hasattr(cfg.mode, "value") else cfg.mode)
     if mode not in system.modes:
