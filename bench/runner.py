@@ -15,7 +15,8 @@ from bench import provenance
 from bench.host_load import HostLoadProbe, contention_reason
 from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
-from impl.common.api import ConfigError, JobContext, RunResult
+from impl.common.api import JobContext, RunResult
+from impl.common.errors import one_line
 
 
 def seed_everything(seed: int) -> None:
@@ -24,14 +25,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, ConfigError):
-        text = str(exc)
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
 
 
 def _choice(cfg: DictConfig, group: str) -> str:
@@ -122,7 +115,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     except Exception as exc:  # the record must say why; the multirun goes on
         if probe is not None and host_load is None:
             host_load = probe.stop()
-        error = _one_line(exc)
+        error = one_line(exc)
         (out_dir / "error.log").write_text(traceback.format_exc())
     finally:
         if logger is not None:
@@ -133,7 +126,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
                 wandb_info = logger.finish()
             except Exception as exc:  # logging is for browsing; never lose the record over it
                 (out_dir / "logger-error.log").write_text(traceback.format_exc())
-                wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": _one_line(exc)}
+                wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": one_line(exc)}
 
     record: dict[str, Any] = {
         "schema": SCHEMA_ID,
@@ -165,6 +158,6 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     try:
         write_record(results_dir, record)
     except ValueError as exc:  # e.g. a NaN metric: keep the run visible as failed, never drop it
-        record.update(status="failed", error=f"record rejected: {_one_line(exc)}", metrics={})
+        record.update(status="failed", error=f"record rejected: {one_line(exc)}", metrics={})
         write_record(results_dir, record)
     return record

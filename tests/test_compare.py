@@ -7,7 +7,7 @@ import pytest
 
 from bench import compare
 from bench.compare import GroupKey, compare_records, format_table, ratio
-from bench.record import write_record
+from bench.record import load_records, write_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
