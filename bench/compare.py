@@ -83,6 +83,8 @@ class GroupTable:
     rows: list[Row]
     excluded: dict[str, int] = field(default_factory=lambda: {"failed": 0, "invalid": 0})
     notes: list[str] = field(default_factory=list)
+    # One line per invalid record left out: "system (run_id): why" (e.g. a contended host).
+    invalid: list[str] = field(default_factory=list)
 
     def unit(self, metric: str) -> str:
         for row in self.rows:
@@ -143,6 +145,7 @@ def compare_records(records: Iterable[dict], baseline: Optional[str] = None, *,
     """Group records and compute ratios; filters keep only the named metrics/experiment/sweep."""
     ok: dict[GroupKey, dict[str, list[dict]]] = {}
     excluded: dict[GroupKey, dict[str, int]] = {}
+    invalid: dict[GroupKey, list[str]] = {}
     for rec in records:
         _check(rec, "records")
         if experiment is not None and rec["experiment"] != experiment:
@@ -154,10 +157,17 @@ def compare_records(records: Iterable[dict], baseline: Optional[str] = None, *,
         by_system = ok.setdefault(key, {})
         if rec["status"] != "ok":
             excluded[key][rec["status"]] = excluded[key].get(rec["status"], 0) + 1
+            if rec["status"] == "invalid":
+                why = "; ".join(rec.get("invalid_reasons") or []) or "no reason given"
+                invalid.setdefault(key, []).append(
+                    f"{rec['system']} ({rec.get('run_id', '?')}): {why}")
             continue
         by_system.setdefault(rec["system"], []).append(rec)
-    return [_table(key, ok[key], excluded[key], baseline, metrics) for key in
-            sorted(ok, key=lambda k: tuple(_natural(getattr(k, f)) for f in GROUP_FIELDS))]
+    tables = [_table(key, ok[key], excluded[key], baseline, metrics) for key in
+              sorted(ok, key=lambda k: tuple(_natural(getattr(k, f)) for f in GROUP_FIELDS))]
+    for table in tables:
+        table.invalid = invalid.get(table.key, [])
+    return tables
 
 
 def _table(key: GroupKey, by_system: dict[str, list[dict]], excluded: dict[str, int],
@@ -254,6 +264,7 @@ def header_lines(table: GroupTable) -> list[str]:
     if ex.get("failed") or ex.get("invalid"):
         lines.append(f"excluded: {ex.get('failed', 0)} failed, {ex.get('invalid', 0)} invalid "
                      f"record(s)")
+    lines += [f"invalid, not compared: {line}" for line in table.invalid]
     for row in table.rows:
         if row.superseded:
             lines.append(f"{row.system}: newest of {row.superseded + 1} ok records shown "

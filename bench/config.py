@@ -36,12 +36,23 @@ class LoggerConfig:
 
 
 @dataclass
+class ValidityConfig:
+    """Rules that make a finished real run ``status: invalid`` (it then feeds no comparison
+    and no gate). Sim runs do not depend on the host and are never judged by these."""
+
+    # Largest share of the host's CPU time (all cores, over the run) that processes outside
+    # the job may take; null turns the check off. See bench.host_load.
+    max_foreign_cpu_frac: Optional[float] = 0.25
+
+
+@dataclass
 class BenchConfig:
     system: Any = None
     workload: Any = None
     hardware: HardwareProfile = field(default_factory=HardwareProfile)
     fault: Any = None
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    validity: ValidityConfig = field(default_factory=ValidityConfig)
     # Label for records; defaults to the chosen experiment preset (experiment=...), else "adhoc".
     experiment_name: Optional[str] = None
     # "module:function" drawing the experiment's own figure from the sweep's records (called

@@ -15,6 +15,13 @@ A suite is ``conf/gate/<suite>.yaml``::
         # repeats: 5         # real only: runs per side, interleaved c,b,c,b,...
         # tolerance: 0.05    # real only: pass if ratio >= min_ratio * (1 - tolerance)
         # max_value / min_value: bounds on the candidate's value, in the metric's unit
+        # min_diff: candidate minus baseline in the metric's unit, signed so that > 0 is
+        #   better (e.g. SLO attainment points over a baseline router)
+        # max_ratio: an upper bound on the ratio (a paper's band, e.g. 2.6-5.3x)
+        # cases: [[overrides...], ...]: run the gate once per case (each case's overrides
+        #   after `overrides`) and judge the aggregate of the per-case values, ratios and
+        #   differences against the bounds, e.g. a mean speedup over several scenarios
+        # aggregate: mean   # mean | min | max | each (every case must meet every bound)
 
 Every job runs as ``python -m bench <overrides> system=<x> mode=<mode> results_dir=<dir>``; the
 record it writes is the one the gate reads. Exit codes: 0 all pass, 1 a gate fell short, 2 a
@@ -49,6 +56,17 @@ class GateMode(str, enum.Enum):
     real = "real"
 
 
+class Aggregate(str, enum.Enum):
+    mean = "mean"
+    min = "min"
+    max = "max"
+    each = "each"  # no aggregate: every case is judged against every bound on its own
+
+
+AGGREGATORS: dict[Aggregate, Callable[[Sequence[float]], float]] = {
+    Aggregate.mean: statistics.fmean, Aggregate.min: min, Aggregate.max: max}
+
+
 @dataclass
 class Gate:
     name: str = MISSING
@@ -58,10 +76,22 @@ class Gate:
     overrides: List[str] = field(default_factory=list)
     baseline: Optional[str] = None
     min_ratio: Optional[float] = None
+    max_ratio: Optional[float] = None
     max_value: Optional[float] = None
     min_value: Optional[float] = None
+    min_diff: Optional[float] = None
     repeats: Optional[int] = None
     tolerance: Optional[float] = None
+    cases: List[List[str]] = field(default_factory=list)
+    aggregate: Aggregate = Aggregate.mean
+
+    @property
+    def needs_baseline(self) -> bool:
+        return any(b is not None for b in (self.min_ratio, self.max_ratio, self.min_diff))
+
+    def case_overrides(self) -> list[list[str]]:
+        """The override list of each job side: ``overrides`` then the case's own."""
+        return [[*self.overrides, *case] for case in (self.cases or [[]])]
 
 
 class GateConfigError(ValueError):
@@ -121,12 +151,20 @@ def _typed_gate(item, where: str) -> Gate:
 
 
 def _check_gate(gate: Gate, where: str) -> None:
-    if gate.min_ratio is None and gate.max_value is None and gate.min_value is None:
-        raise GateConfigError(f"{where}: needs at least one of min_ratio, max_value, min_value")
-    if gate.min_ratio is not None and not gate.baseline:
-        raise GateConfigError(f"{where}.baseline: min_ratio needs a baseline system")
-    if gate.min_ratio is not None and gate.min_ratio <= 0:
-        raise GateConfigError(f"{where}.min_ratio: must be > 0, got {gate.min_ratio}")
+    bounds = ("min_ratio", "max_ratio", "min_diff", "max_value", "min_value")
+    if all(getattr(gate, b) is None for b in bounds):
+        raise GateConfigError(f"{where}: needs at least one of {', '.join(bounds)}")
+    for b in ("min_ratio", "max_ratio", "min_diff"):
+        if getattr(gate, b) is not None and not gate.baseline:
+            raise GateConfigError(f"{where}.baseline: {b} needs a baseline system")
+    for i, case in enumerate(gate.cases):
+        if not case:
+            raise GateConfigError(f"{where}.cases[{i}]: empty case (give its overrides)")
+    for b in ("min_ratio", "max_ratio"):
+        if getattr(gate, b) is not None and getattr(gate, b) <= 0:
+            raise GateConfigError(f"{where}.{b}: must be > 0, got {getattr(gate, b)}")
+    if gate.aggregate != Aggregate.mean and not gate.cases:
+        raise GateConfigError(f"{where}.aggregate: applies to gates with cases only")
     if gate.mode == GateMode.sim:
         # Sim is deterministic: repeats would measure nothing and a tolerance hides changes.
         for name in ("repeats", "tolerance"):
@@ -177,8 +215,9 @@ def subprocess_runner(cmd: List[str], results_dir: pathlib.Path) -> tuple[int, s
 
 
 def job_command(gate: Gate, system: str, results_dir: pathlib.Path,
-                prefix: Sequence[str]) -> list[str]:
-    return [*prefix, *gate.overrides, f"system={system}", f"mode={gate.mode.value}",
+                prefix: Sequence[str], overrides: Optional[Sequence[str]] = None) -> list[str]:
+    overrides = gate.overrides if overrides is None else overrides
+    return [*prefix, *overrides, f"system={system}", f"mode={gate.mode.value}",
             f"results_dir={results_dir}"]
 
 
@@ -189,11 +228,11 @@ def _run_ids(results_dir: pathlib.Path) -> set[str]:
 
 
 def run_job(gate: Gate, system: str, results_dir: pathlib.Path, runner: Runner,
-            prefix: Sequence[str]) -> JobOutcome:
+            prefix: Sequence[str], overrides: Optional[Sequence[str]] = None) -> JobOutcome:
     """Run one job and pick up the record it wrote (the one run_id that is new)."""
     try:
         before = _run_ids(results_dir)
-        rc, last = runner(job_command(gate, system, results_dir, prefix), results_dir)
+        rc, last = runner(job_command(gate, system, results_dir, prefix, overrides), results_dir)
         new = [r for r in (load_records(results_dir) if results_dir.exists() else [])
                if r.get("run_id") not in before]
     except RecordError as exc:  # e.g. a torn records.jsonl line: file:line in the message
@@ -207,14 +246,27 @@ def run_job(gate: Gate, system: str, results_dir: pathlib.Path, runner: Runner,
 # ------------------------------------------------------------------ judging
 
 @dataclass
+class CaseValues:
+    """One case's numbers (the median over repeats of each side)."""
+
+    overrides: list[str]
+    candidate: float
+    baseline: Optional[float] = None
+    ratio: Optional[float] = None
+    diff: Optional[float] = None
+
+
+@dataclass
 class GateResult:
     gate: Gate
     candidate_value: Optional[float] = None
     baseline_value: Optional[float] = None
     unit: str = ""
     ratio: Optional[float] = None
+    diff: Optional[float] = None
     passed: bool = False
     reasons: list[str] = field(default_factory=list)
+    cases: list[CaseValues] = field(default_factory=list)
 
     def required(self) -> str:
         g, parts = self.gate, []
@@ -222,11 +274,16 @@ class GateResult:
             tol = g.tolerance or 0.0
             need = g.min_ratio * (1 - tol)
             parts.append(f">={need:.4g}x" + (f" ({g.min_ratio:g}x -{tol:.0%})" if tol else ""))
+        if g.max_ratio is not None:
+            parts.append(f"<={g.max_ratio:g}x")
+        if g.min_diff is not None:
+            parts.append(f"diff >={g.min_diff:g} {self.unit}".rstrip())
         if g.max_value is not None:
             parts.append(f"<={g.max_value:g} {self.unit}".rstrip())
         if g.min_value is not None:
             parts.append(f">={g.min_value:g} {self.unit}".rstrip())
-        return ", ".join(parts)
+        text = ", ".join(parts)
+        return f"{g.aggregate.value} of {len(g.cases)} cases: {text}" if g.cases else text
 
 
 def _metric_values(gate: Gate, outcomes: list[JobOutcome], side: str,
@@ -237,7 +294,7 @@ def _metric_values(gate: Gate, outcomes: list[JobOutcome], side: str,
         if rec is None:
             reasons.append(f"{side}: {out.error}")
             continue
-        if rec.get("status") != "ok":
+        if rec.get("status") != "ok":  # failed, or invalid (e.g. a contended host): never judged
             why = rec.get("error") or "; ".join(rec.get("invalid_reasons") or []) or "no reason"
             reasons.append(f"{side} {rec.get('system')}: status {rec.get('status')}: {why}")
             continue
@@ -252,30 +309,75 @@ def _metric_values(gate: Gate, outcomes: list[JobOutcome], side: str,
 
 
 def judge(gate: Gate, cand: list[JobOutcome], base: list[JobOutcome]) -> GateResult:
+    """Judge a gate of one case (no ``cases``) from its candidate and baseline runs."""
+    return judge_cases(gate, [(cand, base)])
+
+
+def judge_cases(gate: Gate, runs: list[tuple[list[JobOutcome], list[JobOutcome]]]) -> GateResult:
+    """Judge a gate from (candidate runs, baseline runs) per case: each case's medians, then
+    the gate's aggregate over cases against its bounds."""
     res = GateResult(gate)
-    c_vals, unit, better = _metric_values(gate, cand, "candidate", res.reasons)
-    b_vals, b_unit, b_better = _metric_values(gate, base, "baseline", res.reasons)
-    res.unit = unit
-    if res.reasons:  # a failed or invalid job is a FAIL, whatever the other runs say
+    kinds: set[tuple[str, str]] = set()
+    overrides = gate.case_overrides()
+    for i, (cand, base) in enumerate(runs):
+        reasons: list[str] = []
+        c_vals, unit, better = _metric_values(gate, cand, "candidate", reasons)
+        b_vals, b_unit, b_better = _metric_values(gate, base, "baseline", reasons)
+        tag = f"case {i} ({' '.join(gate.cases[i])}): " if gate.cases else ""
+        if reasons:  # a failed or invalid job is a FAIL, whatever the other runs say
+            res.reasons += [tag + r for r in reasons]
+            continue
+        kinds.add((unit, better))
+        # Medians: one value per side for sim, the median of the interleaved repeats for real.
+        case = CaseValues(overrides[i], statistics.median(c_vals))
+        if gate.needs_baseline:
+            kinds.add((b_unit, b_better))
+            case.baseline = statistics.median(b_vals)
+            case.ratio = times_better(case.candidate, case.baseline, better)
+            case.diff = (case.candidate - case.baseline if better == "higher"
+                         else case.baseline - case.candidate)
+        res.cases.append(case)
+    if res.reasons:
         return res
-    # Medians: one value per side for sim, the median of the interleaved repeats for real.
-    res.candidate_value = statistics.median(c_vals)
-    if gate.min_ratio is not None:
-        res.baseline_value = statistics.median(b_vals)
-        if (b_unit, b_better) != (unit, better):
-            res.reasons.append(f"candidate reports {unit!r}/{better}, baseline "
-                               f"{b_unit!r}/{b_better}")
-            return res
-        res.ratio = times_better(res.candidate_value, res.baseline_value, better)
-        need = gate.min_ratio * (1 - (gate.tolerance or 0.0))
-        if res.ratio is None or res.ratio < need:
-            res.reasons.append(f"ratio {_fmt(res.ratio)}x < required {need:.4g}x")
-    if gate.max_value is not None and res.candidate_value > gate.max_value:
-        res.reasons.append(f"value {res.candidate_value:.4g} > max_value {gate.max_value:g}")
-    if gate.min_value is not None and res.candidate_value < gate.min_value:
-        res.reasons.append(f"value {res.candidate_value:.4g} < min_value {gate.min_value:g}")
+    if len(kinds) != 1:
+        res.reasons.append("runs report different units or directions: "
+                           + ", ".join(f"{u!r}/{b}" for u, b in sorted(kinds)))
+        return res
+    res.unit = next(iter(kinds))[0]
+    if gate.aggregate == Aggregate.each:
+        for i, case in enumerate(res.cases):
+            res.reasons += [f"case {i} ({' '.join(gate.cases[i])}): {why}"
+                            for why in _shortfalls(gate, case)]
+    else:
+        agg = AGGREGATORS[gate.aggregate]
+        res.candidate_value = agg([c.candidate for c in res.cases])
+        if gate.needs_baseline:
+            res.baseline_value = agg([c.baseline for c in res.cases])
+            ratios = [c.ratio for c in res.cases]
+            res.ratio = None if None in ratios else agg(ratios)
+            res.diff = agg([c.diff for c in res.cases])
+        res.reasons += _shortfalls(gate, CaseValues([], res.candidate_value, res.baseline_value,
+                                                    res.ratio, res.diff))
     res.passed = not res.reasons
     return res
+
+
+def _shortfalls(gate: Gate, v: CaseValues) -> list[str]:
+    """Every bound of ``gate`` that the numbers ``v`` miss, one line each."""
+    out = []
+    if gate.min_ratio is not None:
+        need = gate.min_ratio * (1 - (gate.tolerance or 0.0))
+        if v.ratio is None or v.ratio < need:
+            out.append(f"ratio {_fmt(v.ratio)}x < required {need:.4g}x")
+    if gate.max_ratio is not None and (v.ratio is None or v.ratio > gate.max_ratio):
+        out.append(f"ratio {_fmt(v.ratio)}x > max_ratio {gate.max_ratio:g}x")
+    if gate.min_diff is not None and v.diff < gate.min_diff:
+        out.append(f"diff {v.diff:.4g} < min_diff {gate.min_diff:g}")
+    if gate.max_value is not None and v.candidate > gate.max_value:
+        out.append(f"value {v.candidate:.4g} > max_value {gate.max_value:g}")
+    if gate.min_value is not None and v.candidate < gate.min_value:
+        out.append(f"value {v.candidate:.4g} < min_value {gate.min_value:g}")
+    return out
 
 
 def run_gate(gate: Gate, results_dir: pathlib.Path, runner: Runner = subprocess_runner,
@@ -285,19 +387,22 @@ def run_gate(gate: Gate, results_dir: pathlib.Path, runner: Runner = subprocess_
     prefix = list(prefix) or [sys.executable, "-m", "bench"]
     repeats = (gate.repeats or DEFAULT_REPEATS) if gate.mode == GateMode.real else 1
     sides = [("candidate", gate.candidate)]
-    if gate.min_ratio is not None:
+    if gate.needs_baseline:
         sides.append(("baseline", gate.baseline))
-    # Interleaved c,b,c,b,...: drift on a shared machine hits both sides alike.
-    plan = [side for _ in range(repeats) for side in sides]
-    runs: dict[str, list[JobOutcome]] = {"candidate": [], "baseline": []}
-    for i, (side, system) in enumerate(plan, 1):
+    case_overrides = gate.case_overrides()
+    # Interleaved c,b,c,b,... per case: drift on a shared machine hits both sides alike.
+    plan = [(k, side, system) for k in range(len(case_overrides))
+            for _ in range(repeats) for side, system in sides]
+    runs = [{"candidate": [], "baseline": []} for _ in case_overrides]
+    for i, (k, side, system) in enumerate(plan, 1):
         t0 = time.monotonic()
-        out = run_job(gate, system, results_dir, runner, prefix)
+        out = run_job(gate, system, results_dir, runner, prefix, case_overrides[k])
         status = out.record.get("status") if out.record else "no record"
-        progress(f"[{gate.name} {i}/{len(plan)}] {side} {system} ({gate.mode.value}): {status} "
-                 f"in {time.monotonic() - t0:.1f}s")
-        runs[side].append(out)
-    return judge(gate, runs["candidate"], runs["baseline"])
+        case = f" case {k}" if gate.cases else ""
+        progress(f"[{gate.name}{case} {i}/{len(plan)}] {side} {system} ({gate.mode.value}): "
+                 f"{status} in {time.monotonic() - t0:.1f}s")
+        runs[k][side].append(out)
+    return judge_cases(gate, [(r["candidate"], r["baseline"]) for r in runs])
 
 
 # ------------------------------------------------------------------ report
@@ -308,7 +413,7 @@ def _fmt(x: Optional[float]) -> str:
 
 def format_results(results: Sequence[GateResult]) -> str:
     head = ["gate", "candidate", "baseline", "metric", "candidate value", "baseline value",
-            "ratio", "required", "result"]
+            "ratio", "diff", "required", "result"]
     rows = []
     for r in results:
         g = r.gate
@@ -316,12 +421,19 @@ def format_results(results: Sequence[GateResult]) -> str:
         rows.append([g.name, g.candidate, g.baseline or "-", f"{g.metric} ({g.mode.value})",
                      _fmt(r.candidate_value) + (unit if r.candidate_value is not None else ""),
                      _fmt(r.baseline_value) + (unit if r.baseline_value is not None else ""),
-                     "-" if r.ratio is None else f"{r.ratio:.4g}x", r.required(),
+                     "-" if r.ratio is None else f"{r.ratio:.4g}x",
+                     "-" if r.diff is None else f"{r.diff:+.4g}", r.required(),
                      "PASS" if r.passed else "FAIL"])
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in results:
+        if r.gate.cases:
+            for i, c in enumerate(r.cases):
+                extra = "" if c.baseline is None else \
+                    f", baseline {c.baseline:.4g}, ratio {_fmt(c.ratio)}x, diff {c.diff:+.4g}"
+                lines.append(f"{r.gate.name} case {i} ({' '.join(r.gate.cases[i])}): "
+                             f"candidate {c.candidate:.4g}{extra}")
         lines += [f"{r.gate.name}: FAIL: {why}" for why in r.reasons]
     return "\n".join(lines) + "\n"
 
@@ -355,8 +467,9 @@ def main(argv: Optional[Sequence[str]] = None, *, runner: Runner = subprocess_ru
         where = pathlib.Path(args.results or "<tmpdir>")
         for g in gates:
             n = (g.repeats or DEFAULT_REPEATS) if g.mode == GateMode.real else 1
-            for system in [g.candidate] + ([g.baseline] if g.min_ratio is not None else []):
-                print(f"{g.name}: {n}x " + " ".join(job_command(g, system, where, shown)))
+            for ovs in g.case_overrides():
+                for system in [g.candidate] + ([g.baseline] if g.needs_baseline else []):
+                    print(f"{g.name}: {n}x " + " ".join(job_command(g, system, where, shown, ovs)))
         return 0
     if args.results:
         results_dir, temporary = pathlib.Path(args.results), False

@@ -12,9 +12,11 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from bench import provenance
+from bench.host_load import HostLoadProbe, contention_reason
 from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
-from impl.common.api import ConfigError, JobContext, RunResult
+from impl.common.api import JobContext, RunResult
+from impl.common.errors import one_line
 
 
 def seed_everything(seed: int) -> None:
@@ -23,14 +25,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, ConfigError):
-        text = str(exc)
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return " ".join(text.split()) or type(exc).__name__
 
 
 def _choice(cfg: DictConfig, group: str) -> str:
@@ -84,6 +78,9 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     status = "failed"
     logger = None
     wandb_info = None
+    probe: Optional[HostLoadProbe] = None
+    host_load: Optional[dict] = None
+    invalid_reasons: list[str] = []
     try:
         job = typed_job(cfg)
         # A knob override does not rename the system (a global tweak like timeline=false would
@@ -103,12 +100,22 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
                          hardware_name=choices["hardware"] or job.hardware.name, fault=job.fault,
                          fault_name=choices["fault"] or "none", out_dir=out_dir,
                          show_progress=bool(cfg.progress))
+        # Real timings are judged by how busy the host was meanwhile; sim ones never are.
+        probe = HostLoadProbe().start() if mode == "real" else None
         result = job.system.run(ctx)
+        host_load = probe.stop() if probe else None
         if not isinstance(result, RunResult):
             raise TypeError(f"system {system_label!r} returned {type(result).__name__}, not RunResult")
         status = result.status
+        invalid_reasons = list(result.invalid_reasons)
+        contended = contention_reason(host_load, cfg.validity.max_foreign_cpu_frac) if host_load else None
+        if contended and status != "failed":
+            status = "invalid"
+            invalid_reasons.append(contended)
     except Exception as exc:  # the record must say why; the multirun goes on
-        error = _one_line(exc)
+        if probe is not None and host_load is None:
+            host_load = probe.stop()
+        error = one_line(exc)
         (out_dir / "error.log").write_text(traceback.format_exc())
     finally:
         if logger is not None:
@@ -119,7 +126,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
                 wandb_info = logger.finish()
             except Exception as exc:  # logging is for browsing; never lose the record over it
                 (out_dir / "logger-error.log").write_text(traceback.format_exc())
-                wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": _one_line(exc)}
+                wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": one_line(exc)}
 
     record: dict[str, Any] = {
         "schema": SCHEMA_ID,
@@ -127,7 +134,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "created": now_iso(),
         "status": status,
         "error": error,
-        "invalid_reasons": list(result.invalid_reasons) if result else [],
+        "invalid_reasons": invalid_reasons,
         "experiment": experiment,
         "system": system_label,
         "mode": str(resolved["mode"]),
@@ -144,11 +151,13 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "artifacts": list(result.artifacts) if result else [],
         "duration_s": round(time.perf_counter() - started, 3),
     }
+    if host_load is not None:
+        record["host_load"] = host_load
     if sweep:
         record["sweep"] = sweep
     try:
         write_record(results_dir, record)
     except ValueError as exc:  # e.g. a NaN metric: keep the run visible as failed, never drop it
-        record.update(status="failed", error=f"record rejected: {_one_line(exc)}", metrics={})
+        record.update(status="failed", error=f"record rejected: {one_line(exc)}", metrics={})
         write_record(results_dir, record)
     return record

@@ -13,13 +13,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from faults.spec import KINDS as FAULT_KINDS
 from impl.common.api import ConfigError, System
+from impl.common.errors import first_line
 from impl.common.hardware import HardwareProfile
 from impl.common.workloads import KINDS as WORKLOAD_KINDS, workload_class
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _merge(group: str, schema_cls: type, node: Any, drop: tuple[str, ...] = ()) -> Any:
@@ -27,7 +23,7 @@ def _merge(group: str, schema_cls: type, node: Any, drop: tuple[str, ...] = ()) 
         data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
-        raise ConfigError(f"{key or group}: {_first_line(exc)}") from None
+        raise ConfigError(f"{key or group}: {first_line(exc)}") from None
     for key in drop:
         data.pop(key, None)
     try:
@@ -35,7 +31,7 @@ def _merge(group: str, schema_cls: type, node: Any, drop: tuple[str, ...] = ()) 
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
-        msg = _first_line(exc)
+        msg = first_line(exc)
         where = f"{group}.{key}" if key else group
         raise ConfigError(f"{where}: {msg}") from None
     missing = [f.name for f in dataclasses.fields(schema_cls) if getattr(obj, f.name, None) == "???"]
@@ -51,7 +47,7 @@ def system_class(node: Any) -> type[System]:
     try:
         cls = get_class(target)
     except Exception as exc:  # hydra wraps import errors; keep the cause in one line
-        raise ConfigError(f"system._target_: cannot import {target!r} ({_first_line(exc.__cause__ or exc)})") from None
+        raise ConfigError(f"system._target_: cannot import {target!r} ({first_line(exc.__cause__ or exc)})") from None
     if not (isinstance(cls, type) and issubclass(cls, System)):
         raise ConfigError(f"system._target_: {target!r} is not a mlsys-bench System")
     return cls
@@ -96,6 +92,9 @@ class TypedJob:
 
 
 def typed_job(cfg: DictConfig) -> TypedJob:
+    bound = cfg.get("validity", {}).get("max_foreign_cpu_frac")
+    if bound is not None and not 0 <= bound <= 1:
+        raise ConfigError(f"validity.max_foreign_cpu_frac: must be in [0, 1] or null, got {bound}")
     system, name = typed_system(cfg.system)
     mode = str(cfg.mode.value if hasattr(cfg.mode, "value") else cfg.mode)
     if mode not in system.modes:

@@ -7,7 +7,7 @@ import pytest
 
 from bench import compare
 from bench.compare import GroupKey, compare_records, format_table, ratio
-from bench.record import write_record
+from bench.record import load_records, write_record
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -215,3 +215,19 @@ def test_groups_order_numbers_by_value():
     assert sorted(labels, key=_natural) == ["link_delay[delay_s=0.0]", "link_delay[delay_s=0.01]",
                                             "link_delay[delay_s=0.06]"]
     assert sorted(["n=24", "n=3", "n=12"], key=_natural) == ["n=3", "n=12", "n=24"]
+
+
+def test_real_record_invalid_for_a_contended_host_is_shown_never_compared(tmp_path):
+    # A real run marked invalid by bench.host_load: listed with its reason, in no ratio.
+    why = ("host contended: other processes took 97% of the host's CPU time (3.9 s on 2 cores "
+           "over 2.0 s; bound validity.max_foreign_cpu_frac=0.25)")
+    d = tmp_path / "runs"
+    write_record(d, record("q1", "ondmd", {"ttft": metric(2.0)}, mode="real"))
+    write_record(d, record("q2", "caraserve", {"ttft": metric(1.0)}, mode="real"))
+    write_record(d, record("q3", "caraserve", {"ttft": metric(1.9)}, mode="real",
+                           status="invalid", invalid_reasons=[why]))
+    (table,) = compare_records(load_records(d), baseline="ondmd")
+    rows = by_system(table)
+    assert rows["caraserve"].cells["ttft"].ratio == pytest.approx(2.0)  # the valid run only
+    text = format_table(table)
+    assert f"invalid, not compared: caraserve (q3): {why}" in text

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
+from impl.common.errors import first_line
+
 DEFAULT_IMAGE = "mlsys-bench:cpu"
 CONTAINER_UID = 10001
 RESULTS_MOUNT = "/results"
@@ -84,11 +86,6 @@ class ContainerRun:
         return [self.results_dir / str(r.get("run_id")) / "record.json" for r in self.records]
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
-
-
 def _engine_address() -> str:
     return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
 
@@ -105,7 +102,7 @@ def client(timeout: int = 60):
     except Exception as exc:  # DockerException, requests errors: all mean "no engine here"
         raise EngineUnavailable(
             f"docker engine not reachable at {_engine_address()}: start dockerd "
-            f"(e.g. `bash .ci/docker.sh`) or point DOCKER_HOST at a running engine ({_first_line(exc)})"
+            f"(e.g. `bash .ci/docker.sh`) or point DOCKER_HOST at a running engine ({first_line(exc)})"
         ) from None
     return cli
 
@@ -129,7 +126,7 @@ def image_id(image: str = DEFAULT_IMAGE, cli=None) -> str:
     except docker.errors.ImageNotFound:
         raise ImageMissing(f"image {image} not found: build it with {BUILD_HINT}") from None
     except docker.errors.APIError as exc:
-        raise ContainerLaunchError(f"cannot inspect image {image}: {_first_line(exc)}") from None
+        raise ContainerLaunchError(f"cannot inspect image {image}: {first_line(exc)}") from None
 
 
 def inner_overrides(overrides: Sequence[str]) -> list[str]:
@@ -265,7 +262,7 @@ def run_in_container(
                 labels={"org.mlsys-bench.launcher": "docker", "org.mlsys-bench.image": image},
             )
         except docker.errors.APIError as exc:
-            raise ContainerLaunchError(f"cannot start a container from {image}: {_first_line(exc)}") from None
+            raise ContainerLaunchError(f"cannot start a container from {image}: {first_line(exc)}") from None
 
         pumps = []
         if stream:
@@ -279,7 +276,7 @@ def run_in_container(
                 exit_code = int(container.wait(timeout=timeout_s)["StatusCode"])
             except Exception as exc:  # requests' ReadTimeout/ConnectionError on timeout
                 if timeout_s is None:
-                    raise ContainerLaunchError(f"lost the container {container.short_id}: {_first_line(exc)}") from None
+                    raise ContainerLaunchError(f"lost the container {container.short_id}: {first_line(exc)}") from None
                 timed_out, exit_code = True, 124
                 container.kill()
                 container.wait(timeout=30)

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from bench.loggers import JobLogger, LoggerError
+from impl.common.errors import one_line
 
 MODES = ("online", "offline", "disabled")
 
@@ -91,7 +92,7 @@ class WandbLogger(JobLogger):
         except LoggerError:
             raise
         except Exception as exc:  # wandb raises many types; the runner wants one line
-            raise LoggerError(f"logger: wandb.init failed: {_one_line(exc)}") from exc
+            raise LoggerError(f"logger: wandb.init failed: {one_line(exc)}") from exc
 
     def log_result(self, metrics: dict[str, dict], artifacts: list[pathlib.Path],
                    status: str) -> None:
@@ -100,7 +101,7 @@ class WandbLogger(JobLogger):
         try:
             self._log_result(metrics, artifacts, status)
         except Exception as exc:
-            _warn(f"logging results to W&B failed: {_one_line(exc)}")
+            _warn(f"logging results to W&B failed: {one_line(exc)}")
 
     def _log_result(self, metrics: dict[str, dict], artifacts: list[pathlib.Path],
                     status: str) -> None:
@@ -141,13 +142,8 @@ class WandbLogger(JobLogger):
         try:
             run.finish()
         except Exception as exc:
-            _warn(f"closing the W&B run failed: {_one_line(exc)}")
+            _warn(f"closing the W&B run failed: {one_line(exc)}")
         return {"mode": self.mode, "run_id": run_id, "dir": run_dir}
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _warn(msg: str) -> None:

@@ -9,14 +9,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from impl.common.plots.records import plottable  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 ORDER = ("1f1b", "zb", "falcon", "adaptra_cpu", "adaptra")
 METRIC = "iteration_time_s"
-
-
-def _ok(records):
-    return [r for r in records if r.get("status") == "ok" and METRIC in r.get("metrics", {})]
 
 
 def _systems(records):
@@ -32,7 +29,7 @@ def _mode_label(records) -> str:
 def delay_sweep(records, out_dir) -> list[pathlib.Path]:
     """Iteration time vs injected delay, one line per system (the paper's delay-sweep plots);
     one figure per (workload, slow links)."""
-    recs = _ok(records)
+    recs = plottable(records, METRIC)
     series = collections.defaultdict(list)
     for r in recs:
         fault = r["config"]["fault"]
@@ -58,7 +55,7 @@ def delay_sweep(records, out_dir) -> list[pathlib.Path]:
 
 def grouped_bars(records, out_dir, name: str = "scenarios") -> list[pathlib.Path]:
     """Iteration time per scenario (workload x fault), bars per system (the paper's tables)."""
-    recs = _ok(records)
+    recs = plottable(records, METRIC)
     scenarios = sorted({(r["workload"], r["fault"]) for r in recs})
     systems = _systems(recs)
     value = {(r["workload"], r["fault"], r["system"]): r["metrics"][METRIC]["value"] for r in recs}

@@ -13,14 +13,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from impl.common.plots.records import plottable  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 PAPER_BAND = (1.3, 1.7)  # spec caraserve.md 6, S1: CaraServe 1.3-1.7x below S-LoRA at lambda >= 7
-
-
-def _ok(records, metric: str, flagged: bool = False):
-    keep = ("ok", "invalid") if flagged else ("ok",)
-    return [r for r in records if r.get("status") in keep and metric in r.get("metrics", {})]
 
 
 def _trace(r) -> dict:
@@ -31,7 +27,7 @@ def latency_ratios(records, base: str = "slora", mine: str = "caraserve") -> dic
     """``{(rate, output median, load overhead): (base / mine mean latency, flagged)}`` for every
     point where both policies have a record; ``flagged`` when either run was marked invalid."""
     lat, flagged = {}, set()
-    for r in _ok(records, "latency_mean_s", flagged=True):
+    for r in plottable(records, "latency_mean_s", with_invalid=True):
         key = (_trace(r)["rate_rps"], _trace(r)["output_median"], r["config"]["system"]["cost"]["load_overhead_s"])
         lat[(key, r["config"]["system"]["policy"])] = r["metrics"]["latency_mean_s"]["value"]
         if r["status"] != "ok":
@@ -90,7 +86,7 @@ def latency_ratio_map(records, out_dir, base: str = "slora", mine: str = "carase
 def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
     """S3 capacity: SLO attainment against the offered rate, one line per router."""
     pts = collections.defaultdict(dict)
-    for r in _ok(records, "slo_attainment"):
+    for r in plottable(records, "slo_attainment"):
         pts[r["system"]][_trace(r)["rate_rps"]] = r["metrics"]["slo_attainment"]["value"]
     if not pts:
         return []

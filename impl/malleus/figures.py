@@ -10,20 +10,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from impl.common.plots.records import plottable  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 ORDER = ("uniform", "data_only", "layers_only", "restart_replan", "malleus")
 METRIC = "iteration_time_s"
 
 
-def _ok(records):
-    return [r for r in records if r.get("status") == "ok" and METRIC in r.get("metrics", {})]
-
-
 def speedups(records, out_dir, name: str = "speedup") -> list[pathlib.Path]:
     """Speedup over the uniform plan per system, one bar group per (experiment, workload, hardware);
     the straggler-free bound (uniform time / straggler-free time) as a marker."""
-    recs = _ok(records)
+    recs = plottable(records, METRIC)
     t = {}
     free = {}
     for r in recs:
