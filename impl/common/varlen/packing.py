@@ -63,6 +63,8 @@ class MicroBatch:
     def __post_init__(self) -> None:
         if len(self.seq_ids) != len(self.lengths):
             raise ValueError(f"micro-batch: {len(self.seq_ids)} ids but {len(self.lengths)} lengths")
+        if self.row_len and max(self.lengths, default=0) > self.row_len:
+            raise ValueError(f"micro-batch: a sequence of {max(self.lengths)} tokens > row_len {self.row_len}")
         if self.padded_len < self.layout_tokens:
             raise ValueError(f"micro-batch: padded_len {self.padded_len} < its {self.layout_tokens} laid-out tokens")
 
@@ -187,7 +189,7 @@ def pad_to_max(ids: Sequence[int], lengths: Sequence[int], micro_batch_size: int
         chunk = slice(s, s + micro_batch_size)
         n = len(ids_a[chunk])
         out.append(MicroBatch(tuple(int(i) for i in ids_a[chunk]), tuple(int(x) for x in len_a[chunk]),
-                              n * row, row, row_len=row))
+                              n * row, row_len=row))
     return out
 
 
@@ -312,6 +314,8 @@ def check_packing(ids: Sequence[int], lengths: Sequence[int], micro_batches: Seq
     for k, mb in enumerate(micro_batches):
         if mb.bound and mb.num_tokens > mb.bound:
             raise ValueError(f"{field}: micro-batch {k} holds {mb.num_tokens} tokens > bound {mb.bound}")
+        if mb.one_per_row and mb.max_seqlen > mb.row_len:
+            raise ValueError(f"{field}: micro-batch {k} has a sequence of {mb.max_seqlen} tokens > row_len {mb.row_len}")
         for sid, length in zip(mb.seq_ids, mb.lengths):
             if sid in seen:
                 raise ValueError(f"{field}: sequence {sid} is in micro-batches {seen[sid]} and {k}")
