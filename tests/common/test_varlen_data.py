@@ -85,7 +85,8 @@ def test_histogram_round_trip_and_sampling(tmp_path):
     x = d.sample(20000, np.random.default_rng(1))
     assert set(np.unique(x)) == {100, 200, 4000}
     assert abs((x == 100).mean() - 0.6) < 0.02 and abs((x == 4000).mean() - 0.1) < 0.01
-    clipped = LengthDist(kind="histogram", path=str(path), max_len=2048, clip=True).sample(1000, np.random.default_rng(1))
+    clipped = LengthDist(kind="histogram", path=str(path), max_len=2048, clip=True).sample(
+        1000, np.random.default_rng(1))
     assert clipped.max() == 2048
     with pytest.raises(ConfigError, match=r"h.csv:4: length 4000 is outside workload.lengths limits \[1, 2048\]"):
         LengthDist(kind="histogram", path=str(path), max_len=2048, clip=False).sample(10, np.random.default_rng(1))

@@ -6,7 +6,7 @@ import pytest
 
 from impl.common.api import ConfigError
 from impl.common.varlen import (LengthStream, MicroBatch, assign_dp, check_packing, commoncrawl,
-                                equal_count, greedy_pack, group_by_boundaries, hotspa_cpu, hotspa_pack,
+                                equal_count, greedy_pack, group_by_boundaries, hotspa_cpu, hotspa_pack, largest_first,
                                 pad_to_max)
 
 SEEDS = range(40)
@@ -100,6 +100,8 @@ def test_greedy_pack_matches_the_literal_rule_and_leaves_no_room_unused():
         want = _greedy_reference(lengths, 2048)
         assert [sorted(mb.seq_ids) for mb in got] == [sorted(int(step.ids[i]) for i in mb) for mb in want]
         check_packing(step.ids, step.lengths, got)
+        ordered = largest_first(got)
+        assert [mb.num_tokens for mb in ordered] == sorted((mb.num_tokens for mb in got), reverse=True)
         packed = set()
         for mb in got:
             packed |= set(mb.seq_ids)

@@ -33,7 +33,7 @@ from impl.common.api import ConfigError
 KINDS = ("lognormal", "histogram")
 
 
-@dataclass(frozen=True)
+@dataclass
 class LengthDist:
     kind: str = "lognormal"
     median: float = 250.0  # lognormal: exp(mu), tokens

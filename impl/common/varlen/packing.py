@@ -22,8 +22,11 @@ Rules (every one keeps each sequence whole and drops none):
   add the longest unused sequences that still fit the capacity (Hydraulis spec 2.5, "greedy
   packing", modes 2/3; the Megatron-like baselines of Hydraulis and HotSPa spec 3 use it to
   the context length). Topping up "the longest that still fits" is done by repeatedly taking
-  the longest unused length <= the room left, which equals scanning the unused sequences
-  longest-first and adding each that fits.
+  the longest unused length <= the room left, which equals the authors' loop (Hetu
+  ``python/hetu/data/bucket.py``, ``Bucket.pack_data``: scan the unused sequences longest-first
+  and add each that fits). Hetu then runs the packed rows largest-first (:func:`largest_first`;
+  Hydraulis 2.4) and, in its pad-to-max path, truncates rows to the maximum: here an over-long
+  sequence is an error instead.
 - :func:`hotspa_pack`: open a micro-batch with the longest unused sequence, then add from the
   shortest upward while the total stays <= the group's bound (HotSPa spec 2.3).
 - :func:`group_by_boundaries`: descending boundaries ``[B_0 > B_1 > ... > B_n]``; group g holds
@@ -258,6 +261,11 @@ def hotspa_pack(ids: Sequence[int], lengths: Sequence[int], bound: int, pad: str
     return out
 
 
+def largest_first(micro_batches: Sequence[MicroBatch]) -> list[MicroBatch]:
+    """Micro-batches by real tokens, descending (stable), the order Hetu runs packed rows in."""
+    return sorted(micro_batches, key=lambda mb: -mb.num_tokens)
+
+
 def check_boundaries(boundaries: Sequence[int], field: str = "boundaries") -> list[int]:
     b = [int(x) for x in boundaries]
     if len(b) < 2:
@@ -315,7 +323,8 @@ def check_packing(ids: Sequence[int], lengths: Sequence[int], micro_batches: Seq
         if mb.bound and mb.num_tokens > mb.bound:
             raise ValueError(f"{field}: micro-batch {k} holds {mb.num_tokens} tokens > bound {mb.bound}")
         if mb.one_per_row and mb.max_seqlen > mb.row_len:
-            raise ValueError(f"{field}: micro-batch {k} has a sequence of {mb.max_seqlen} tokens > row_len {mb.row_len}")
+            raise ValueError(f"{field}: micro-batch {k} has a sequence of {mb.max_seqlen} tokens "
+                             f"> row_len {mb.row_len}")
         for sid, length in zip(mb.seq_ids, mb.lengths):
             if sid in seen:
                 raise ValueError(f"{field}: sequence {sid} is in micro-batches {seen[sid]} and {k}")
