@@ -19,7 +19,7 @@ from impl.common.workloads.pipeline import ModelShape
 
 pytestmark = pytest.mark.real
 
-SHAPE = ModelShape("gpt-tiny", 8, 32, 4, 4, 64, 16)
+SHAPE = ModelShape(name="gpt-tiny", num_layers=8, hidden=32, heads=4, ffn_mult=4, vocab=64, seq_len=16)
 M = 8
 
 
