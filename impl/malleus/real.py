@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_z
+from impl.common.parallel.plan import Plan, format_plan, group_rates
 from impl.common.runtime.hybrid import Controller, HybridRunConfig, probe_once, run_hybrid
 from impl.common.workloads.pipeline import ModelShape
 

@@ -27,7 +27,7 @@ from impl.common.parallel.cost import HybridCostModel, iteration_cost, memory_mo
 from impl.common.parallel.migration import migration_time_s, plan_migration
 from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_diff, plan_z, z_lower_bound
 from impl.common.parallel.planner import PlannerConfig, check_feasible, check_uniform_fits, plan as hetero_plan
-from impl.common.parallel.tp_groups import check_levels, shrink_levels
+from impl.common.parallel.tp_groups import check_shrink_penalty, shrink_levels
 
 from . import baselines
 from .straggler import StragglerMonitor
@@ -110,7 +110,7 @@ class HybridTraining(System):
         if wl.global_batch_size % wl.micro_batch_size:
             raise ConfigError(f"workload.global_batch_size {wl.global_batch_size} is not a multiple of "
                               f"micro_batch_size {wl.micro_batch_size}")
-        check_levels("system.shrink_penalty", self.cfg.shrink_penalty, wl.tp)
+        check_shrink_penalty("system.shrink_penalty", self.cfg.shrink_penalty, wl.tp)
         c = self.cfg
         return PlannerConfig(num_gpus=wl.num_gpus, gpus_per_node=wl.gpus_per_node, dp=wl.dp, tp=wl.tp, pp=wl.pp,
                              num_layers=wl.model.num_layers, num_microbatches=wl.num_microbatches, alpha=tuple(alpha),

@@ -61,6 +61,7 @@ SIM70 = ["system=malleus", "mode=sim", "workload=hybrid_70b_dp2tp8pp4", "hardwar
      "planner: 10 TP groups need >= 10 micro-batches (m_i >= stages of pipeline i), num_microbatches is 8 "
      "(shrunk groups: node 0: 4+2+1)"),
     (SIM70 + ["system.shrink_penalty=[1.0,2.0]"], "system.shrink_penalty: tp=8 needs 4 entries (k = 0..3), got [1.0, 2.0]"),
+    (SIM70 + ["system.shrink_penalty=[2.0,2.0,2.0,2.0]"], "system.shrink_penalty: level 0 (a full group) must be 1.0"),
     (["system=malleus", "mode=real", "workload=malleus_cpu_dp2pp2", "fault=slowdown_a", "workload.tp=2",
       "workload.dp=1"], "workload.tp: real mode runs DP x PP only"),
 ])

@@ -22,7 +22,6 @@ which Z ignores) when a ``cost_fn`` is given; the result keeps every candidate f
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -31,7 +30,7 @@ from impl.common.api import ConfigError
 
 from .ilp import ilp_a, ilp_b
 from .plan import HEALTHY_BELOW, Group, Plan, PipelinePlan, plan_z, uniform_plan, validate_plan
-from .tp_groups import TPGroup, check_levels, node_groups, tp_group_rate
+from .tp_groups import TPGroup, check_levels, check_shrink_penalty, node_groups, tp_group_rate
 
 
 class PlannerError(ConfigError):
@@ -68,10 +67,7 @@ class PlannerConfig:
         if self.tp > self.gpus_per_node or self.gpus_per_node % self.tp or self.tp & (self.tp - 1):
             raise ConfigError(f"workload.tp: {self.tp} must be a power of two dividing gpus_per_node {self.gpus_per_node}")
         check_levels("workload.alpha", self.alpha, self.tp)
-        check_levels("shrink_penalty", self.shrink_penalty, self.tp)
-        if self.shrink_penalty[0] != 1.0 or not all(w > 0 for w in self.shrink_penalty):
-            raise ConfigError(f"shrink_penalty: level 0 (a full group) must be 1.0 and every level > 0, "
-                              f"got {list(self.shrink_penalty)}")
+        check_shrink_penalty("shrink_penalty", self.shrink_penalty, self.tp)
 
     @property
     def num_nodes(self) -> int:

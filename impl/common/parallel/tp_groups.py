@@ -44,6 +44,12 @@ def check_levels(name: str, values: Sequence[float], tp: int) -> None:
         raise ConfigError(f"{name}: tp={tp} needs {levels} entries (k = 0..{levels - 1}), got {list(values)}")
 
 
+def check_shrink_penalty(name: str, values: Sequence[float], tp: int) -> None:
+    check_levels(name, values, tp)
+    if values[0] != 1.0 or not all(w > 0 for w in values):
+        raise ConfigError(f"{name}: level 0 (a full group) must be 1.0 and every level > 0, got {list(values)}")
+
+
 def tp_group_rate(xs: Sequence[float], k: int, alpha: Sequence[float], healthy_below: float = HEALTHY_BELOW) -> float:
     return effective_rate(alpha[k] * max(xs), healthy_below)
 
