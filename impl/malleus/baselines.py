@@ -14,11 +14,9 @@ from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
 from impl.common.parallel.cost import HybridCostModel, iteration_cost
-from impl.common.parallel.plan import (Group, Plan, PipelinePlan, PlanError, effective_rate, even_split,
-                                       group_rates, uniform_plan)
-
-from .ilp import ilp_a, ilp_b
-from .planner import PlannerConfig
+from impl.common.parallel.ilp import ilp_a, ilp_b
+from impl.common.parallel.plan import Group, Plan, PipelinePlan, PlanError, effective_rate, group_rates, uniform_plan
+from impl.common.parallel.planner import PlannerConfig
 
 
 def uniform(cfg: PlannerConfig, x: Sequence[float]) -> Plan:

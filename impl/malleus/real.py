@@ -19,7 +19,7 @@ from typing import Optional
 import numpy as np
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_z
+from impl.common.parallel.plan import Plan, format_plan, group_rates
 from impl.common.runtime.hybrid import Controller, HybridRunConfig, probe_once, run_hybrid
 from impl.common.workloads.pipeline import ModelShape
 
@@ -122,18 +122,24 @@ class MalleusController(Controller):
 def tiny_shape(model) -> ModelShape:
     if getattr(model, "ffn_hidden", 0):
         raise ConfigError("workload.model.ffn_hidden: real mode runs the tiny GPT (ffn_hidden must be 0)")
-    return ModelShape(model.name, model.num_layers, model.hidden, model.heads, model.ffn_mult, model.vocab, model.seq_len)
+    return ModelShape(name=model.name, num_layers=model.num_layers, hidden=model.hidden, heads=model.heads,
+                      ffn_mult=model.ffn_mult, ffn_hidden=0, vocab=model.vocab, seq_len=model.seq_len)
+
+
+def check_real(system, wl) -> None:
+    """Real-mode limits, checked at preflight (:meth:`HybridTraining.check`)."""
+    if wl.tp != 1:
+        raise ConfigError(f"workload.tp: real mode runs DP x PP only (tp=1 on CPU), got tp={wl.tp}")
+    if system.cfg.policy == "restart_replan" and not system.cfg.interleave:
+        raise ConfigError("system.policy: restart_replan runs in sim mode only (a real restart is not emulated)")
+    tiny_shape(wl.model)
 
 
 def run_real(system, job: JobContext) -> RunResult:
     wl, cfg = job.workload, system.cfg
-    if wl.tp != 1:
-        raise ConfigError(f"workload.tp: real mode runs DP x PP only (tp=1 on CPU), got tp={wl.tp}")
-    if cfg.policy == "restart_replan" and not cfg.interleave:
-        raise ConfigError("system.policy: restart_replan runs in sim mode only (a real restart is not emulated)")
     shape = tiny_shape(wl.model)
-    alpha = list(wl.alpha) if wl.alpha else [1.0]
-    pcfg = system.planner_config(job, alpha)
+    alpha = system.alpha("real", wl, job.hardware)
+    pcfg = system.planner_config(wl, job.hardware, alpha)
     total = wl.warmup_iterations + wl.iterations
     controller = MalleusController(system, pcfg, wl.warmup_iterations, total)
     rcfg = HybridRunConfig(shape, wl.num_gpus, wl.micro_batch_size, wl.num_microbatches, total, job.seed,

@@ -26,9 +26,10 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.parallel.cost import HybridCostModel, iteration_cost, memory_model, state_bytes_per_layer
 from impl.common.parallel.migration import migration_time_s, plan_migration
 from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_diff, plan_z, z_lower_bound
+from impl.common.parallel.planner import PlannerConfig, check_feasible, check_uniform_fits, plan as hetero_plan
+from impl.common.parallel.tp_groups import check_shrink_penalty, shrink_levels
 
 from . import baselines
-from .planner import PlannerConfig, check_node_limits, check_uniform_fits, plan as malleus_plan
 from .straggler import StragglerMonitor
 
 POLICIES = ("malleus", "uniform", "data_only", "layers_only", "restart_replan")
@@ -53,7 +54,9 @@ class HybridTraining(System):
         replan_delta: float = 0.3
         healthy_below: float = 1.2
         top_k: int = 5
-        shrink_penalty: float = 2.0
+        # w_k of the TP-grouping score per shrink level k = log2(tp / group size); index 0 (a
+        # full group) is 1.0. Needs >= log2(tp) + 1 entries.
+        shrink_penalty: List[float] = field(default_factory=lambda: [1.0, 2.0, 2.0, 2.0])
         solver_a: str = "cbc"
         solver_b: str = "highs"  # or "search" (exact combinatorial, for >= 512 GPUs)
         rescore: bool = True
@@ -95,32 +98,51 @@ class HybridTraining(System):
             raise ConfigError(f"system.top_k must be >= 1, got {cfg.top_k}")
 
     # ---- shared ------------------------------------------------------------------------
-    def planner_config(self, job: JobContext, alpha) -> PlannerConfig:
-        wl = job.workload
+    def alpha(self, mode: str, wl, hardware) -> list[float]:
+        """TP-shrink slowdowns: the workload's, else the cost model's (sim) or [1] (real, tp=1)."""
+        if wl.alpha:
+            return list(wl.alpha)
+        if mode == "sim":
+            return HybridCostModel.build(wl, hardware).alpha(shrink_levels(wl.tp))
+        return [1.0]
+
+    def planner_config(self, wl, hardware, alpha) -> PlannerConfig:
         if wl.global_batch_size % wl.micro_batch_size:
             raise ConfigError(f"workload.global_batch_size {wl.global_batch_size} is not a multiple of "
                               f"micro_batch_size {wl.micro_batch_size}")
-        return PlannerConfig(wl.num_gpus, wl.gpus_per_node, wl.dp, wl.tp, wl.pp, wl.model.num_layers,
-                             wl.num_microbatches, tuple(alpha), memory_model(wl, job.hardware), self.cfg.top_k,
-                             self.cfg.shrink_penalty, self.cfg.healthy_below, self.cfg.solver_a, self.cfg.solver_b)
+        check_shrink_penalty("system.shrink_penalty", self.cfg.shrink_penalty, wl.tp)
+        c = self.cfg
+        return PlannerConfig(num_gpus=wl.num_gpus, gpus_per_node=wl.gpus_per_node, dp=wl.dp, tp=wl.tp, pp=wl.pp,
+                             num_layers=wl.model.num_layers, num_microbatches=wl.num_microbatches, alpha=tuple(alpha),
+                             memory=memory_model(wl, hardware), top_k=c.top_k,
+                             shrink_penalty=tuple(c.shrink_penalty), healthy_below=c.healthy_below,
+                             solver_a=c.solver_a, solver_b=c.solver_b)
 
-    def check_job(self, job: JobContext) -> None:
-        wl = job.workload
+    def check(self, mode, wl, hardware, fault) -> None:
+        """Whole-job checks, at preflight: workload and fault kinds, the planner's inputs, the
+        nominal layout's memory, and the planner's grouping at every change of the fault."""
         if getattr(wl, "kind", None) != "hybrid":
             raise ConfigError(f"workload.kind: system {self.name!r} needs a 'hybrid' workload, got {getattr(wl, 'kind', None)!r}")
-        if job.fault.kind not in SUPPORTED_FAULTS:
-            raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {job.fault.kind!r} "
+        if fault.kind not in SUPPORTED_FAULTS:
+            raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {fault.kind!r} "
                               f"(supports: {', '.join(SUPPORTED_FAULTS)})")
-        validate_compute_slowdown(job.fault, wl.num_gpus)
-        from faults.compute_slowdown import change_iterations
+        validate_compute_slowdown(fault, wl.num_gpus)
+        if mode == "real":
+            from .real import check_real
 
-        iters = wl.warmup_iterations + wl.iterations
-        for it in [0] + change_iterations(job.fault, iters):
-            check_node_limits(slowdown_at(job.fault, it, wl.num_gpus), wl.gpus_per_node, wl.tp, self.cfg.healthy_below)
+            check_real(self, wl)
+        pcfg = self.planner_config(wl, hardware, self.alpha(mode, wl, hardware))
+        check_uniform_fits(pcfg.uniform(), pcfg)
+        if self.cfg.policy == "malleus" or (self.cfg.policy == "restart_replan" and self.cfg.restart_plan == "malleus"):
+            from faults.compute_slowdown import change_iterations
+
+            iters = wl.warmup_iterations + wl.iterations
+            for it in [0] + change_iterations(fault, iters):
+                check_feasible(pcfg, slowdown_at(fault, it, wl.num_gpus))
 
     def policy_plan(self, policy: str, pcfg: PlannerConfig, x, old: Plan, cost_fn=None, cm=None) -> tuple[Plan, dict]:
         if policy == "malleus" or (policy == "restart_replan" and self.cfg.restart_plan == "malleus"):
-            res = malleus_plan(pcfg, x, old_plan=old, cost_fn=cost_fn if self.cfg.rescore else None)
+            res = hetero_plan(pcfg, x, old_plan=old, cost_fn=cost_fn if self.cfg.rescore else None, label="malleus")
             return res.plan, {"z": res.z, "stats": res.stats,
                               "candidates": [{"z": c.z, "cost_s": c.cost_s} for c in res.candidates]}
         if policy == "uniform":
@@ -132,7 +154,6 @@ class HybridTraining(System):
         return baselines.restart_exclude(pcfg, x, cm), {}
 
     def run(self, job: JobContext) -> RunResult:
-        self.check_job(job)
         if job.mode == "sim":
             return self._run_sim(job)
         from .real import run_real
@@ -148,11 +169,10 @@ class HybridTraining(System):
     def _run_sim(self, job: JobContext) -> RunResult:
         wl, hw, cfg = job.workload, job.hardware, self.cfg
         cm = HybridCostModel.build(wl, hw)
-        alpha = list(wl.alpha) if wl.alpha else cm.alpha(int(math.log2(wl.tp)) + 1)
-        pcfg = self.planner_config(job, alpha)
+        alpha = self.alpha("sim", wl, hw)
+        pcfg = self.planner_config(wl, hw, alpha)
         N = wl.num_gpus
         current = pcfg.uniform()
-        check_uniform_fits(current, pcfg)
         t_free = iteration_cost(current, [1.0] * N, cm).iteration_time_s
         mon = StragglerMonitor(N, cfg.window, cfg.check_every, cfg.replan_delta, cfg.healthy_below,
                                t_ref_s=cm.layer_time_s(wl.tp))

@@ -5,10 +5,11 @@ import pytest
 
 from impl.common.parallel.cost import MemoryModel
 from impl.common.parallel.plan import validate_plan
-from impl.malleus.ilp import ilp_b
-from impl.malleus.planner import PlannerConfig, plan
+from impl.common.parallel.ilp import ilp_b
+from impl.common.parallel.planner import PlannerConfig, plan
 
-CFG = PlannerConfig(1024, 8, 16, 8, 8, 80, 256, (1.0, 1.9, 3.66, 7.22), MemoryModel(1231, 416, 500, 4500, 81252, 8),
+CFG = PlannerConfig(num_gpus=1024, gpus_per_node=8, dp=16, tp=8, pp=8, num_layers=80, num_microbatches=256,
+                    alpha=(1.0, 1.9, 3.66, 7.22), memory=MemoryModel(1231, 416, 500, 4500, 81252, 8),
                     solver_a="highs", solver_b="search", max_stage_vectors=4, max_templates=500)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.app import preflight
 from impl.common.api import ConfigError
 from tests.support.inprocess import run_job
 
@@ -30,10 +31,46 @@ def test_sim_is_deterministic(tmp_path):
 
 @pytest.mark.parametrize("overrides, match", [
     (["fault=slowdown_s1", "fault.gpus=[40]"], r"fault.gpus: GPU 40 does not exist"),
-    (["fault=slowdown_s1", "fault.gpus=[8,9]"], r"node 1 has 2 straggling GPUs \[8, 9\], more than a node allows"),
     (["fault=slowdown_s1", "workload.memory.capacity_mb=60000"], r"workload.memory: the nominal layout does not fit"),
 ])
 def test_bad_input_is_one_line(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
         run_job(BASE + ["system=malleus"] + overrides, tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_two_stragglers_in_a_tp2_node_run(tmp_path):
+    """GPUs 8 and 9 share a TP2 group: no longer refused; Malleus re-plans and beats uniform."""
+    m = run_job(BASE + ["system=malleus", "fault=slowdown_s1", "fault.gpus=[8,9]"], tmp_path / "m")
+    u = run_job(BASE + ["system=uniform", "fault=slowdown_s1", "fault.gpus=[8,9]"], tmp_path / "u")
+    assert m.metrics["replans"].value >= 1
+    assert _t(u) / _t(m) > 1.2
+
+
+SIM70 = ["system=malleus", "mode=sim", "workload=hybrid_70b_dp2tp8pp4", "hardware=a800-80g", "fault=slowdown_s1"]
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    # whole-job checks run at preflight, before any job of the sweep starts
+    (BASE + ["system=malleus", "fault=slowdown_s1", "fault.gpus=[40]"], "fault.gpus: GPU 40 does not exist"),
+    (BASE + ["system=malleus", "fault=slowdown_s1", "workload.memory.capacity_mb=60000"],
+     "workload.memory: the nominal layout does not fit"),
+    (BASE + ["system=malleus", "fault=none", "workload=pipeline_s4"], "workload.kind: system 'malleus' needs a 'hybrid'"),
+    # a 12.53x GPU splits node 0 into 4+2+1 groups: 10 stages in all, but M = 8
+    (SIM70 + ["fault.factor=12.53", "workload.global_batch_size=8"],
+     "planner: 10 TP groups need >= 10 micro-batches (m_i >= stages of pipeline i), num_microbatches is 8 "
+     "(shrunk groups: node 0: 4+2+1)"),
+    (SIM70 + ["system.shrink_penalty=[1.0,2.0]"], "system.shrink_penalty: tp=8 needs 4 entries (k = 0..3), got [1.0, 2.0]"),
+    (SIM70 + ["system.shrink_penalty=[2.0,2.0,2.0,2.0]"], "system.shrink_penalty: level 0 (a full group) must be 1.0"),
+    (["system=malleus", "mode=real", "workload=malleus_cpu_dp2pp2", "fault=slowdown_a", "workload.tp=2",
+      "workload.dp=1"], "workload.tp: real mode runs DP x PP only"),
+])
+def test_whole_job_checks_fail_at_preflight(overrides, expected):
+    err = preflight(overrides)
+    assert err is not None and expected in err, err
+    assert "\n" not in err
+
+
+def test_preflight_sweep_fails_before_its_first_job():
+    err = preflight(["--multirun"] + BASE + ["system=uniform,malleus", "fault=slowdown_s1", "fault.gpus=[40]"])
+    assert err is not None and "fault.gpus: GPU 40 does not exist" in err

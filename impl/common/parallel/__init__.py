@@ -1,2 +1,4 @@
-"""Hybrid-parallel plans (DP x TP x PP, non-uniform) and their cost model; shared by Malleus,
-Elastor, Hydraulis, HotSPa and LobRA."""
+"""Hybrid-parallel plans (DP x TP x PP, non-uniform), their cost model, the planner that
+builds them from per-GPU rates (TP groups per node, ILP-A / ILP-B, top-k search) and what
+moves between two plans; shared by Malleus, checkpoint recovery (Elastor), Hydraulis, HotSPa
+and LobRA."""

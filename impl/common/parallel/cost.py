@@ -126,8 +126,9 @@ def memory_model(wl, hw) -> Optional[MemoryModel]:
     if mem is None or not mem.enabled:
         return None
     cap = mem.capacity_mb if mem.capacity_mb else hw.memory_bytes / MB
-    return MemoryModel(mem.state_mb_per_layer, mem.act_mb_per_layer_mb, mem.embed_mb, mem.extra_mb,
-                       cap - mem.reserve_mb, mem.inflight_cap or (1 << 30))
+    return MemoryModel(state_mb_per_layer=mem.state_mb_per_layer, act_mb_per_layer_mb=mem.act_mb_per_layer_mb,
+                       embed_mb=mem.embed_mb, extra_mb=mem.extra_mb, capacity_mb=cap - mem.reserve_mb,
+                       inflight_cap=mem.inflight_cap or (1 << 30))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The planner's two integer programs (spec malleus 2.3 step 4), solved by existing solvers.
+"""The two integer programs of a heterogeneous DP x PP planner (spec malleus 2.3 step 4,
+ckpt_recovery 2.2 C-D), solved by existing solvers.
 
 ILP-A (one pipeline, its stages' group rates y_j and memory ratios r_j):
     min z  s.t.  (k_{S-j} l_j + E [j first or last]) r_j + X <= C,  z >= y_j l_j,  sum_j l_j = L,
@@ -8,8 +9,8 @@ ILP-B (all pipelines, their z_i from ILP-A):
 
 ``solver='cbc'`` runs PuLP's bundled CBC with the rows written in the reference code's order
 (memory, then z, then the layer sum); CBC is deterministic for a given input, and that order
-is what reproduces the spec's worked examples among tied optima (README). ``solver='highs'``
-uses scipy.optimize.milp (HiGHS, in-process, faster). Both return exact integer solutions;
+is what reproduces the Malleus spec's worked examples among tied optima (impl/malleus/README).
+``solver='highs'`` uses scipy.optimize.milp (HiGHS, in-process, faster). Both return exact integer solutions;
 the objective is recomputed from the integers, never read back from the solver.
 """
 from __future__ import annotations

@@ -1,37 +1,40 @@
-"""Malleus's planner: the six steps of spec malleus 2.3 over per-GPU straggling rates.
+"""A heterogeneous DP x TP x PP planner over per-GPU rates (spec malleus 2.3; reused by
+checkpoint recovery, spec ckpt_recovery 2.2). Inputs are plain data: rates x_g (1 = healthy,
+2 = twice as slow), the TP slowdown per shrink level (alpha), node size, layer and
+micro-batch counts, an optional memory model and GPUs that are not available at all.
 
-1. TP groups per node (:func:`node_groups`): healthy GPUs by id, then stragglers by rate; the
-   first groups are full (tp GPUs), the last window of tp slots is split into descending
-   powers of two from each start size h0, scored by sum 1/(alpha_k * y * w_k) (w_0 = 1,
-   w_k = ``shrink_penalty`` for shrunk groups); GPUs left over are suspended. With >= 2
-   stragglers in a node, the window also slides left (shifted orders).
+1. TP groups per node (:func:`impl.common.parallel.tp_groups.node_groups`).
 2. Stage-count vectors (:func:`stage_vectors`).
 3. Templates (:func:`templates`): DFS puts the non-placeholder groups (y descending) on the
    leading stages of pipelines; pipelines of equal depth are interchangeable, so a group only
    goes to the first of several identical-so-far pipelines, and templates are ordered
-   canonically (more stragglers first; on a tie the larger first rate first).
-4. ILP-A per pipeline and ILP-B per template (:mod:`impl.malleus.ilp`); infeasible templates
-   are dropped; the top k by Z are kept, ties by enumeration order.
+   canonically (more slow groups first; on a tie the larger first rate first).
+4. ILP-A per pipeline and ILP-B per template (:mod:`impl.common.parallel.ilp`); infeasible
+   templates are dropped; the top k by Z are kept, ties by enumeration order.
 5. Placeholders get real healthy groups: pass 1 fills the stage columns of pipeline 0's
-   straggler stages from the straggler's node; pass 2 the rest by the best IoU of the group's
+   slow stages from the slow group's node; pass 2 the rest by the best IoU of the group's
    old layer range (so migration can reuse state in place).
-6. A :class:`~impl.common.parallel.plan.Plan`; groups with no layers are suspended.
+6. A :class:`~impl.common.parallel.plan.Plan`; groups with no layers are suspended, and so
+   are unavailable GPUs.
 
 The top-k plans are then re-scored with the full cost model (fill bubbles and communication,
 which Z ignores) when a ``cost_fn`` is given; the result keeps every candidate for reports.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from impl.common.api import ConfigError
-from impl.common.parallel.plan import (HEALTHY_BELOW, Group, Plan, PipelinePlan, effective_rate, plan_z,
-                                       uniform_plan, validate_plan)
 
 from .ilp import ilp_a, ilp_b
+from .plan import HEALTHY_BELOW, Group, Plan, PipelinePlan, plan_z, uniform_plan, validate_plan
+from .tp_groups import TPGroup, check_levels, check_shrink_penalty, node_groups, tp_group_rate
+
+
+class PlannerError(ConfigError):
+    """No plan satisfies the planner's constraints; the message names the one that failed."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ class PlannerConfig:
     alpha: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     memory: object = None  # impl.common.parallel.cost.MemoryModel or None
     top_k: int = 5
-    shrink_penalty: float = 2.0
+    # w_k of step 1's score per shrink level k (index 0 = a full group = 1.0).
+    shrink_penalty: tuple[float, ...] = (1.0, 2.0, 2.0, 2.0)
     healthy_below: float = HEALTHY_BELOW
     solver_a: str = "cbc"
     solver_b: str = "highs"
@@ -62,9 +66,8 @@ class PlannerConfig:
                               f"!= num_gpus {self.num_gpus}")
         if self.tp > self.gpus_per_node or self.gpus_per_node % self.tp or self.tp & (self.tp - 1):
             raise ConfigError(f"workload.tp: {self.tp} must be a power of two dividing gpus_per_node {self.gpus_per_node}")
-        levels = int(math.log2(self.tp)) + 1
-        if len(self.alpha) < levels:
-            raise ConfigError(f"workload.alpha: tp={self.tp} needs {levels} entries (k = 0..{levels - 1}), got {list(self.alpha)}")
+        check_levels("workload.alpha", self.alpha, self.tp)
+        check_shrink_penalty("shrink_penalty", self.shrink_penalty, self.tp)
 
     @property
     def num_nodes(self) -> int:
@@ -91,17 +94,6 @@ class PlanResult:
     stats: dict = field(default_factory=dict)
 
 
-def check_node_limits(x: Sequence[float], gpus_per_node: int, tp: int, healthy_below: float = HEALTHY_BELOW) -> None:
-    """Spec 8 (code limits): only the last tp slots of a node are regrouped, so a node may hold
-    at most tp-1 stragglers, or be slow as a whole (its groups then stay full)."""
-    for n in range(len(x) // gpus_per_node):
-        ids = range(n * gpus_per_node, (n + 1) * gpus_per_node)
-        slow = [g for g in ids if effective_rate(x[g], healthy_below) > 1.0]
-        if tp - 1 < len(slow) < gpus_per_node:
-            raise ConfigError(f"fault.gpus: node {n} has {len(slow)} straggling GPUs {slow}, more than a node allows "
-                              f"(at most tp-1 = {tp - 1}, or all {gpus_per_node} GPUs of the node)")
-
-
 def check_uniform_fits(plan: Plan, cfg: "PlannerConfig") -> None:
     """Bad input: the nominal layout itself must fit device memory."""
     if cfg.memory is None:
@@ -120,60 +112,18 @@ def check_uniform_fits(plan: Plan, cfg: "PlannerConfig") -> None:
 # ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _G:
-    """A planned group before placement: GPUs, node, shrink level k, rate y."""
-
-    gpus: tuple[int, ...]
-    node: int
-    k: int
-    y: float
-
-
 def _rate(xs: Sequence[float], k: int, cfg: PlannerConfig) -> float:
-    return effective_rate(cfg.alpha[k] * max(xs), cfg.healthy_below)
+    return tp_group_rate(xs, k, cfg.alpha, cfg.healthy_below)
 
 
-def node_groups(node: int, x: Sequence[float], cfg: PlannerConfig) -> tuple[list[_G], list[int]]:
-    """Groups and suspended GPUs of one node (step 1)."""
-    gpn, tp = cfg.gpus_per_node, cfg.tp
-    ids = list(range(node * gpn, (node + 1) * gpn))
-    xe = {g: effective_rate(x[g], cfg.healthy_below) for g in ids}
-    healthy = [g for g in ids if xe[g] == 1.0]
-    strag = sorted((g for g in ids if xe[g] > 1.0), key=lambda g: (x[g], g))
-    order = healthy + strag
-    per_node = gpn // tp
-    if not strag:
-        return [_G(tuple(order[i * tp:(i + 1) * tp]), node, 0, 1.0) for i in range(per_node)], []
-    fulls = range(per_node - 1, -1, -1) if len(strag) >= 2 else [per_node - 1]
-    best, best_key = None, None
-    for n_full in fulls:
-        groups = [_G(tuple(order[i * tp:(i + 1) * tp]), node, 0, _rate([x[g] for g in order[i * tp:(i + 1) * tp]], 0, cfg))
-                  for i in range(n_full)]
-        window = order[n_full * tp:(n_full + 1) * tp]
-        h0 = tp
-        while h0 >= 1:
-            split, pos, size, k = [], 0, h0, int(round(math.log2(tp // h0)))
-            while size >= 1 and pos + size <= len(window):
-                gpus = tuple(window[pos:pos + size])
-                split.append(_G(gpus, node, k, _rate([x[g] for g in gpus], k, cfg)))
-                pos += size
-                size //= 2
-                k += 1
-            cand = groups + split
-            used = {g for grp in cand for g in grp.gpus}
-            score = math.fsum(1.0 / (grp.y * (1.0 if grp.k == 0 else cfg.shrink_penalty)) for grp in cand)
-            key = round(score, 12)
-            if best_key is None or key > best_key:
-                best, best_key = (cand, sorted(set(ids) - used)), key
-            h0 //= 2
-    return best
-
-
-def all_groups(x: Sequence[float], cfg: PlannerConfig) -> tuple[list[_G], list[int]]:
+def all_groups(x: Sequence[float], cfg: PlannerConfig, unavailable: Sequence[int] = ()) -> tuple[list[TPGroup], list[int]]:
+    """Step 1 on every node; ``unavailable`` GPUs join no group (and are not listed)."""
+    out = set(unavailable)
+    gpn = cfg.gpus_per_node
     groups, suspended = [], []
     for n in range(cfg.num_nodes):
-        g, s = node_groups(n, x, cfg)
+        ids = [g for g in range(n * gpn, (n + 1) * gpn) if g not in out]
+        g, s = node_groups(ids, n, x, cfg.tp, cfg.alpha, cfg.shrink_penalty, cfg.healthy_below)
         groups += g
         suspended += s
     return groups, suspended
@@ -220,7 +170,7 @@ def stage_vectors(num_groups: int, cfg: PlannerConfig) -> list[tuple[int, ...]]:
 # ---------------------------------------------------------------------------------------
 
 
-def templates(specials: Sequence[_G], svec: Sequence[int], limit: int) -> list[list[list[int]]]:
+def templates(specials: Sequence[TPGroup], svec: Sequence[int], limit: int) -> list[list[list[int]]]:
     """Assignments of special groups (indices into ``specials``, sorted by y descending) to
     pipelines: ``t[i]`` = the special groups on the leading stages of pipeline i, in order."""
     D = len(svec)
@@ -276,6 +226,14 @@ def _canonical(cur, svec, specials):
 # ---------------------------------------------------------------------------------------
 
 
+def check_feasible(cfg: PlannerConfig, x: Sequence[float], unavailable: Sequence[int] = ()) -> None:
+    """Steps 1-2 only (no ILP): a cheap preflight that raises the :class:`PlannerError` a
+    plan for rates ``x`` would meet in forming groups and pipelines."""
+    groups, _ = all_groups(x, cfg, unavailable)
+    if not stage_vectors(len(groups), cfg):
+        raise PlannerError(_no_stage_vector_message(cfg, groups))
+
+
 def _iou(a: tuple[int, int], b: tuple[int, int]) -> float:
     inter = max(0, min(a[1], b[1]) - max(a[0], b[0]))
     union = max(a[1], b[1]) - min(a[0], b[0])
@@ -283,20 +241,24 @@ def _iou(a: tuple[int, int], b: tuple[int, int]) -> float:
 
 
 def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None,
-         cost_fn: Optional[Callable[[Plan], float]] = None) -> PlanResult:
-    """The best plan for per-GPU rates ``x`` (len = num_gpus)."""
+         cost_fn: Optional[Callable[[Plan], float]] = None, unavailable: Sequence[int] = (),
+         label: str = "planned") -> PlanResult:
+    """The best plan for per-GPU rates ``x`` (len = num_gpus); ``unavailable`` GPUs (lost,
+    say) join no group and are listed as suspended. Raises :class:`PlannerError` naming the
+    constraint that no plan satisfies."""
     if len(x) != cfg.num_gpus:
         raise ConfigError(f"straggling rates: got {len(x)} for {cfg.num_gpus} GPUs")
     for g, v in enumerate(x):
         if not (v > 0 and math.isfinite(v)):
             raise ConfigError(f"straggling rate of GPU {g} must be a positive finite number, got {v}")
-    groups, suspended = all_groups(x, cfg)
+    groups, suspended = all_groups(x, cfg, unavailable)
+    suspended = sorted(set(suspended) | set(unavailable))
     specials = sorted([g for g in groups if not (g.k == 0 and g.y == 1.0)], key=lambda g: (-g.y, g.k, g.gpus))
     healthy = [g for g in groups if g.k == 0 and g.y == 1.0]
     svecs = stage_vectors(len(groups), cfg)
     if not svecs:
-        raise ConfigError(f"planner: {len(groups)} TP groups cannot form {cfg.dp} pipelines for "
-                          f"{cfg.num_microbatches} micro-batches and {cfg.num_layers} layers")
+        raise PlannerError(_no_stage_vector_message(cfg, groups))
+    best_cap: Optional[tuple[int, int]] = None  # (layers the roomiest infeasible pipeline holds, its stages)
     a_cache: dict = {}
     b_cache: dict = {}
     # (rank key, Z, svec, template, (layers, m)); the key breaks ties of Z (README): fewer
@@ -317,6 +279,9 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
                                           cfg.memory, cfg.solver_a)
                 res = a_cache[spec]
                 if res is None:
+                    cap = _layer_capacity(cfg, spec)
+                    if best_cap is None or cap > best_cap[0]:
+                        best_cap = (cap, S)
                     break
                 zs.append(res[0])
                 layers_all.append(res[1])
@@ -346,16 +311,17 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
                     del ranked[cfg.top_k:]
             order += 1
     if not ranked:
-        raise ConfigError(_infeasible_message(cfg, groups))
+        raise PlannerError(_infeasible_message(cfg, groups, best_cap))
     old_layers = (old_plan or cfg.uniform()).gpu_layers()
-    cands = [Candidate(Z, _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, lm[0], lm[1], old_layers))
+    cands = [Candidate(Z, _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, lm[0], lm[1], old_layers,
+                                       label))
              for _, Z, svec, tmpl, lm in ranked]
     if cost_fn is not None:
         cands = [Candidate(c.z, c.plan, float(cost_fn(c.plan))) for c in cands]
         best = min(range(len(cands)), key=lambda i: (round(cands[i].cost_s, 12), i))
     else:
         best = 0
-    chosen = cands[best].plan.with_label("malleus")
+    chosen = cands[best].plan
     y = [_rate([x[g] for g in grp.gpus], chosen.shrink_k(i), cfg) for i, grp in enumerate(chosen.groups)]
     validate_plan(chosen, memory=cfg.memory)
     return PlanResult(chosen, plan_z(chosen, y), y, cands,
@@ -363,22 +329,56 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
                        "groups": len(groups), "suspended": len(suspended), "chosen_rank": best})
 
 
-def _infeasible_message(cfg: PlannerConfig, groups) -> str:
-    if cfg.memory is None:
-        return f"planner: no feasible plan for {len(groups)} groups"
+def _node_sizes(groups: Sequence[TPGroup]) -> str:
+    by_node: dict = {}
+    for g in groups:
+        by_node.setdefault(g.node, []).append(len(g.gpus))
+    return ", ".join(f"node {n}: {'+'.join(map(str, v))}" for n, v in sorted(by_node.items()))
+
+
+def _no_stage_vector_message(cfg: PlannerConfig, groups: Sequence[TPGroup]) -> str:
+    G, D, M, L = len(groups), cfg.dp, cfg.num_microbatches, cfg.num_layers
+    shrunk = [g for g in groups if g.k > 0]
+    where = f" (shrunk groups: {_node_sizes([g for g in groups if g.node in {s.node for s in shrunk}])})" if shrunk else ""
+    if G < D:
+        why = f"{G} TP groups cannot fill dp={D} pipelines (one group per pipeline at least)"
+    elif G > M:
+        why = f"{G} TP groups need >= {G} micro-batches (m_i >= stages of pipeline i), num_microbatches is {M}"
+    elif -(-G // D) > L:
+        why = f"{G} TP groups in dp={D} pipelines need >= {-(-G // D)} stages in a pipeline, more than its {L} layers"
+    else:
+        why = f"{G} TP groups have no stage split over dp={D} pipelines within {M} micro-batches and {L} layers"
+    return f"planner: {why}{where}"
+
+
+def _layer_capacity(cfg: PlannerConfig, spec) -> int:
+    """Layers a pipeline of these (rate, memory ratio) stages can hold under the memory model."""
+    S = len(spec)
+    return sum(min(cfg.num_layers, cfg.memory.max_layers(S, j, r)) for j, (_, r) in enumerate(spec))
+
+
+def _infeasible_message(cfg: PlannerConfig, groups, best_cap: Optional[tuple[int, int]]) -> str:
+    if cfg.memory is None or best_cap is None:
+        return f"planner: no template of {len(groups)} TP groups has a feasible ILP-A / ILP-B solution"
     m = cfg.memory
-    need = m.stage_mb(cfg.pp, 0, math.ceil(cfg.num_layers / cfg.pp), 1.0)
-    return (f"workload.memory: no layout fits device memory: even the uniform stage 0 needs {need:.0f} MB "
-            f"({math.ceil(cfg.num_layers / cfg.pp)} layers x {m.k_mb(cfg.pp):.0f} MB + embedding {m.embed_mb:.0f} MB "
-            f"+ extra {m.extra_mb:.0f} MB) > capacity {m.capacity_mb:.0f} MB")
+    stage0 = math.ceil(cfg.num_layers / cfg.pp)
+    need = m.stage_mb(cfg.pp, 0, stage0, 1.0)
+    if need > m.capacity_mb:
+        return (f"workload.memory: no layout fits device memory: even the uniform stage 0 needs {need:.0f} MB "
+                f"({stage0} layers x {m.k_mb(cfg.pp):.0f} MB + embedding {m.embed_mb:.0f} MB "
+                f"+ extra {m.extra_mb:.0f} MB) > capacity {m.capacity_mb:.0f} MB")
+    cap, S = best_cap
+    return (f"workload.memory: no layout fits device memory: with {len(groups)} TP groups ({_node_sizes(groups)}) "
+            f"the roomiest pipeline tried ({S} stages) holds at most {cap} of {cfg.num_layers} layers "
+            f"at capacity {m.capacity_mb:.0f} MB per GPU")
 
 
-def _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, layers_all, ms, old_layers) -> Plan:
+def _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, layers_all, ms, old_layers, label) -> Plan:
     """Steps 5-6: put real groups on placeholders, drop empty stages, build the Plan."""
     D = len(svec)
-    slots: list[list[Optional[_G]]] = []
+    slots: list[list[Optional[TPGroup]]] = []
     for i in range(D):
-        row: list[Optional[_G]] = [specials[s] for s in tmpl[i]] + [None] * (svec[i] - len(tmpl[i]))
+        row: list[Optional[TPGroup]] = [specials[s] for s in tmpl[i]] + [None] * (svec[i] - len(tmpl[i]))
         slots.append(row)
     ranges = []
     for i in range(D):
@@ -389,11 +389,11 @@ def _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, layers_a
         ranges.append(rr)
     free = list(healthy)
 
-    def old_range(g: _G) -> tuple[int, int]:
+    def old_range(g: TPGroup) -> tuple[int, int]:
         r = old_layers.get(g.gpus[0])
         return tuple(r) if r is not None else (0, 0)
 
-    def take(i: int, j: int, pool: list[_G]) -> bool:
+    def take(i: int, j: int, pool: list[TPGroup]) -> bool:
         if not pool:
             return False
         best = max(pool, key=lambda g: (_iou(old_range(g), ranges[i][j]), -g.gpus[0]))
@@ -429,4 +429,4 @@ def _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, layers_a
             ls.append(layers_all[i][j])
         pipes.append(PipelinePlan(tuple(gids), tuple(ls), ms[i]))
     return Plan(cfg.num_gpus, cfg.gpus_per_node, cfg.tp, cfg.num_layers, cfg.num_microbatches, tuple(out_groups),
-                tuple(pipes), tuple(sorted(susp)), "malleus")
+                tuple(pipes), tuple(sorted(susp)), label)
