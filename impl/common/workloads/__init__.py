@@ -13,6 +13,7 @@ KINDS: dict[str, str] = {
     "serving": "impl.common.workloads.serving:ServingWorkload",
     "diffusion_edit": "impl.common.workloads.diffusion:DiffusionEditWorkload",
     "hybrid": "impl.common.workloads.hybrid:HybridWorkload",
+    "varlen": "impl.common.workloads.varlen:VarlenWorkload",
 }
 
 

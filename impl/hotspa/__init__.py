@@ -1,0 +1,1 @@
+"""HotSPa (SOSP'24): parallelism hot switching by sequence-length group within one step."""

@@ -1,0 +1,83 @@
+"""HotSPa and its baselines as harness systems (one class, the policy chosen by a knob).
+
+| system            | strategy per step                                              | modes     |
+|-------------------|----------------------------------------------------------------|-----------|
+| hotspa            | one strategy per length group, hot switching inside the step   | sim, real |
+| hotspa_static     | HotSPa's engine with the home strategy only (no switching)      | sim, real |
+| megatron_static   | best single (dp,tp,pp) that fits the context, greedy packing    | sim, real |
+| deepspeed_static  | as megatron_static with Ulysses SP instead of TP               | sim       |
+
+Real mode lives in :mod:`impl.hotspa.real`, sim mode in :mod:`impl.hotspa.sim`; the knobs only
+one mode reads sit in the nested ``real`` / ``sim`` nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from impl.common.api import ConfigError, JobContext, RunResult, System
+
+from .real_config import RealKnobs
+from .sim_config import SimKnobs
+
+POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static")
+SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
+GROUPINGS = ("c1", "c2", "planned", "explicit")
+
+
+class HotSPa(System):
+    @dataclass
+    class Config:
+        policy: str = "hotspa"
+        # c1 / c2: the paper's preset groups (spec 2.1) with the preset strategies (2.2);
+        # planned: boundaries and strategies from the length histogram (2.7);
+        # explicit: ``boundaries`` and ``strategies`` below.
+        grouping: str = "c1"
+        boundaries: List[int] = field(default_factory=list)  # descending, last 0 (explicit)
+        strategies: List[List[int]] = field(default_factory=list)  # [dp, tp, pp] per group, longest first
+        switch_policy: str = "bandwidth_greedy"
+        # Packing pad (spec 2.3): "align" pads a packed row to a multiple of ``align``;
+        # "bound" pads to the group's upper bound (static shapes).
+        pad: str = "align"
+        align: int = 128
+        real: RealKnobs = field(default_factory=RealKnobs)
+        sim: SimKnobs = field(default_factory=SimKnobs)
+
+    def __init__(self, cfg, name):
+        super().__init__(cfg, name)
+        for fld, allowed in (("policy", POLICIES), ("switch_policy", SWITCH_POLICIES),
+                             ("grouping", GROUPINGS), ("pad", ("align", "bound"))):
+            if getattr(cfg, fld) not in allowed:
+                raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
+        if cfg.align < 1:
+            raise ConfigError(f"system.align: must be >= 1, got {cfg.align}")
+        if cfg.grouping == "explicit" and not cfg.boundaries:
+            raise ConfigError("system.boundaries: grouping 'explicit' needs a descending boundary list")
+
+    @property
+    def modes(self):  # type: ignore[override]
+        return ("sim",) if self.cfg.policy == "deepspeed_static" else ("sim", "real")
+
+    def check(self, mode, wl, hardware, fault) -> None:
+        if getattr(wl, "kind", None) != "varlen":
+            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'varlen' workload, got {getattr(wl, 'kind', None)!r}")
+        if fault.kind != "none":
+            raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
+        wl.validate()
+        if mode == "real":
+            from .real import check_real
+
+            check_real(self, wl, hardware)
+        else:
+            from .sim import check_sim
+
+            check_sim(self, wl, hardware)
+
+    def run(self, job: JobContext) -> RunResult:
+        if job.mode == "real":
+            from .real import run_real
+
+            return run_real(self, job)
+        from .sim import run_sim
+
+        return run_sim(self, job)
