@@ -303,21 +303,20 @@ class LocalDelegates:
         self.channels = make_delegate_channels(ctx, num_stages, num_delegates, num_microbatches, spec, rank=rank)
         self.q = ctx.Queue()
         self.counts: dict[str, int] = {}
+        self.ready: set[str] = set()
         self.procs = {}
         for h in delegate_helpers(self.channels, store, pg_timeout_s, rank=rank):
             p = ctx.Process(target=h.target, name=h.name, daemon=True, args=(*h.args, self.q))
             p.start()
             self.procs[h.name] = p
-        ready: set = set()
         deadline = time.monotonic() + pg_timeout_s
-        while len(ready) < len(self.procs):
-            msg = self._next(0.2)
-            if msg is not None and msg[0] == "ready":
-                ready.add(msg[1])
+        while len(self.ready) < len(self.procs):
+            self._next(0.2)
             self.check()
             if time.monotonic() > deadline:
-                raise CommError(f"rank {rank}: only {len(ready)}/{len(self.procs)} delegates started in "
-                                f"{pg_timeout_s:.0f} s")
+                missing = sorted(set(self.procs) - self.ready)
+                raise CommError(f"rank {rank}: only {len(self.ready)}/{len(self.procs)} delegates started in "
+                                f"{pg_timeout_s:.0f} s (waiting for: {', '.join(missing)})")
 
     def _next(self, block_s: float):
         try:
@@ -328,6 +327,8 @@ class LocalDelegates:
             raise CommError(f"delegate {msg[1]} failed: {msg[2]}: {msg[3]}")
         if msg[0] == "helper_done":
             self.counts[msg[1]] = msg[2]
+        elif msg[0] == "ready":
+            self.ready.add(msg[1])
         return msg
 
     def check(self) -> None:
