@@ -144,6 +144,7 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
 
     from bench.runner import execute
     from bench.summary import print_record
+    from impl.common.runtime.launch import is_primary
 
     hc = HydraConfig.get()
     overrides = list(hc.overrides.task)
@@ -158,6 +159,10 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
             sys.exit(1)
         return None
     record = execute(cfg, overrides, sweep=sweep)
+    if not is_primary():  # torchrun: global rank 0 speaks for the job
+        if record["status"] == "failed" and sweep is None:
+            sys.exit(1)
+        return None
     print_record(record)
     if record["status"] == "failed" and sweep is None:
         sys.exit(1)
@@ -179,6 +184,21 @@ def _own_conf_first() -> None:
         importlib.invalidate_caches()
 
 
+def _secondary_rank_dirs() -> list[str]:
+    """Under torchrun, ranks other than 0 keep Hydra's own output (job log) out of results_dir."""
+    from impl.common.runtime.launch import is_primary
+
+    if is_primary():
+        return []
+    import atexit
+    import shutil
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="mlsys-bench-hydra-")
+    atexit.register(shutil.rmtree, scratch, True)
+    return [f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"]
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     import warnings
 
@@ -196,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.exit(2)
     # argparse takes the overrides as one positional run: flags go first wherever they were typed.
     flags = [a for a in argv if a in _FLAGS_WITHOUT_VALUE]
-    sys.argv = [sys.argv[0]] + flags + [a for a in argv if a not in _FLAGS_WITHOUT_VALUE]
+    sys.argv = [sys.argv[0]] + flags + [a for a in argv if a not in _FLAGS_WITHOUT_VALUE] + _secondary_rank_dirs()
     _hydra_job()
     from bench.callbacks import SWEEP_FAILURES
 

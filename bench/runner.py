@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import shutil
+import tempfile
 import time
 import traceback
 from typing import Any, Optional
@@ -17,6 +19,7 @@ from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
 from impl.common.api import JobContext, RunResult
 from impl.common.errors import one_line
+from impl.common.runtime.launch import is_primary
 
 
 def seed_everything(seed: int) -> None:
@@ -57,8 +60,12 @@ def _hardware_label(mode: str, profile: str) -> str:
 
 def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
             choices: Optional[dict[str, str]] = None) -> dict:
-    """Run the job described by ``cfg`` and return the record that was written."""
+    """Run the job described by ``cfg`` and return the record that was written.
+
+    Under torchrun every rank runs the job (its system's ranks are this process); only the
+    primary (global rank 0) writes: the others work in a scratch folder and write nothing."""
     started = time.perf_counter()
+    primary = is_primary()
     choices = dict(choices or {})
     for group in ("system", "workload", "hardware", "fault", "experiment"):
         choices.setdefault(group, _choice(cfg, group))
@@ -69,7 +76,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     system_label = str(cfg.system.get("name") or choices["system"] or "unknown")
     run_id = new_run_id(system_label)
     results_dir = pathlib.Path(cfg.results_dir)
-    out_dir = results_dir / run_id
+    out_dir = results_dir / run_id if primary else pathlib.Path(tempfile.mkdtemp(prefix="mlsys-bench-rank-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = provenance.redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
@@ -87,7 +94,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         # otherwise break --baseline); name a variant with system.name=... instead.
         system_label = job.system_name
         mode = str(resolved["mode"])
-        if str(cfg.logger.name) != "none":
+        if str(cfg.logger.name) != "none" and primary:
             from bench.loggers import make_logger
 
             logger = make_logger(OmegaConf.to_object(cfg.logger), out_dir)
@@ -155,6 +162,9 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         record["host_load"] = host_load
     if sweep:
         record["sweep"] = sweep
+    if not primary:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return record
     try:
         write_record(results_dir, record)
     except ValueError as exc:  # e.g. a NaN metric: keep the run visible as failed, never drop it

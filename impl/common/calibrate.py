@@ -27,15 +27,11 @@ The file is written atomically (temporary file in the same folder, then ``os.rep
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import math
 import os
 import pathlib
 import platform
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -44,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
+from impl.common.calibrate_comm import measure_comm
 from impl.common.hardware import HardwareProfile
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -174,161 +171,6 @@ def measure_h2d(nbytes: int, sync: Callable[[], None], cfg: CalibrateConfig) -> 
     src = torch.ones(nbytes, dtype=torch.uint8).pin_memory()
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     return _timed_samples(lambda: dst.copy_(src, non_blocking=True), sync, cfg)
-
-
-# --------------------------------------------------------------------------------------------
-# Communication between local processes (gloo)
-# --------------------------------------------------------------------------------------------
-
-def _comm_worker(rank: int, world: int, store_path: str, result_path: str, p2p_sizes: List[int],
-                 ar_sizes: List[int], warmup: int, repeats: int, min_repeats: int,
-                 budget_s: float, timeout_s: float) -> None:
-    """One local process. Rank 0 writes ``{"p2p": {size: [one-way s]}, "allreduce": {...}}``."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        # Local processes only: bind gloo to loopback rather than whatever the hostname resolves to.
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo0" if sys.platform == "darwin" else "lo"
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
-                            timeout=_dt.timedelta(seconds=timeout_s))
-    try:
-        p2p: Dict[int, List[float]] = {}
-        if rank < 2:  # untimed rounds: the first messages pay for connection setup
-            warm = torch.zeros(8, dtype=torch.uint8)
-            for _ in range(max(3, warmup)):
-                if rank == 0:
-                    dist.send(warm, dst=1)
-                    dist.recv(warm, src=1)
-                else:
-                    dist.recv(warm, src=0)
-                    dist.send(warm, dst=0)
-        for size in p2p_sizes:
-            buf = torch.zeros(size, dtype=torch.uint8)
-            dist.barrier()
-            if rank > 1:
-                p2p[size] = []
-                continue
-
-            def round_trip() -> float:
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(buf, dst=1)
-                    dist.recv(buf, src=1)
-                else:
-                    dist.recv(buf, src=0)
-                    dist.send(buf, dst=0)
-                return time.perf_counter() - t0
-
-            # Warm-up rounds double as an estimate; rank 0 turns the time budget into a round
-            # count and sends it once, so nothing but the ping-pong runs inside the timed loop.
-            est = [round_trip() for _ in range(max(1, warmup))]
-            count = torch.zeros(1, dtype=torch.int64)
-            if rank == 0:
-                per_round = max(statistics.median(est), 1e-9)
-                count[0] = max(min_repeats, min(repeats, int(budget_s / per_round)))
-                dist.send(count, dst=1)
-            else:
-                dist.recv(count, src=0)
-            round_trip()  # untimed: absorbs the wake-up after the count message
-            samples = [round_trip() / 2.0 for _ in range(int(count[0]))]
-            p2p[size] = samples
-        allreduce: Dict[int, List[float]] = {}
-        for size in ar_sizes:
-            # float32 elements: the reduction does arithmetic; round the count up.
-            buf = torch.zeros(max(1, math.ceil(size / 4)), dtype=torch.float32)
-            samples = []
-            for i in range(warmup + repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(buf)
-                dt = time.perf_counter() - t0
-                if i >= warmup:
-                    samples.append(dt)
-            allreduce[size] = samples
-        dist.barrier()
-        if rank == 0:
-            with open(result_path, "w") as fh:
-                json.dump({"p2p": p2p, "allreduce": allreduce}, fh)
-    finally:
-        dist.destroy_process_group()
-
-
-def _last_line(path: str) -> str:
-    try:
-        lines = [ln.strip() for ln in pathlib.Path(path).read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "no output"
-    return lines[-1] if lines else "no output"
-
-
-def measure_comm(cfg: CalibrateConfig) -> Dict[str, Dict[int, List[float]]]:
-    """Start ``cfg.comm_procs`` fresh Python processes and return rank 0's samples (seconds).
-
-    Plain ``subprocess`` (``python -m impl.common.calibrate --comm-worker ...``) rather than
-    multiprocessing's spawn: spawn re-imports the caller's ``__main__``, which breaks (or
-    re-runs) any unguarded script that happens to call this system. Rendezvous is a gloo
-    FileStore in a temporary folder (no port to pick); the store timeout bounds every
-    collective, and the parent kills the processes after twice that.
-    """
-    deadline_s = 2.0 * cfg.comm_timeout_s
-    repo_root = str(pathlib.Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = repo_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    with tempfile.TemporaryDirectory(prefix="mlsys-calibrate-") as tmpdir:
-        spec = {
-            "world": cfg.comm_procs, "store_path": os.path.join(tmpdir, "store"),
-            "result_path": os.path.join(tmpdir, "result.json"), "p2p_sizes": list(cfg.p2p_sizes_bytes),
-            "ar_sizes": list(cfg.allreduce_sizes_bytes), "warmup": cfg.warmup, "repeats": cfg.repeats,
-            "min_repeats": cfg.min_repeats, "budget_s": cfg.max_seconds_per_measurement,
-            "timeout_s": cfg.comm_timeout_s,
-        }
-        spec_path = os.path.join(tmpdir, "spec.json")
-        with open(spec_path, "w") as fh:
-            json.dump(spec, fh)
-        procs: List[subprocess.Popen] = []
-        logs = [os.path.join(tmpdir, f"rank{r}.log") for r in range(cfg.comm_procs)]
-        try:
-            for r in range(cfg.comm_procs):
-                with open(logs[r], "w") as log:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "impl.common.calibrate", "--comm-worker", str(r), spec_path],
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmpdir))
-            end = time.monotonic() + deadline_s
-            while any(p.poll() is None for p in procs):
-                failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-                if failed:
-                    r = failed[0]
-                    raise RuntimeError(f"calibrate: gloo process rank {r} exited with code {procs[r].returncode}: "
-                                       f"{_last_line(logs[r])}")
-                if time.monotonic() > end:
-                    raise RuntimeError(f"calibrate: gloo measurement between {cfg.comm_procs} local processes did "
-                                       f"not finish within {deadline_s:.0f} s (2 x system.comm_timeout_s)")
-                time.sleep(0.05)
-            for r, p in enumerate(procs):
-                if p.returncode != 0:
-                    raise RuntimeError(f"calibrate: gloo process rank {r} exited with code {p.returncode}: "
-                                       f"{_last_line(logs[r])}")
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
-                    pass
-        with open(spec["result_path"]) as fh:
-            raw = json.load(fh)
-    return {k: {int(size): v for size, v in d.items()} for k, d in raw.items()}
-
-
-def _worker_main(argv: List[str]) -> None:
-    rank, spec_path = int(argv[0]), argv[1]
-    with open(spec_path) as fh:
-        spec = json.load(fh)
-    _comm_worker(rank, **spec)
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,6 +411,3 @@ class Calibrate(System):
         plot_comm(comm, cfg.comm_procs, plot_path)
         return RunResult(metrics=metrics, emulated=emulated, artifacts=[PLOT_NAME], info=info)
 
-
-if __name__ == "__main__" and len(sys.argv) >= 4 and sys.argv[1] == "--comm-worker":
-    _worker_main(sys.argv[2:])

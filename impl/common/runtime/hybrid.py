@@ -27,15 +27,8 @@ values). Errors in any rank end the run with one line naming the rank.
 """
 from __future__ import annotations
 
-import io
-import os
-import queue
-import socket
-import statistics
 import time
-import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -47,6 +40,7 @@ from impl.common.models.tiny_gpt import TinyGPT, embed, lm_loss, make_microbatch
 from impl.common.parallel.plan import Plan
 from impl.common.workloads.pipeline import ModelShape
 
+from .launch import RankContext, launch
 from .migrate import RankState, build_optimizer, migrate, save_optimizer, units_of
 
 
@@ -131,11 +125,9 @@ def probe_once(x: float, hidden: int, reps: int = 20) -> float:
 
 
 class _Worker:
-    def __init__(self, rank: int, cfg: HybridRunConfig, port: int, controller: Optional[Controller]):
+    def __init__(self, rank: int, cfg: HybridRunConfig, controller: Optional[Controller]):
         self.rank, self.cfg = rank, cfg
         torch.set_num_threads(cfg.torch_threads)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=cfg.num_gpus, timeout=timedelta(seconds=cfg.timeout_s))
         self.controller = controller if rank == 0 else None
         self.full = TinyGPT(cfg.shape, cfg.seed)  # the seeded initial state: every rank alike
         self.plan = Plan.from_dict(cfg.initial_plan)
@@ -345,59 +337,15 @@ def _check_digests(gathered) -> int:
     return n
 
 
-def _worker_main(rank, cfg, port, controller, q):
-    try:
-        w = _Worker(rank, cfg, port, controller)
-        out = w.run()
-        buf = io.BytesIO()  # tensors as bytes: shared-memory handles would die with this process
-        torch.save(out, buf)
-        q.put(("ok", rank, buf.getvalue()))
-        dist.destroy_process_group()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent in one line
-        q.put(("error", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                              f"[{traceback.format_exc().strip().splitlines()[-3].strip()}]"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _worker_main(ctx: RankContext, cfg: HybridRunConfig, controller: Optional[Controller]) -> Optional[dict]:
+    return _Worker(ctx.rank, cfg, controller).run()
 
 
 def run_hybrid(cfg: HybridRunConfig, controller: Optional[Controller] = None) -> dict:
-    """Run ``cfg.num_gpus`` ranks; return rank 0's record (times, losses, plans, reports)."""
-    import torch.multiprocessing as mp
-
+    """Run ``cfg.num_gpus`` ranks (local processes, or torchrun's); return rank 0's record
+    (times, losses, plans, reports). ``controller`` acts on rank 0 only."""
     if cfg.num_gpus < 1:
         raise ConfigError(f"num_gpus must be >= 1, got {cfg.num_gpus}")
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker_main, args=(r, cfg, port, controller if r == 0 else None, q), daemon=True)
-             for r in range(cfg.num_gpus)]
-    for p in procs:
-        p.start()
-    result, done = None, 0
-    deadline = time.time() + cfg.timeout_s
-    try:
-        while done < cfg.num_gpus:
-            try:
-                kind, rank, payload = q.get(timeout=1.0)
-            except queue.Empty:
-                if time.time() > deadline:
-                    raise RuntimeError(f"hybrid run timed out after {cfg.timeout_s:.0f} s")
-                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
-                continue
-            if kind == "error":
-                raise RuntimeError(f"rank {rank}: {payload}")
-            done += 1
-            if rank == 0:
-                result = torch.load(io.BytesIO(payload), weights_only=True)
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-    return result
+    run = launch(_worker_main, cfg.num_gpus, (cfg, controller), label="hybrid", backend="gloo",
+                 pg_timeout_s=cfg.timeout_s, timeout_s=cfg.timeout_s)
+    return run.results[0]
