@@ -126,3 +126,32 @@ def test_sim_records_carry_no_host_load_and_bad_bound_is_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("mlsys-bench: error: validity.max_foreign_cpu_frac: must be "
                                    "in [0, 1] or null, got 1.5")
+
+
+def test_ranks_of_the_same_torchrun_job_are_own_processes(monkeypatch):
+    """Two torchrun "nodes" on one host: the other node's ranks (not our descendants, another
+    session, same TORCHELASTIC_RUN_ID) are this job; a process of another run id is foreign."""
+    import signal
+
+    from bench.host_load import own_processes
+
+    def orphan(run_id: str) -> int:  # double fork: re-parented away from this process tree
+        out = subprocess.run(["setsid", "sh", "-c", f'{sys.executable} -c "import time; time.sleep(30)" >/dev/null 2>&1 & echo $!'],
+                             env={**os.environ, "TORCHELASTIC_RUN_ID": run_id}, capture_output=True, text=True,
+                             check=True)
+        return int(out.stdout.strip())
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "mlsys-test-run")
+    peer, other = orphan("mlsys-test-run"), orphan("another-run")
+    try:
+        time.sleep(0.3)
+        pids = {p.pid for p in own_processes()}
+        assert peer in pids
+        assert other not in pids
+        assert 1 not in pids  # the orphans' parent is no torchrun agent
+    finally:
+        for pid in (peer, other):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
