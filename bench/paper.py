@@ -115,21 +115,29 @@ def load_paper(path: pathlib.Path | str) -> PaperFile:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top, got {type(raw).__name__}")
-    for i, entry in enumerate(raw.get("entries") or []):
+    entries = raw.pop("entries", None) or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: entries: expected a list, got {type(entries).__name__}")
+    paper: PaperFile = _typed(PaperFile, raw, path, "")
+    for i, entry in enumerate(entries):
         if isinstance(entry, dict) and isinstance(entry.get("match"), dict):
             entry["match"] = [entry["match"]]  # one mapping = a list of one
         elif isinstance(entry, dict) and entry.get("match") is None:
             entry["match"] = []
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(PaperFile), raw)
-        paper: PaperFile = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", "") or "?"
-        msg = str(exc).splitlines()[0].rstrip(".")
-        raise ConfigError(f"{path}: {key}: {msg}") from None
+        # One entry at a time, so that an error names its index.
+        paper.entries.append(_typed(PaperEntry, entry, path, f"entries[{i}]"))
     paper.path = str(path)
     _check(paper, path)
     return paper
+
+
+def _typed(cls, raw: Any, path: pathlib.Path, prefix: str):
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), raw))
+    except OmegaConfBaseException as exc:
+        key = ".".join(k for k in (prefix, str(getattr(exc, "full_key", "") or "")) if k).replace(".[", "[") or "?"
+        msg = str(exc).splitlines()[0].rstrip(".")
+        raise ConfigError(f"{path}: {key}: {msg}") from None
 
 
 def _check(paper: PaperFile, path: pathlib.Path) -> None:

@@ -222,7 +222,7 @@ def _paper_figures(page: SystemPage, out: pathlib.Path) -> None:
         drawn = [r for r in rows if r.ours.found]
         if not drawn:
             continue
-        data = [dict(label=r.entry.name, unit=r.entry.unit, paper=r.entry.value, high=r.entry.high,
+        data = [dict(label=r.entry.name + (f" ({r.entry.kind})" if r.entry.kind != "paper" else ""), unit=r.entry.unit, paper=r.entry.value, high=r.entry.high,
                      ours=r.ours.value, mode=r.ours.mode) for r in drawn]
         path = paper_vs_ours(data, out / "fig" / slug(page.name) / f"paper_vs_ours-{slug(exp)}.png",
                              f"{page.name} {exp}: the paper's numbers and ours")
@@ -254,7 +254,7 @@ def build_report(results: pathlib.Path | str, out: pathlib.Path | str,
         page.records.sort(key=lambda r: _created_key(r.rec), reverse=True)
         recs = [r.rec for r in page.records]
         if page.paper:
-            page.entries = [EntryRow(e, find_ours(e, recs), e.match[0].experiment if e.match else "(not run here)")
+            page.entries = [EntryRow(e, find_ours(e, recs), e.match[0].experiment if e.match else "(no matching experiment in this harness)")
                             for e in page.paper.entries]
         _system_figures(page, out)
         _paper_figures(page, out)

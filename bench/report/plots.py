@@ -27,10 +27,11 @@ UNIT_LABEL = {"x": "times better (x)", "s": "seconds (s)", "min": "minutes (min)
               "fraction": "fraction (0-1)"}
 
 
-def legend_handles(modes: Sequence[str]) -> list[Line2D]:
+def legend_handles(modes: Sequence[str], band: bool = True) -> list[Line2D]:
     handles = [Line2D([], [], color="k", marker="|", markersize=14, markeredgewidth=2.5, linestyle="none",
-                      label="paper"),
-               Line2D([], [], color="0.75", linewidth=6, label="paper band")]
+                      label="paper (or spec target)")]
+    if band:
+        handles.append(Line2D([], [], color="0.75", linewidth=6, label="paper band"))
     for mode in ("real", "sim"):
         if mode in modes:
             handles.append(Line2D([], [], label=OURS_LABEL[mode], **OURS_STYLE[mode]))
@@ -59,6 +60,7 @@ def paper_vs_ours(rows: Sequence[dict], path: pathlib.Path, title: str) -> pathl
                 ax.plot([r["ours"]], [y], zorder=3, **OURS_STYLE[mode])
         ax.set_yticks(ys)
         ax.set_yticklabels([r["label"] for r in mine], fontsize=7)
+        ax.margins(x=0.06)
         ax.set_ylim(-0.7, len(mine) - 0.3)
         ax.set_xlabel(UNIT_LABEL.get(unit, unit), fontsize=8)
         ax.grid(axis="x", alpha=0.3)
@@ -67,6 +69,6 @@ def paper_vs_ours(rows: Sequence[dict], path: pathlib.Path, title: str) -> pathl
             ax.set_xlim(left=0)
     fig.suptitle(title, fontsize=9)
     # Above the panels, so it never hides a marker.
-    axes[0, 0].legend(handles=legend_handles(sorted(modes)), fontsize=7, loc="lower left",
+    axes[0, 0].legend(handles=legend_handles(sorted(modes), any(r["high"] is not None for r in rows)), fontsize=7, loc="lower left",
                       bbox_to_anchor=(0.0, 1.0), ncol=4, frameon=False)
     return save_png(fig, path, dpi=90)
