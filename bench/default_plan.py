@@ -76,7 +76,7 @@ def closing_story(plan: DefaultPlan, per_step: list[list[dict]]) -> str:
 
     out: list[str] = []
     for i, (step, records) in enumerate(zip(plan.steps, per_step), 1):
-        out.append(f"--- {i}. {step.title} ---")
+        out.append(f"#{i} {step.title} ({' '.join(step.args)})")
         if not records:
             out.append("(no records)\n")
             continue

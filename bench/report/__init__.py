@@ -81,3 +81,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _fail(msg: str) -> int:
     print(f"{PROG}: {msg}", file=sys.stderr)
     return 2
+

@@ -148,3 +148,14 @@ def test_report_in_headless_chromium(site, tmp_path):
     run_browser(["--window-size=1300,900", f"--screenshot={shot}", index.as_uri()])
     assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_logger_override_is_checked_and_disabled_wandb_logs_nothing(report_results, tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert main(["--results", str(report_results["dir"]), "--out", str(tmp_path), "logger=mlflow"]) == 2
+    assert "logger=mlflow: not a logger" in capsys.readouterr().err
+    assert main(["--results", str(report_results["dir"]), "--out", str(tmp_path), "logger=wandb",
+                 "logger.mode=disabled"]) == 0
+    assert "report artifact logged (disabled" in capsys.readouterr().out
+    assert not (tmp_path / "wandb").exists()
