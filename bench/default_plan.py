@@ -72,7 +72,7 @@ def run_default_plan() -> int:
 def closing_story(plan: DefaultPlan, per_step: list[list[dict]]) -> str:
     """The default run's closing text, one section per step in plan order: what ran, its
     table, and one line per system saying how it did against the baseline (when present)."""
-    from bench.compare import MODE_LABEL, compare_records, format_table
+    from bench.compare import compare_records, format_table
 
     out: list[str] = []
     for i, (step, records) in enumerate(zip(plan.steps, per_step), 1):
@@ -83,13 +83,13 @@ def closing_story(plan: DefaultPlan, per_step: list[list[dict]]) -> str:
         tables = compare_records(records, baseline=plan.baseline or None, metrics=plan.metrics or None)
         for table in tables:
             out.append(format_table(table))
-            line = _verdict(table, plan.metrics, MODE_LABEL)
+            line = _verdict(table, plan.metrics)
             if line:
                 out.append(line + "\n")
     return "\n".join(out)
 
 
-def _verdict(table, metrics: list[str], mode_label: dict) -> str:
+def _verdict(table, metrics: list[str]) -> str:
     """``adaptra 2.33x, adaptra_cpu 1.63x, 1f1b 0.93x better than zb on iteration_time_s
     (simulated)``: the first plan metric the table has, when it has a baseline."""
     from bench.compare import format_ratio
@@ -105,7 +105,8 @@ def _verdict(table, metrics: list[str], mode_label: dict) -> str:
         return ""
     rows.sort(key=lambda r: -r.cells[metric].ratio)
     parts = ", ".join(f"{r.system} {format_ratio(r.cells[metric])}" for r in rows)
-    return f"=> {parts} better than {table.baseline} on {metric} ({mode_label.get(table.key.mode, table.key.mode)})"
+    word = {"sim": "simulated", "real": "measured"}.get(table.key.mode, table.key.mode)
+    return f"=> {parts} better than {table.baseline} on {metric} ({word})"
 
 
 def _safe_load(results_dir: str) -> list[dict]:

@@ -21,5 +21,5 @@ def test_closing_story_reads_calibration_then_sim_then_real():
     assert first.startswith("calibrate") and "matmul_fp32_flops" in first
     assert "zb" not in first and "times better" not in first and " x" not in first
     assert second.startswith("ADAPTRA vs ZB vs 1F1B")
-    assert "=> adaptra 2.33x, 1f1b 0.93x better than zb on iteration_time_s (sim (simulated))" in second
-    assert "=> adaptra 2.50x better than zb on iteration_time_s (real (measured))" in third
+    assert "=> adaptra 2.33x, 1f1b 0.93x better than zb on iteration_time_s (simulated)" in second
+    assert "=> adaptra 2.50x better than zb on iteration_time_s (measured)" in third

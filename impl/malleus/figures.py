@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from impl.common.plots.records import plottable  # noqa: E402
+from impl.common.plots.records import mode_legend_entry, mode_style, plottable  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 ORDER = ("uniform", "data_only", "layers_only", "restart_replan", "malleus")
@@ -38,7 +38,7 @@ def speedups(records, out_dir, name: str = "speedup") -> list[pathlib.Path]:
             if (k, s) in t and (k, "uniform") in t:
                 xs.append(ki + si * w)
                 ys.append(t[(k, "uniform")] / t[(k, s)])
-        ax.bar(xs, ys, w, label=s)
+        ax.bar(xs, ys, w, label=s, hatch=mode_style(recs)["hatch"], edgecolor="white")
     for ki, k in enumerate(keys):
         if k in free and (k, "uniform") in t:
             ax.plot([ki - w / 2, ki + 0.8 - w / 2], [t[(k, "uniform")] / free[k]] * 2, "k--", lw=1)
@@ -48,6 +48,7 @@ def speedups(records, out_dir, name: str = "speedup") -> list[pathlib.Path]:
     ax.set_ylabel(f"speedup over uniform (x, {METRIC}; {'simulated' if modes == {'sim'} else 'measured' if modes == {'real'} else 'sim+real'})")
     ax.set_title("Malleus and baselines vs uniform (dashed: straggler-free bound)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
+    mode_legend_entry(ax, recs)
     ax.legend(fontsize=7)
     path = save_png(fig, pathlib.Path(out_dir) / f"{name}.png")
     return [path]
