@@ -86,6 +86,11 @@ class GroupTable:
     # One line per invalid record left out: "system (run_id): why" (e.g. a contended host).
     invalid: list[str] = field(default_factory=list)
 
+    @property
+    def has_ratios(self) -> bool:
+        """Whether the table has a ratio column: only with the baseline present in the group."""
+        return self.baseline_present
+
     def unit(self, metric: str) -> str:
         for row in self.rows:
             if metric in row.cells:
@@ -206,8 +211,11 @@ def _fill_ratios(table: GroupTable) -> None:
         table.notes.append("no ok records in this group")
         return
     if not table.baseline_present:
-        table.notes.append(f"baseline {table.baseline!r} has no ok record in this group: "
-                           f"no ratios")
+        # A group the baseline never ran in (the calibration job) has no ratio column at all;
+        # only a group of several systems says why, since there a ratio was to be expected.
+        if len(table.rows) > 1:
+            table.notes.append(f"baseline {table.baseline!r} has no ok record in this group: "
+                               f"no ratios")
         return
     base = table.rows[0].cells
     for metric in table.metrics:
@@ -250,7 +258,7 @@ def format_ratio(cell: Optional[Cell]) -> str:
 def header_lines(table: GroupTable) -> list[str]:
     k = table.key
     lines = [k.label()]
-    if table.baseline is not None:
+    if table.has_ratios:
         b = table.baseline
         lines.append(f"x = times better than {b}; >1 is better ({b}/system for lower-is-better "
                      f"metrics, system/{b} for higher-is-better)")
@@ -279,14 +287,15 @@ def table_cells(table: GroupTable) -> tuple[list[str], list[list[str]]]:
     for m in table.metrics:
         unit = table.unit(m)
         better = "lower" if table.better(m) == "lower" else "higher"
-        head += [f"{m} [{unit}, {better}=better]" if unit else f"{m} [{better}=better]", "x"]
+        head += [f"{m} [{unit}, {better}=better]" if unit else f"{m} [{better}=better]"]
+        head += ["x"] if table.has_ratios else []
     body = []
     for row in table.rows:
-        name = row.system + (" (baseline)" if row.system == table.baseline else "")
+        name = row.system + (" (baseline)" if table.has_ratios and row.system == table.baseline else "")
         line = [name]
         for m in table.metrics:
             cell = row.cells.get(m)
-            line += [format_cell(cell), format_ratio(cell)]
+            line += [format_cell(cell)] + ([format_ratio(cell)] if table.has_ratios else [])
         body.append(line)
     return head, body
 
@@ -313,11 +322,13 @@ def format_table(table: "GroupTable | Sequence[GroupTable]", markdown: bool = Fa
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     limit = width or shutil.get_terminal_size((160, 24)).columns
     chunks: list[list[int]] = []  # column indices per printed table; 0 is the system column
-    for i in range(1, len(head), 2):  # (value, x) column pairs stay together
+    step = 2 if table.has_ratios else 1
+    for i in range(1, len(head), step):  # (value, x) column pairs stay together
+        cols = list(range(i, i + step))
         used = sum(widths[j] + 2 for j in chunks[-1]) if chunks else 0
-        if not chunks or used + widths[i] + widths[i + 1] + 4 > limit:
+        if not chunks or used + sum(widths[j] + 2 for j in cols) > limit:
             chunks.append([0])
-        chunks[-1] += [i, i + 1]
+        chunks[-1] += cols
 
     def fmt(r: list[str], cols: list[int]) -> str:
         return "  ".join(r[j].ljust(widths[j]) if j == 0 else r[j].rjust(widths[j])
@@ -350,9 +361,14 @@ def plot_metric(table: GroupTable, metric: str, path: pathlib.Path) -> pathlib.P
     lo = [max(0.0, c.value - c.p10) if c.n > 1 and c.p10 is not None else 0.0 for c in cells]
     hi = [max(0.0, c.p90 - c.value) if c.n > 1 and c.p90 is not None else 0.0 for c in cells]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(rows) + 2), 3.8))
-    colors = ["tab:gray" if r.system == table.baseline else "tab:blue" for r in rows]
+    colors = ["tab:gray" if table.has_ratios and r.system == table.baseline else "tab:blue" for r in rows]
     spread = [lo, hi] if any(lo) or any(hi) else None  # no whiskers for single samples
-    bars = ax.bar([r.system for r in rows], values, yerr=spread, capsize=4, color=colors)
+    # Simulated bars hatched, measured ones solid: a sim number never looks measured.
+    sim = table.key.mode == "sim"
+    bars = ax.bar([r.system for r in rows], values, yerr=spread, capsize=4, color=colors,
+                  hatch="//" if sim else None, edgecolor="white" if sim else None,
+                  label=MODE_LABEL.get(table.key.mode, table.key.mode))
+    ax.legend(fontsize=7, loc="best")
     for bar, c, top in zip(bars, cells, hi):
         if c.ratio is not None:  # above the whisker, so the label never hides it
             ax.annotate(format_ratio(c), (bar.get_x() + bar.get_width() / 2, c.value + top),
@@ -360,8 +376,8 @@ def plot_metric(table: GroupTable, metric: str, path: pathlib.Path) -> pathlib.P
                         textcoords="offset points")
     unit = table.unit(metric)
     ax.set_ylabel(f"{metric} [{unit}] ({table.better(metric)} is better)" if unit else metric)
-    ax.set_xlabel(f"system (grey: baseline {table.baseline}; labels: x better; "
-                  f"whiskers: p10..p90)", fontsize=8)
+    ax.set_xlabel(f"system (grey: baseline {table.baseline}; labels: x better; whiskers: p10..p90)"
+                  if table.has_ratios else "system (whiskers: p10..p90; no baseline in this group)", fontsize=8)
     ax.margins(y=0.12)
     k = table.key
     ax.set_title(f"{k.experiment} | {k.workload} | {k.hardware} | fault={k.fault}\n"

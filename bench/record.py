@@ -15,7 +15,7 @@ import pathlib
 import secrets
 import tempfile
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import jsonschema
 from filelock import FileLock
@@ -122,3 +122,64 @@ def iter_records(results_dir: pathlib.Path | str) -> Iterator[dict]:
 
 def load_records(results_dir: pathlib.Path | str) -> list[dict[str, Any]]:
     return list(iter_records(results_dir))
+
+
+class Skipped(NamedTuple):
+    """One piece of input a reader left out: ``where`` (file, or file:line) and why."""
+
+    where: str
+    why: str
+
+
+class Scanned(NamedTuple):
+    records: list[dict[str, Any]]
+    sources: dict[str, str]  # run_id -> where it was read (file, or file:line)
+    skipped: list[Skipped]
+
+
+def scan_records(results_dir: pathlib.Path | str) -> Scanned:
+    """Like :func:`load_records`, but a bad piece of input is skipped and listed, not raised:
+    torn JSON, a foreign JSON document, an unknown schema version, a record the schema rejects.
+    For readers that must show what they could read (the report), never for comparisons that
+    would silently drop a record (``mlsys-bench-compare`` fails loudly instead)."""
+    results_dir = pathlib.Path(results_dir)
+    out: list[dict[str, Any]] = []
+    sources: dict[str, str] = {}
+    skipped: list[Skipped] = []
+
+    def take(text: str, where: str) -> None:
+        try:
+            rec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            skipped.append(Skipped(where, f"not valid JSON ({exc.msg})"))
+            return
+        if not isinstance(rec, dict) or "schema" not in rec:
+            skipped.append(Skipped(where, "not an mlsys-bench record (no `schema` field)"))
+            return
+        if rec["schema"] != SCHEMA_ID:
+            skipped.append(Skipped(where, f"unknown schema version {rec['schema']!r} (this reader knows {SCHEMA_ID!r})"))
+            return
+        try:
+            validate(rec)
+        except RecordError as exc:
+            skipped.append(Skipped(where, str(exc)))
+            return
+        if rec["run_id"] in sources:
+            return  # the same record in records.jsonl and its record.json
+        sources[rec["run_id"]] = where
+        out.append(rec)
+
+    jsonl = results_dir / JSONL_NAME
+    if jsonl.exists():
+        with open(jsonl, encoding="utf-8", errors="replace") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    take(line, f"{jsonl}:{lineno}")
+    for path in sorted(results_dir.glob("*/record.json")):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            skipped.append(Skipped(str(path), f"cannot read ({exc.strerror or exc})"))
+            continue
+        take(text, str(path))
+    return Scanned(out, sources, skipped)

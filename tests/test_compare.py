@@ -117,12 +117,22 @@ def test_default_baseline_is_first_alphabetically_and_said_so():
 
 
 def test_missing_baseline_is_a_note_not_a_crash():
-    (table,) = compare_records([record("1", "a", {"t": metric(1.0)})], baseline="zb")
+    recs = [record("1", "a", {"t": metric(1.0)}), record("2", "b", {"t": metric(2.0)})]
+    (table,) = compare_records(recs, baseline="zb")
     assert not table.baseline_present
     assert all(c.ratio is None for r in table.rows for c in r.cells.values())
     text = format_table(table)
     assert "baseline 'zb' has no ok record in this group" in text
-    assert text.splitlines()[-1].split()[-1] == "-"
+    assert "times better" not in text and " x" not in text.splitlines()[-3]  # no ratio column
+
+
+def test_group_without_baseline_has_no_ratio_column_and_no_noise():
+    # The default run's calibration job: one system, never run with the plan's baseline.
+    (table,) = compare_records([record("1", "calibrate", {"t": metric(1.0)})], baseline="zb")
+    text = format_table(table)
+    assert "zb" not in text and "times better" not in text
+    head = text.splitlines()[-3]
+    assert head.split()[-1] != "x" and text.splitlines()[-1].split()[-1] == "1"
 
 
 def test_filters_and_unit_mismatch():

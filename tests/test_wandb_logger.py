@@ -123,3 +123,21 @@ def test_logger_dir_setting_overrides_job_dir(tmp_path, monkeypatch):
     info = lg.finish()
     assert pathlib.Path(info["dir"]).parent == tmp_path / "wb" / "wandb"
     assert lg.finish() is None  # finishing twice is harmless
+
+
+def test_report_site_logged_as_offline_artifact(tmp_path, monkeypatch, wandb_sandbox):
+    from bench.loggers.wandb_logger import log_report_artifact
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    site = tmp_path / "report"
+    (site / "fig").mkdir(parents=True)
+    (site / "index.html").write_text("<html><body>index</body></html>")
+    tiny_png(site / "fig" / "a.png")
+    info = log_report_artifact(site)  # offline by default, run folder inside the site
+    assert info["mode"] == "offline"
+    run_dir = pathlib.Path(info["dir"])
+    assert run_dir.is_dir() and run_dir.parent == site / "wandb"
+    (log,) = run_dir.glob("run-*.wandb")
+    data = log.read_bytes()
+    # The artifact's manifest (name, type, both files) is in the offline run's log.
+    assert b"mlsys-bench-report" in data and b"index.html" in data and b"fig/a.png" in data

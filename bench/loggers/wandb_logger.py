@@ -148,3 +148,34 @@ class WandbLogger(JobLogger):
 
 def _warn(msg: str) -> None:
     print(f"mlsys-bench: warning: {msg}", file=sys.stderr)
+
+
+def log_report_artifact(site_dir: pathlib.Path | str, *, mode: str | None = None, project: str | None = None,
+                        entity: str | None = None, directory: str | None = None) -> dict:
+    """Log a built report site (``mlsys-bench-report``) as one W&B artifact of type ``report``,
+    in a run of its own (job_type ``report``). Offline unless ``mode``/WANDB_MODE say otherwise;
+    returns ``{"mode", "run_id", "dir"}`` like a job's ``wandb`` field."""
+    import wandb
+
+    site_dir = pathlib.Path(site_dir)
+    mode = resolve_mode(mode)
+    if mode == "online" and not wandb.login(prompt=False, verify=False):
+        raise LoggerError("logger.mode: online needs W&B credentials (WANDB_API_KEY or `wandb login`); "
+                          "use logger.mode=offline to log locally")
+    root = pathlib.Path(directory) if directory else site_dir
+    root.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project=project or "mlsys-bench", entity=entity, job_type="report", dir=str(root),
+                     mode=mode, reinit="finish_previous", settings=_settings(wandb))
+    try:
+        art = wandb.Artifact("mlsys-bench-report", type="report",
+                             description="static HTML report: every record beside each paper's numbers")
+        for path in sorted(site_dir.rglob("*")):
+            # The run's own folder may sit inside the site (dir defaults to it): never log it.
+            if path.is_file() and "wandb" not in path.relative_to(site_dir).parts:
+                art.add_file(str(path), name=path.relative_to(site_dir).as_posix())
+        run.log_artifact(art)
+        run_id = run.id if mode != "disabled" else None
+        run_dir = str(pathlib.Path(run.settings.sync_dir).resolve()) if mode != "disabled" else None
+    finally:
+        run.finish()
+    return {"mode": mode, "run_id": run_id, "dir": run_dir}

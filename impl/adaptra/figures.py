@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from impl.common.plots.records import plottable  # noqa: E402
+from impl.common.plots.records import mode_legend_entry, mode_style, plottable  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 ORDER = ("1f1b", "zb", "falcon", "adaptra_cpu", "adaptra")
@@ -42,11 +42,13 @@ def delay_sweep(records, out_dir) -> list[pathlib.Path]:
         for system in _systems(recs):
             pts = sorted(series.get((workload, links, system), []))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system,
+                        linestyle=mode_style(recs)["linestyle"])
         ax.set_xlabel(f"injected delay per message on link {links} (ms)")
         ax.set_ylabel(f"iteration time (s, {_mode_label(recs)})")
         ax.set_title(f"{workload}: iteration time vs link delay", fontsize=9)
         ax.grid(alpha=0.3)
+        mode_legend_entry(ax, recs, "line")
         ax.legend()
         path = save_png(fig, pathlib.Path(out_dir) / f"delay_sweep_{k}.png")
         paths.append(path)
@@ -64,11 +66,13 @@ def grouped_bars(records, out_dir, name: str = "scenarios") -> list[pathlib.Path
     for k, system in enumerate(systems):
         xs = [i + k * width for i in range(len(scenarios))]
         # A missing (failed) job draws no bar rather than a zero that would look fastest.
-        ax.bar(xs, [value.get((w, f, system), float("nan")) for w, f in scenarios], width, label=system)
+        ax.bar(xs, [value.get((w, f, system), float("nan")) for w, f in scenarios], width, label=system,
+               hatch=mode_style(recs)["hatch"], edgecolor="white")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scenarios))])
     ax.set_xticklabels([f"{w}\n{f}" for w, f in scenarios], fontsize=6, rotation=30, ha="right")
     ax.set_ylabel(f"iteration time (s, {_mode_label(recs)})")
     ax.set_title(f"{name}: iteration time per scenario")
+    mode_legend_entry(ax, recs)
     ax.legend(fontsize=8)
     path = save_png(fig, pathlib.Path(out_dir) / f"{name}.png")
     return [path]
@@ -106,7 +110,7 @@ def _bars_vs_paper(records, out_dir, *, name, key_fn, key_labels, metric, ylabel
     for k, system in enumerate(systems):
         xs = [i + k * width for i in range(len(keys))]
         ys = [val[(key, system)]["metrics"][metric]["value"] if (key, system) in val else 0.0 for key in keys]
-        ax.bar(xs, ys, width, label=system)
+        ax.bar(xs, ys, width, label=system, hatch=mode_style(recs)["hatch"], edgecolor="white")
         if secondary:
             sec = [val[(key, system)]["metrics"][secondary]["value"] if (key, system) in val else None for key in keys]
             pts = [(x, y) for x, y in zip(xs, sec) if y is not None]
@@ -125,6 +129,7 @@ def _bars_vs_paper(records, out_dir, *, name, key_fn, key_labels, metric, ylabel
     ax.set_ylabel(f"{ylabel} ({_mode_label(recs)})")
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
+    mode_legend_entry(ax, recs)
     ax.legend(fontsize=7)
     path = save_png(fig, pathlib.Path(out_dir) / f"{name}.png")
     return [path]

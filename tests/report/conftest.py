@@ -1,0 +1,78 @@
+"""A small results folder for the report tests: real sim records (two ADAPTRA systems of the
+default run's sim step, run in this process), a failed and an invalid record, a calibration-like
+harness record, and three bad inputs (a torn line, a foreign JSON file, an unknown schema)."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from bench.config import register
+from bench.record import write_record
+from bench.runner import execute
+
+
+def run_sim(results, experiment: str, system: str) -> dict:
+    register()
+    overrides = [f"experiment={experiment}", f"system={system}", f"results_dir={results}", "progress=false"]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+    return execute(cfg, overrides, choices={"system": system, "workload": "gpt7b_pp4", "hardware": "h800",
+                                            "fault": "link_delay_60ms", "experiment": experiment})
+
+
+@pytest.fixture(scope="session")
+def report_results(tmp_path_factory):
+    results = tmp_path_factory.mktemp("report") / "runs"
+    ok = {s: run_sim(results, "demo/sim", s) for s in ("zb", "adaptra")}
+    assert all(r["status"] == "ok" for r in ok.values()), [r["error"] for r in ok.values()]
+    # An invalid run that would look best, and a failed one: shown, never compared.
+    invalid = copy.deepcopy(ok["adaptra"])
+    invalid.update(run_id=invalid["run_id"] + "-inv", status="invalid", created="2999-01-01T00:00:00+00:00",
+                   invalid_reasons=["host contended: 60% foreign CPU"])
+    invalid["metrics"]["iteration_time_s"]["value"] = 0.001
+    write_record(results, invalid)
+    failed = copy.deepcopy(ok["zb"])
+    failed.update(run_id=failed["run_id"] + "-fail", status="failed", error="RuntimeError: boom", metrics={})
+    write_record(results, failed)
+    calib = copy.deepcopy(ok["zb"])
+    calib.update(run_id="20260101T000000-calibrate-000000", system="calibrate", experiment="adhoc",
+                 mode="real", workload="", hardware="local-cpu[2 cores]", fault="none",
+                 metrics={"matmul_fp32_flops": {"value": 3e10, "unit": "flop/s", "better": "higher", "n": 3,
+                                                "p50": 3e10, "p10": 2.9e10, "p90": 3.1e10}})
+    calib["config"] = {"system": {"_target_": "impl.common.calibrate.Calibrate", "name": "calibrate"}}
+    write_record(results, calib)
+    # A real Malleus scenario-A record's shape: four plans interleaved in one job (hand-made
+    # numbers; the report must draw one series per plan and mark it measured).
+    mal = copy.deepcopy(ok["zb"])
+    plans = ["uniform", "data_only", "layers_only", "malleus"]
+    level = {"uniform": 2.9, "data_only": 1.5, "layers_only": 1.48, "malleus": 1.24}
+    times = [3.0, 2.95] + [level[plans[i % 4]] + 0.01 * (i % 3) for i in range(12)]
+    mal.update(run_id="20260101T000000-malleus-0000aa", system="malleus", experiment="malleus/cpu_static",
+               mode="real", workload="malleus_cpu_dp2pp2", hardware="local-cpu[2 cores]", fault="slowdown_a",
+               info={"iteration_times_s": times},
+               metrics={"speedup_vs_uniform": {"value": 2.34, "unit": "x", "better": "higher", "n": 1,
+                                               "p50": 2.34, "p10": 2.34, "p90": 2.34}})
+    mal["config"] = {"system": {"_target_": "impl.malleus.system.HybridTraining", "name": "malleus",
+                                "interleave": plans},
+                     "workload": {"warmup_iterations": 2}, "figure": "impl.malleus.figures:iteration_trace"}
+    mal["provenance"]["emulated"] = ["GPU compute: sleep-padded per layer and micro-batch (spec malleus 5)"]
+    write_record(results, mal)
+    # Bad input: a torn line, a foreign JSON document, a record of a schema version we don't know.
+    with open(results / "records.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"schema": "mlsys-bench.record/1", "run_id": "torn')
+        fh.write("\n")
+    (results / "foreign").mkdir()
+    (results / "foreign" / "record.json").write_text(json.dumps({"hello": "world"}))
+    future = copy.deepcopy(ok["zb"])
+    future.update(schema="mlsys-bench.record/9", run_id="future-run")
+    (results / "future-run").mkdir()
+    (results / "future-run" / "record.json").write_text(json.dumps(future))
+    return {"dir": results, "ok": ok, "invalid": invalid, "failed": failed}
