@@ -19,6 +19,7 @@ def test_uncapped_schedule_is_valid(S, N, times):
     tf = [T] * S
     tb = {"unit": tf, "slow_b": [2 * T] * S, "fast_b": [T / 2] * S}[times]
     sched = zero_bubble_uncapped(S, N, tf, tb, tf)
+    assert all(len(row) == 3 * N for row in sched.values())  # every F, B and W once per stage
     validate_schedule(sched, S, N, split_backward=True)
     validate_schedule(insert_comm(sched), S, N, split_backward=True)
     validate_schedule(insert_comm(sched, blocking_sends=True), S, N, split_backward=True, blocking_sends=True)
