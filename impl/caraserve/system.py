@@ -80,8 +80,10 @@ class ServingSystem(System):
         pad_ranks_to_supported: bool = False
         # Adapter pool eviction: "lru" (a slot is reused only when needed), "on_finish" (S-LoRA's
         # code, spec 9: when a request finishes, every adapter no remaining request uses is
-        # evicted), "auto" = on_finish for slora, lru for the others.
+        # evicted), "auto" = on_finish for the policies in evict_on_finish_policies, else lru.
+        # CACHED never evicts.
         adapter_eviction: str = "auto"
+        evict_on_finish_policies: List[str] = field(default_factory=lambda: ["slora"])
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
@@ -89,9 +91,10 @@ class ServingSystem(System):
             raise ConfigError(f"system.policy: unknown policy {cfg.policy!r} (one of: {', '.join(POLICIES)})")
         if cfg.router not in ROUTERS:
             raise ConfigError(f"system.router: unknown router {cfg.router!r} (one of: {', '.join(ROUTERS)})")
-        for p in cfg.interleave:
+        for p in list(cfg.interleave) + list(cfg.evict_on_finish_policies):
             if p not in POLICIES:
-                raise ConfigError(f"system.interleave: unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+                raise ConfigError(f"system.interleave / system.evict_on_finish_policies: unknown policy {p!r} "
+                                  f"(one of: {', '.join(POLICIES)})")
         if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
             raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
                               f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
@@ -172,4 +175,6 @@ class ServingSystem(System):
 
     def evict_on_finish(self, policy: str) -> bool:
         e = self.cfg.adapter_eviction
-        return policy == "slora" if e == "auto" else e == "on_finish"
+        if policy == "cached":
+            return False
+        return policy in self.cfg.evict_on_finish_policies if e == "auto" else e == "on_finish"
