@@ -181,7 +181,7 @@ def s1_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Pat
             bx.text(i + 0.18, theirs, f"{theirs:.2f}", ha="center", va="bottom", fontsize=7)
     for a in (ax, bx):
         a.set_xticks(range(len(settings)))
-        a.set_xticklabels(settings, fontsize=8)
+        a.set_xticklabels(settings, fontsize=7, rotation=20)
         a.grid(alpha=0.3, axis="y")
         a.legend(fontsize=6, ncol=2)
     ax.set_ylabel("mean latency over CACHED (%)")
