@@ -102,3 +102,151 @@ def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
     ax.legend(fontsize=7)
     path = save_png(fig, pathlib.Path(out_dir) / "slo_vs_rate.png")
     return [path]
+
+
+# ---- the paper's own figures beside ours (spec caraserve.md 9; values in conf/paper/caraserve.yaml)
+PAPER_FILE = pathlib.Path(__file__).resolve().parents[2] / "conf" / "paper" / "caraserve.yaml"
+
+
+def paper_values(path: pathlib.Path = PAPER_FILE) -> dict:
+    """``{name: value}`` of the paper's numbers (the ``entries`` of the paper file, format in
+    ``bench/paper.py``; the harness's report reads the same file)."""
+    import yaml
+
+    doc = yaml.safe_load(pathlib.Path(path).read_text())
+    return {e["name"]: float(e["value"]) for e in doc["entries"]}
+
+
+def _setting(r) -> str:
+    """Paper-table key of a record's workload: ``9rps_r64`` (synthetic) or ``maf512``."""
+    wl = r["config"]["workload"]
+    if wl["adapters"].get("per_request"):
+        return f"{wl['trace']['rate_rps']:g}rps_r{max(wl['adapters']['ranks'])}"
+    return f"maf{wl['adapters']['num_adapters']}"
+
+
+def _mean_latency(records) -> dict:
+    out, flagged = {}, set()
+    for r in plottable(records, "latency_mean_s", with_invalid=True):
+        key = (_setting(r), r["config"]["system"]["policy"])
+        out[key] = r["metrics"]["latency_mean_s"]["value"]
+        if r["status"] != "ok":
+            flagged.add(key)
+    return out, flagged
+
+
+def s1_table(records) -> dict:
+    """``{setting: {"over_cached": {policy: ours}, "ratio": S-LoRA / CaraServe, "flagged": [...]}}``."""
+    lat, flagged = _mean_latency(records)
+    out = {}
+    for s in sorted({k[0] for k in lat}):
+        base = lat.get((s, "cached"))
+        row = {"over_cached": {}, "ratio": None, "flagged": sorted(p for (t, p) in flagged if t == s)}
+        for p in ("ondmd", "slora", "caraserve"):
+            if base and (s, p) in lat:
+                row["over_cached"][p] = lat[(s, p)] / base - 1
+        if lat.get((s, "caraserve")) and (s, "slora") in lat:
+            row["ratio"] = lat[(s, "slora")] / lat[(s, "caraserve")]
+        out[s] = row
+    return out
+
+
+def s1_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Path]:
+    """S1-synthetic / S1-MAF: mean latency over CACHED per system and the S-LoRA / CaraServe
+    ratio, ours (solid) beside the paper's (hatched, where the paper gives the setting)."""
+    paper = paper_values() if paper is None else paper
+    table = s1_table(records)
+    if not table:
+        return []
+    settings = list(table)
+    pols = ("ondmd", "slora", "caraserve")
+    colors = dict(zip(pols, ("tab:red", "tab:orange", "tab:green")))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    w = 0.13
+    for i, s in enumerate(settings):
+        for j, p in enumerate(pols):
+            x = i + (j - 1) * 2.2 * w
+            ours = table[s]["over_cached"].get(p)
+            if ours is not None:
+                ax.bar(x - w / 2, 100 * ours, w, color=colors[p], label=p if i == 0 else None)
+            theirs = paper.get(f"latency_over_cached_{p}_{s}")
+            if theirs is not None:
+                ax.bar(x + w / 2, 100 * theirs, w, color="white", edgecolor=colors[p], hatch="///",
+                       label=f"{p} (paper)" if i == 0 else None)
+        ours, theirs = table[s]["ratio"], paper.get(f"slora_over_caraserve_{s}")
+        if ours is not None:
+            bx.bar(i - 0.18, ours, 0.36, color="tab:blue", label="ours (sim)" if i == 0 else None)
+            bx.text(i - 0.18, ours, f"{ours:.2f}" + ("!" if table[s]["flagged"] else ""), ha="center", va="bottom", fontsize=7)
+        if theirs is not None:
+            bx.bar(i + 0.18, theirs, 0.36, color="white", edgecolor="tab:blue", hatch="///",
+                   label="paper" if i == 0 else None)
+            bx.text(i + 0.18, theirs, f"{theirs:.2f}", ha="center", va="bottom", fontsize=7)
+    for a in (ax, bx):
+        a.set_xticks(range(len(settings)))
+        a.set_xticklabels(settings, fontsize=7, rotation=20)
+        a.grid(alpha=0.3, axis="y")
+        a.legend(fontsize=6, ncol=2)
+    ax.set_ylabel("mean latency over CACHED (%)")
+    bx.set_ylabel("S-LoRA / CaraServe mean latency")
+    bx.axhline(1.0, color="k", lw=0.6)
+    fig.suptitle("simulated (solid) vs paper (hatched; spec caraserve.md 9, conf/paper/caraserve.yaml)"
+                 "   !: a run flagged invalid (spec 7 TTFT order)", fontsize=8)
+    name = "s1_maf_vs_paper.png" if all(s.startswith("maf") for s in settings) else "s1_synthetic_vs_paper.png"
+    return [save_png(fig, pathlib.Path(out_dir) / name)]
+
+
+def stall_share_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Path]:
+    """Cold-start share of on-demand loading by rate: one line per system variant (record name)
+    beside the paper's 10 / 16 / 20 % (v1 Fig. 3-left)."""
+    paper = paper_values() if paper is None else paper
+    pts = collections.defaultdict(dict)
+    for r in plottable(records, "stall_share", with_invalid=True):
+        pts[r["system"]][_trace(r)["rate_rps"]] = r["metrics"]["stall_share"]["value"]
+    if not pts:
+        return []
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for name in sorted(pts):
+        xs = sorted(pts[name])
+        ax.plot(xs, [100 * pts[name][x] for x in xs], marker="o", label=f"{name} (sim)")
+    px = [x for x in (3, 6, 9) if f"cold_start_share_{x}rps" in paper]
+    ax.plot(px, [100 * paper[f"cold_start_share_{x}rps"] for x in px], "k--s", label="paper (v1 Fig. 3-left)")
+    ax.fill_between(px, [100 * paper[f"cold_start_share_{x}rps"] - 5 for x in px],
+                    [100 * paper[f"cold_start_share_{x}rps"] + 5 for x in px], color="k", alpha=0.08)
+    ax.set_xlabel("arrival rate (requests/s)")
+    ax.set_ylabel("stalled share of serving time (%)")
+    ax.set_title("on-demand cold-start share, 512 rank-64 adapters (band: paper +-5 points)", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return [save_png(fig, pathlib.Path(out_dir) / "stall_share_vs_paper.png")]
+
+
+S3_PAPER_NAMES = {"caraserve": "rank_aware", "mostidle": "mostidle", "route_random": "random", "firstfit": "firstfit"}
+
+
+def s3_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Path]:
+    """S3 routing: SLO attainment per router (mean over seeds, each seed a dot) beside the
+    paper's (Punica kernel and S-LoRA kernel figures of v1)."""
+    paper = paper_values() if paper is None else paper
+    pts = collections.defaultdict(list)
+    for r in plottable(records, "slo_attainment"):
+        pts[r["system"]].append(r["metrics"]["slo_attainment"]["value"])
+    names = [n for n in S3_PAPER_NAMES if n in pts]
+    if not names:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for i, n in enumerate(names):
+        v = pts[n]
+        ax.bar(i - 0.27, 100 * float(np.mean(v)), 0.27, color="tab:blue", label="ours (sim)" if i == 0 else None)
+        ax.plot([i - 0.27] * len(v), [100 * x for x in v], "k.", ms=4)
+        for k, (kern, hatch) in enumerate((("punica", "///"), ("slora", "..."))):
+            pv = paper.get(f"s3_slo_{S3_PAPER_NAMES[n]}_{kern}_kernel")
+            if pv is not None:
+                ax.bar(i + 0.27 * k, 100 * pv, 0.27, color="white", edgecolor="tab:gray", hatch=hatch,
+                       label=f"paper, {kern} kernel" if i == 0 else None)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names)
+    ax.set_ylabel("SLO attainment (%)")
+    ax.set_title("S3: SLO = 1.5x HF-PEFT per-token latency (spec caraserve.md 9)", fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    return [save_png(fig, pathlib.Path(out_dir) / "s3_vs_paper.png")]

@@ -11,6 +11,8 @@
 | mostidle     | caraserve | mostidle    | routing baselines (servers run CaraServe)          |
 | route_random | caraserve | random      |                                                    |
 | firstfit     | caraserve | firstfit    |                                                    |
+| hf_peft      | hf_peft   | mostidle    | merged single adapter, no cross-adapter batching   |
+|              |           |             | (sim only; the reference of the paper's S3 SLO)    |
 
 Real mode runs the serving engine on a tiny Llama (one server); sim mode runs the request-level
 simulator at paper scale (one or many servers) with costs from the hardware profile.
@@ -36,6 +38,8 @@ from impl.common.servesim.cost import ServingCost, ServingCostConfig
 from impl.common.traces import Trace, TraceSpec, generate_trace, load_trace
 
 ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
+EVICTIONS = ("auto", "lru", "on_finish")
+SLO_REFERENCES = ("isolated", "hf_peft")
 
 
 class ServingSystem(System):
@@ -74,6 +78,12 @@ class ServingSystem(System):
         plots: bool = True
         # Punica: round each adapter's rank up to {16, 32, 64} instead of rejecting the trace.
         pad_ranks_to_supported: bool = False
+        # Adapter pool eviction: "lru" (a slot is reused only when needed), "on_finish" (S-LoRA's
+        # code, spec 9: when a request finishes, every adapter no remaining request uses is
+        # evicted), "auto" = on_finish for the policies in evict_on_finish_policies, else lru.
+        # CACHED never evicts.
+        adapter_eviction: str = "auto"
+        evict_on_finish_policies: List[str] = field(default_factory=lambda: ["slora"])
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
@@ -81,12 +91,15 @@ class ServingSystem(System):
             raise ConfigError(f"system.policy: unknown policy {cfg.policy!r} (one of: {', '.join(POLICIES)})")
         if cfg.router not in ROUTERS:
             raise ConfigError(f"system.router: unknown router {cfg.router!r} (one of: {', '.join(ROUTERS)})")
-        for p in cfg.interleave:
+        for p in list(cfg.interleave) + list(cfg.evict_on_finish_policies):
             if p not in POLICIES:
-                raise ConfigError(f"system.interleave: unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+                raise ConfigError(f"system.interleave / system.evict_on_finish_policies: unknown policy {p!r} "
+                                  f"(one of: {', '.join(POLICIES)})")
         if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
             raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
                               f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
+        if cfg.adapter_eviction not in EVICTIONS:
+            raise ConfigError(f"system.adapter_eviction: unknown {cfg.adapter_eviction!r} (one of: {', '.join(EVICTIONS)})")
         self.sched_config()  # its own checks, at preflight rather than mid-run
         if cfg.cpu_workers not in (0, 1):
             # One worker process serves every CPU-path request; more are not implemented, and a
@@ -111,7 +124,7 @@ class ServingSystem(System):
                              num_adapters=a.num_adapters, zipf_alpha=a.zipf_alpha, ranks=list(a.ranks),
                              rank_weights=list(a.rank_weights), prompt_median=t.prompt_median,
                              output_median=t.output_median, sigma=t.sigma, len_min=t.len_min, len_max=t.len_max,
-                             output_min=t.output_min, output_max=t.output_max)
+                             output_min=t.output_min, output_max=t.output_max, per_request=a.per_request)
             trace = generate_trace(spec, job.seed)
         if self.cfg.policy == "punica":
             if self.cfg.pad_ranks_to_supported:
@@ -126,13 +139,20 @@ class ServingSystem(System):
         kind = getattr(workload, "kind", None)
         if kind != "serving":
             raise ConfigError(f"workload.kind: {self.name} needs a 'serving' workload, got {kind!r}")
+        if getattr(workload, "slo_reference", "isolated") not in SLO_REFERENCES:
+            raise ConfigError(f"workload.slo_reference: unknown {workload.slo_reference!r} "
+                              f"(one of: {', '.join(SLO_REFERENCES)})")
         if mode == "sim":
+            if workload.slo_reference_requests < 1:
+                raise ConfigError(f"workload.slo_reference_requests must be >= 1, got {workload.slo_reference_requests}")
             if hardware.host_link_bw_bytes_per_s <= 0 or hardware.memory_bw_bytes_per_s <= 0:
                 raise ConfigError(f"hardware.{hardware.name}: host_link_bw_bytes_per_s and memory_bw_bytes_per_s must "
                                   f"be > 0 for serving sim (got {hardware.host_link_bw_bytes_per_s}, "
                                   f"{hardware.memory_bw_bytes_per_s})")
             ServingCost.from_profile(workload.paper_model, hardware, self.cfg.cost, tp=workload.tp)  # its checks
         else:
+            if self.cfg.policy == "hf_peft" or "hf_peft" in self.cfg.interleave:
+                raise ConfigError("system.policy: hf_peft is sim only (mode=sim)")
             check_llama_shape(workload.model)
 
     def run(self, job: JobContext) -> RunResult:
@@ -150,4 +170,11 @@ class ServingSystem(System):
                                pool_slots=c.sim_pool_slots if sim else c.pool_slots, load_groups=c.load_groups,
                                dlora_merge_share=c.dlora_merge_share, dlora_merge_min=c.dlora_merge_min,
                                dlora_migrate=c.dlora_migrate, dlora_migrate_interval_s=c.dlora_migrate_interval_s,
-                               dlora_migrate_threshold=c.dlora_migrate_threshold)
+                               dlora_migrate_threshold=c.dlora_migrate_threshold,
+                               evict_on_finish=self.evict_on_finish(policy or c.policy))
+
+    def evict_on_finish(self, policy: str) -> bool:
+        e = self.cfg.adapter_eviction
+        if policy == "cached":
+            return False
+        return policy in self.cfg.evict_on_finish_policies if e == "auto" else e == "on_finish"

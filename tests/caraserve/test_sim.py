@@ -38,20 +38,30 @@ def test_sim_is_bit_identical_and_valid(tmp_path):
     assert r1.metrics["completed"].value + r1.metrics["dropped"].value == r1.metrics["arrived"].value == 150
 
 
+@pytest.mark.parametrize("load_model", ["roofline", "measured"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_ttft_order_cached_cara_ondmd(tmp_path, seed):
+def test_ttft_order_cached_cara_ondmd(tmp_path, seed, load_model):
     j = job(tmp_path, seed=seed)
-    s = system()
+    s = system(cost=ServingCostConfig(load_model=load_model))
     cost = build_cost(s, j)
     trace = s.trace(j)
-    ttft = {}
+    ttft, lat = {}, {}
     for p in ("cached", "caraserve", "ondmd"):
         res, _ = simulate_policy(s, j, trace, cost, p, "mostidle")
         assert all(r.latency_s >= r.isolated_s * (1 - 1e-9) for r in res.records)
         assert len(res.records) == res.arrived
         ttft[p] = sum(r.ttft_s for r in res.records) / len(res.records)
+        lat[p] = sum(r.latency_s for r in res.records) / len(res.records)
+    assert lat["cached"] <= lat["caraserve"] * (1 + 1e-9) and lat["caraserve"] <= lat["ondmd"] * (1 + 1e-9)
     # light load: cold requests arrive alone, their profiled P fits the layer, CaraServe ~ CACHED
-    assert ttft["cached"] <= ttft["caraserve"] * (1 + 1e-9) and ttft["caraserve"] <= ttft["ondmd"] * (1 + 1e-9)
+    assert ttft["caraserve"] <= ttft["ondmd"] * (1 + 1e-9)
+    if load_model == "roofline":
+        assert ttft["cached"] <= ttft["caraserve"] * (1 + 1e-9)
+    else:
+        # The measured loads (~3x the roofline) keep a cold request out of decode for longer
+        # (decode needs residency), so the next prefill can start sooner and CaraServe's mean TTFT
+        # may dip below CACHED's (README "Calibration"; spec 7 flags such a run); latency may not.
+        assert ttft["cached"] <= ttft["caraserve"] * 1.05
 
 
 def burst_job(tmp_path, seed, n=10, prompt=8):

@@ -23,7 +23,7 @@ from impl.common.llm.kernels import check_kernel_rank
 from impl.common.llm.lora import HostAdapter, LoRABatch, group_of_layer, layer_groups, merge_adapter, unmerge_adapter
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.model import SITES
-from impl.common.llm.scheduler import BatchScheduler, Plan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
 
 
 @dataclass
@@ -231,7 +231,7 @@ class ServingEngine:
             for r in reqs:
                 entry = self.sched.pool.get(r.adapter)
                 r.data["cold"] = not entry.resident()
-            if pol in ("ondmd", "punica", "dlora", "slora"):
+            if pol in SYNC_LOAD:
                 for a in sorted({r.adapter for r in reqs}):
                     if not self.sched.pool.get(a).resident():
                         stats.stall_s += self.loader.wait(a)

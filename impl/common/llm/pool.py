@@ -90,6 +90,14 @@ class AdapterPool:
             raise RuntimeError(f"adapter {adapter!r} released more often than acquired")
         entry.pins -= 1
 
+    def evict_unpinned(self) -> list[str]:
+        """Drop every adapter no request pins (S-LoRA on request finish); returns them."""
+        out = [a for a, e in self.entries.items() if e.pins == 0]
+        for a in out:
+            del self.entries[a]
+        self.evictions += len(out)
+        return out
+
     def preload(self, adapter: str) -> PoolEntry:
         """Make ``adapter`` resident without a load (CACHED)."""
         entry, _, _ = self.acquire(adapter)

@@ -15,6 +15,12 @@ Policies (spec caraserve.md 3):
 | punica    | synchronous load; ranks 16/32/64 only      | sgmv           | bgmv_punica   |
 | dlora     | synchronous load; merged mode when one     | sgmv           | bgmv          |
 |           | adapter dominates the batch                |                |               |
+| hf_peft   | synchronous load; always merged: one       | (merged)       | (merged)      |
+|           | adapter at a time, no cross-adapter batch  |                |               |
+
+``evict_on_finish`` (S-LoRA's own code, spec 9): whenever a request finishes, every adapter
+that no running or pinned queued request uses is evicted, so an arrival misses unless its
+adapter is in use or already in flight. Otherwise the pool keeps adapters until LRU needs a slot.
 """
 from __future__ import annotations
 
@@ -25,11 +31,13 @@ from typing import Callable, Optional
 from impl.common.api import ConfigError
 from impl.common.llm.pool import AdapterPool
 
-POLICIES = ("cached", "ondmd", "caraserve", "slora", "punica", "dlora")
+POLICIES = ("cached", "ondmd", "caraserve", "slora", "punica", "dlora", "hf_peft")
+SYNC_LOAD = ("ondmd", "punica", "dlora", "slora", "hf_peft")  # the load is awaited before prefill
 ASYNC_AT_ARRIVAL = ("caraserve",)  # S-LoRA prefetches only for the next batch (see plan)
 KERNELS = {
     "cached": ("sgmv", "bgmv"), "ondmd": ("sgmv", "bgmv"), "caraserve": ("sgmv", "bgmv"),
     "slora": ("mbgmv", "mbgmv"), "punica": ("sgmv", "bgmv_punica"), "dlora": ("sgmv", "bgmv"),
+    "hf_peft": ("sgmv", "bgmv"),  # never used: every iteration runs on merged weights
 }
 
 
@@ -72,6 +80,7 @@ class SchedulerConfig:
     dlora_migrate: bool = True
     dlora_migrate_interval_s: float = 0.5
     dlora_migrate_threshold: int = 4
+    evict_on_finish: bool = False
 
     def __post_init__(self):
         if not self.dlora_migrate_interval_s > 0 or self.dlora_migrate_threshold < 1:
@@ -91,6 +100,7 @@ class BatchScheduler:
         self.running: list = []
         self.merged: Optional[str] = None
         self.unpinned = 0  # queued requests without a pinned adapter slot
+        self.evicted: list = []  # evict_on_finish: adapters dropped (the caller may drain it)
         self.prefill_kernel, self.decode_kernel = KERNELS[cfg.policy]
 
     # ---- events --------------------------------------------------------------------------
@@ -142,11 +152,19 @@ class BatchScheduler:
             return top
         return None
 
+    def _hf_peft_adapter(self) -> Optional[str]:
+        """HF-PEFT serves one merged adapter at a time: the running batch's, else the queue head's."""
+        if self.running:
+            return self.running[0].adapter
+        return self.waiting[0].adapter if self.waiting else None
+
     def plan(self, decode_ready: Callable[[SReq], bool]) -> Optional[Plan]:
         """Prefill first (LightLLM/vLLM default), else one decode step of the ready running set."""
         cfg = self.cfg
         if cfg.policy == "dlora":
             self.merged = self._dlora_mode()
+        elif cfg.policy == "hf_peft":
+            self.merged = self._hf_peft_adapter()
         sel, tokens, new = [], 0, []
         for r in list(self.waiting):
             if len(self.running) + len(sel) >= cfg.max_batch:
@@ -204,7 +222,12 @@ class BatchScheduler:
                 self.running.append(r)
         for r in done:
             self.pool.release(r.adapter)
+        self._evict_after(done)
         return done
+
+    def _evict_after(self, done: list) -> None:
+        if done and self.cfg.evict_on_finish:
+            self.evicted.extend(self.pool.evict_unpinned())
 
     def decoded(self, plan: Plan) -> list[SReq]:
         done = []
@@ -217,6 +240,7 @@ class BatchScheduler:
             self.running = [r for r in self.running if id(r) not in ids]
             for r in done:
                 self.pool.release(r.adapter)
+        self._evict_after(done)
         return done
 
     def busy(self) -> bool:

@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
-from impl.common.llm.scheduler import BatchScheduler, Plan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
 from impl.common.servesim.cost import ServingCost
 from impl.common.sim.engine import Engine
 
@@ -75,6 +75,8 @@ class SimServer:
         self.version = 0  # bumped on every change of queue/batch state (routers cache on it)
         self.migrator: Optional["Migrator"] = None
         self.incoming = 0  # running requests whose KV cache is on its way here
+        # S-LoRA's code moves the full A+B bytes for A and again for B (spec 9).
+        self.load_copies = 2.0 if cfg.policy == "slora" and cost.slora_copies_ab_twice else 1.0
         self.outbox: list = []  # running requests leaving at the end of the iteration in flight
 
     # ---- state visible to routers ---------------------------------------------------------
@@ -96,7 +98,7 @@ class SimServer:
     def _start_load(self, adapter: str, rank: int, now: float) -> float:
         """FIFO over the host link; returns when the last group is resident."""
         start = max(now, self.link_free_s)
-        T = self.cost.load_s(rank)
+        T = self.cost.load_s(rank, self.load_copies)
         times, t = [], start
         for g in range(self.groups):
             t = start + T * (g + 1) / self.groups
@@ -149,6 +151,13 @@ class SimServer:
             return
         self.busy = True
         dur, stall = self._duration(plan, now)
+        if stall > 0:
+            # Stall accounting as the paper counts it (spec 9): every request in the iteration
+            # sits through the load (its own), and so does every in-flight decode it pauses.
+            sitting = plan.reqs if plan.kind == "decode" else list(plan.reqs) + list(self.sched.running)
+            for r in sitting:
+                r.data["stall_s"] = r.data.get("stall_s", 0.0) + stall
+                r.data["load_stalls"] = r.data.get("load_stalls", 0) + 1
         for a in plan.prefetch:  # S-LoRA: async loads for the next batch, behind this iteration
             self.ready_at.pop(a, None)
             self._start_load(a, self._rank_in_queue(a), now + stall)
@@ -183,12 +192,12 @@ class SimServer:
             self.ready_at.pop(a, None)
         for r in reqs:
             r.data["cold"] = not self._resident(r.adapter, now)
-        if pol in ("ondmd", "punica", "dlora", "slora"):
+        if pol in SYNC_LOAD:
             for a in plan.new_adapters:
                 rank = next(r.rank for r in reqs if r.adapter == a)
                 self._start_load(a, rank, now)
         start = now
-        if pol in ("ondmd", "punica", "dlora", "slora"):
+        if pol in SYNC_LOAD:
             for r in reqs:
                 if r.adapter in self.ready_at:
                     start = max(start, self.ready_at[r.adapter][-1])
@@ -233,6 +242,9 @@ class SimServer:
             done = self.sched.prefilled(plan)
         else:
             done = self.sched.decoded(plan)
+        for a in self.sched.evicted:  # evict_on_finish: a later load of it starts afresh
+            self.ready_at.pop(a, None)
+        self.sched.evicted.clear()
         for r in done:
             self.on_done(self, r, now)
         if self.outbox:
@@ -433,7 +445,8 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
                                      first_token_s=r.data["first_s"], done_s=now, output_len=r.output_len,
                                      cold=r.data.get("cold", False), interruptions=r.interruptions,
                                      slo_tpot_s=slo_of(r), server=server.sid,
-                                     isolated_s=isolated_of(r) if isolated_of else 0.0))
+                                     isolated_s=isolated_of(r) if isolated_of else 0.0,
+                                     stall_s=r.data.get("stall_s", 0.0), load_stalls=r.data.get("load_stalls", 0)))
         if progress is not None:
             progress.update(1)
 

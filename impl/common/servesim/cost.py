@@ -4,8 +4,11 @@ Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source
 that neither the model shape nor the hardware profile gives are :class:`ServingCostConfig`
 (a system's ``cost`` node, so they have one name and one default):
 - GPU: ``hardware.peak_flops[dtype] * mfu`` and ``memory_bw_bytes_per_s`` (datasheet);
-- H2D: ``host_link_bw_bytes_per_s * h2d_efficiency`` (spec 6: ~22 GB/s pinned on PCIe4 =
-  0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us, spec 6);
+- adapter loads: the paper's measured load time by bytes where the hardware profile has one
+  (spec 9; :mod:`impl.common.servesim.load_profile`, ``load_model`` auto/measured), else the
+  roofline ``load_model=roofline``: ``host_link_bw_bytes_per_s * h2d_efficiency`` (spec 6:
+  ~22 GB/s pinned on PCIe4 = 0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us);
+- H2D of activations on the CPU path: always the roofline link rate above;
 - host CPU: ``cpu_flops_per_core`` (40 GFLOP/s fp32, spec 6) x ``cpu_cores`` (32 per host, spec 6)
   shared by all cold requests of an iteration on the CPU path; per layer it moves x to host per
   distinct LoRA input (2) and a delta back per site over the H2D link (spec 2.2 T_xfer), plus a
@@ -21,10 +24,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
 from impl.common.cost.transformer import layer_matrix_params
+from impl.common.servesim.load_profile import LOAD_MODELS, MeasuredLoadProfile, measured_profile
 from impl.common.workloads.serving import PaperModel
 
 
@@ -46,8 +50,18 @@ class ServingCostConfig:
     # The paper observes ONDMD stalls of ~29% of serving time at 9 RPS (spec 1), which the
     # roofline load (~8 ms per mean adapter) does not reproduce; see the CaraServe README.
     load_overhead_s: float = 0.0
+    # How an adapter load is priced: "measured" = the paper's load-time table of the hardware
+    # profile interpolated by bytes (spec 9; an error where the profile has none), "roofline" =
+    # bytes / (link x h2d_efficiency) + per-tensor overhead (spec 6), "auto" = measured where a
+    # table exists, else roofline. Every sim record names the one used (info.cost.load_model).
+    load_model: str = "auto"
+    # S-LoRA's code copies the full A+B tensor once for A and once for B (spec 9), so its loads
+    # move twice the adapter's bytes; False prices them like everyone else's.
+    slora_copies_ab_twice: bool = True
 
     def __post_init__(self) -> None:
+        if self.load_model not in LOAD_MODELS:
+            raise ConfigError(f"system.cost.load_model: unknown {self.load_model!r} (one of: {', '.join(LOAD_MODELS)})")
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, (int, float)) and not v >= 0:
@@ -71,9 +85,16 @@ class ServingCost(ServingCostConfig):
     host_link_bw_bytes_per_s: float = 32e9  # PCIe 4.0 x16
     intra_bw_bytes_per_s: float = 32e9
     intra_latency_s: float = 5e-6
+    hardware_name: str = ""
+    measured_load: Optional[MeasuredLoadProfile] = None  # set from hardware_name unless load_model=roofline
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.load_model != "roofline" and self.measured_load is None:
+            self.measured_load = measured_profile(self.hardware_name)
+            if self.load_model == "measured" and self.measured_load is None:
+                raise ConfigError(f"system.cost.load_model=measured: hardware {self.hardware_name!r} has no measured "
+                                  f"adapter-load profile (have: a10, a100-80g, a100-40g); use auto or roofline")
         if not self.model.ffn_hidden:
             raise ConfigError(f"workload.paper_model.ffn_hidden: the serving cost model is LLaMA's "
                               f"(SwiGLU), got {self.model.ffn_hidden}")
@@ -86,7 +107,7 @@ class ServingCost(ServingCostConfig):
                    mem_bw_bytes_per_s=hardware.memory_bw_bytes_per_s,
                    host_link_bw_bytes_per_s=hardware.host_link_bw_bytes_per_s,
                    intra_bw_bytes_per_s=hardware.intra_node_bw_bytes_per_s,
-                   intra_latency_s=hardware.intra_node_latency_s, **knobs)
+                   intra_latency_s=hardware.intra_node_latency_s, hardware_name=hardware.name, **knobs)
 
     # ---- shapes ----------------------------------------------------------------------------
     @property
@@ -160,10 +181,19 @@ class ServingCost(ServingCostConfig):
                 t += per_rank * B * max(ranks) / (self.mem_bw_bytes_per_s * self.bgmv_efficiency)
         return t + self._allreduce_s(B) + self.iteration_overhead_s
 
-    def load_s(self, rank: int) -> float:
-        tensors = self.num_layers * self.lora_sites * 2
-        return (self.adapter_bytes(rank) / self.tp / self.h2d_bytes_per_s + tensors * self.h2d_tensor_overhead_s
-                + self.load_overhead_s)
+    @property
+    def load_model_used(self) -> str:
+        """What priced the adapter loads, for the record."""
+        return f"measured:{self.measured_load.name}" if self.measured_load is not None else "roofline"
+
+    def load_s(self, rank: int, copies: float = 1.0) -> float:
+        """One adapter's host->GPU load per GPU (each TP rank loads its shard over its own
+        link); ``copies`` x the bytes move (S-LoRA: 2)."""
+        nbytes = copies * self.adapter_bytes(rank) / self.tp
+        if self.measured_load is not None:
+            return self.measured_load.load_s(nbytes) + self.load_overhead_s
+        tensors = copies * self.num_layers * self.lora_sites * 2
+        return nbytes / self.h2d_bytes_per_s + tensors * self.h2d_tensor_overhead_s + self.load_overhead_s
 
     def cpu_compute_s(self, tokens: int, rank: int, procs: int) -> float:
         """CPU LoRA FLOPs of one layer (all sites) for one request, rows split over ``procs``."""

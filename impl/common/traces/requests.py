@@ -75,6 +75,9 @@ class TraceSpec:
     # Output-length clip; 0 = the same as len_min / len_max.
     output_min: int = 0
     output_max: int = 0
+    # One distinct adapter per request (the paper's synthetic setting, spec 9): num_adapters and
+    # zipf_alpha are ignored.
+    per_request: bool = False
 
 
 def poisson_arrivals(rate_rps: float, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -116,8 +119,9 @@ def generate_trace(spec: TraceSpec, seed: int) -> Trace:
     if spec.num_adapters < 1:
         raise ConfigError(f"workload.adapters.num_adapters must be >= 1, got {spec.num_adapters}")
     rng = np.random.default_rng(seed)
-    ranks = rank_mix(spec.num_adapters, spec.ranks, spec.rank_weights, rng)
     n = spec.num_requests
+    num_adapters = n if spec.per_request else spec.num_adapters
+    ranks = rank_mix(num_adapters, spec.ranks, spec.rank_weights, rng)
     if spec.arrival == "poisson":
         t = poisson_arrivals(spec.rate_rps, n, rng)
     elif spec.arrival == "gamma":
@@ -125,13 +129,16 @@ def generate_trace(spec: TraceSpec, seed: int) -> Trace:
     else:
         raise ConfigError(f"workload.trace.arrival: unknown {spec.arrival!r} (one of: poisson, gamma)")
     # Popularity rank is shuffled against adapter ids so that rank and popularity are independent.
-    p = zipf_popularity(spec.num_adapters, spec.zipf_alpha)
-    perm = rng.permutation(spec.num_adapters)
-    pick = perm[rng.choice(spec.num_adapters, size=n, p=p)]
+    if spec.per_request:
+        pick = np.arange(n)
+    else:
+        p = zipf_popularity(num_adapters, spec.zipf_alpha)
+        perm = rng.permutation(num_adapters)
+        pick = perm[rng.choice(num_adapters, size=n, p=p)]
     pl = lognormal_lengths(spec.prompt_median, spec.sigma, n, spec.len_min, spec.len_max, rng)
     ol = lognormal_lengths(spec.output_median, spec.sigma, n, spec.output_min or spec.len_min,
                            spec.output_max or spec.len_max, rng)
-    names = [f"lora-{i:05d}" for i in range(spec.num_adapters)]
+    names = [f"lora-{i:05d}" for i in range(num_adapters)]
     reqs = [TraceRequest(i, float(t[i]), names[int(pick[i])], int(pl[i]), int(ol[i])) for i in range(n)]
     return Trace(reqs, dict(zip(names, ranks)))
 

@@ -63,6 +63,9 @@ class ServingAdapters:
     ranks: List[int] = field(default_factory=lambda: [8, 16, 32, 64])
     rank_weights: List[float] = field(default_factory=lambda: [0.25, 0.25, 0.25, 0.25])
     use_rslora: bool = False
+    # One distinct adapter per request (the paper's synthetic setting): num_adapters and
+    # zipf_alpha are then ignored.
+    per_request: bool = False
 
 
 @dataclass
@@ -76,6 +79,12 @@ class ServingWorkload:
     num_servers: int = 1
     # Per-request TPOT SLO = slo_scale x isolated batch-1 TPOT at the request's rank ([R] spec 4).
     slo_scale: float = 2.0
+    # What slo_scale multiplies: "isolated" = the request's isolated batch-1 TPOT at its rank
+    # ([R] spec 4); "hf_peft" = the mean per-token latency of an HF-PEFT run (merged adapter, no
+    # cross-adapter batching) on the job's first slo_reference_requests requests and servers
+    # (the paper's S3 SLO is 1.5x HF-PEFT's, spec 9).
+    slo_reference: str = "isolated"
+    slo_reference_requests: int = 500
     # Real mode on a CPU-only host: the emulated load of a mean-bytes adapter takes load_rho x
     # the measured isolated prefill (spec 5: rho = T_load / T_prefill); bytes-proportional per rank.
     load_rho: float = 0.5
