@@ -1,12 +1,154 @@
-"""HotSPa sim mode (spec hotspa 6): being built."""
+"""HotSPa sim mode (spec hotspa 6): per step, draw ``global_batch_seqs`` lengths, then
+- hotspa: group by the boundaries, pack (2.3), assign to DP ranks, price each group under its
+  strategy, add the switches of the 2.4 schedule (planner policy ``system.switch_policy``),
+  the DP gradient reductions, ZeRO-1 and the update in the home layout;
+- hotspa_static: the same engine with the home strategy only (one group, no switching);
+- megatron_static / deepspeed_static: the grid-searched best single strategy (TP, or Ulysses
+  SP) that fits the context, greedy packing, 1F1B, ZeRO-1 (spec 3).
+Seeded and deterministic: the same config gives the same metrics bit for bit. Prices come from
+:mod:`impl.hotspa.pricing`; the 2.7 planner is :mod:`impl.hotspa.planner`.
+"""
 from __future__ import annotations
 
-from impl.common.api import ConfigError
+import dataclasses
+import statistics
+
+from impl.common.api import ConfigError, Metric, RunResult
+from impl.common.varlen.sampling import LengthStream
+
+from .planner import plan_groups
+from .presets import load_presets
+from .pricing import Env, best_static, check_fits, price_grouped_step, price_static_step
+from .strategy import GroupPlan, make_group_plan, parse_strategy
+
+SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
+
+
+def at_context(wl, context: int):
+    """The workload at another context: its lengths re-clipped to it."""
+    return dataclasses.replace(wl, context=int(context),
+                               lengths=dataclasses.replace(wl.lengths, max_len=int(context)))
+
+
+def _batches(wl, seed: int, steps: int):
+    stream = LengthStream(wl.lengths, seed)
+    if wl.token_budget > 0:
+        return [stream.by_tokens(wl.token_budget) for _ in range(steps)]
+    return [stream.by_count(wl.global_batch_seqs) for _ in range(steps)]
+
+
+def group_plan(system, env: Env, wl, seed: int) -> tuple[GroupPlan, dict]:
+    """The boundaries and strategies a HotSPa-engine policy runs at ``wl.context``."""
+    cfg, info = system.cfg, {}
+    if cfg.grouping in ("c1", "c2"):
+        gp = load_presets().group_plan(cfg.grouping, wl.model.name, wl.num_gpus, wl.context)
+    elif cfg.grouping == "explicit":
+        gp = make_group_plan(cfg.boundaries, cfg.strategies, wl.num_gpus)
+        if gp.boundaries[0] < wl.context:
+            raise ConfigError(f"system.boundaries: top boundary {gp.boundaries[0]} is below workload.context "
+                              f"{wl.context}")
+    else:
+        k = cfg.sim
+        planned = plan_groups(env, _batches(wl, seed + 1, k.plan_sample_steps), wl.context,
+                              candidates=k.plan_candidates, max_groups=k.plan_max_groups, max_tp=8,
+                              pad=cfg.pad, align=cfg.align, policy=cfg.switch_policy)
+        gp = planned.plan
+        info["planner_candidates_tried"] = planned.candidates_tried
+    check_fits(env, gp)
+    if cfg.policy == "hotspa_static":
+        gp = GroupPlan((gp.boundaries[0], 0), (gp.home,))
+    return gp, info
 
 
 def check_sim(system, wl, hardware) -> None:
-    raise ConfigError(f"mode: system {system.name!r} has no sim mode yet")
+    cfg = system.cfg
+    if "bf16" not in hardware.peak_flops:
+        raise ConfigError(f"hardware {hardware.name}: sim mode prices bf16 compute, which the profile lacks")
+    for p in cfg.sim.report_policies:
+        if p not in SWITCH_POLICIES:
+            raise ConfigError(f"system.sim.report_policies: unknown {p!r} (one of: {', '.join(SWITCH_POLICIES)})")
+    for c in cfg.sim.contexts:
+        if c < 1 or c % cfg.align:
+            raise ConfigError(f"system.sim.contexts: {c} must be a positive multiple of system.align {cfg.align}")
+    if cfg.sim.static_max_tp < 1:
+        raise ConfigError(f"system.sim.static_max_tp: must be >= 1, got {cfg.sim.static_max_tp}")
+    if cfg.sim.plan_max_groups < 1 or cfg.sim.plan_sample_steps < 1:
+        raise ConfigError(f"system.sim.plan_max_groups ({cfg.sim.plan_max_groups}) and plan_sample_steps "
+                          f"({cfg.sim.plan_sample_steps}) must be >= 1")
+    if wl.lengths.max_len and wl.lengths.max_len > wl.context:
+        raise ConfigError(f"workload.lengths.max_len: {wl.lengths.max_len} is above workload.context {wl.context}")
+    for ctx in [wl.context, *cfg.sim.contexts]:
+        w = wl if ctx == wl.context else at_context(wl, ctx)
+        env = Env(w, hardware, cfg.sim)
+        if cfg.policy in ("hotspa", "hotspa_static"):
+            if cfg.grouping != "planned":  # planned needs the sampled histogram: checked when run
+                group_plan(system, env, w, 0)
 
 
-def run_sim(system, job):
-    raise ConfigError(f"mode: system {system.name!r} has no sim mode yet")
+def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
+    """Metrics and info of one (system, workload) case."""
+    cfg = system.cfg
+    env = Env(wl, hardware, cfg.sim)
+    batches = _batches(wl, seed, wl.steps)
+    info: dict = {"context": wl.context, "num_gpus": wl.num_gpus, "dataset": wl.dataset, "mfu": env.mfu}
+    pad = {"align": "align", "bound": "bound"}[cfg.pad]
+    if cfg.policy in ("hotspa", "hotspa_static"):
+        gp, extra = group_plan(system, env, wl, seed)
+        info.update(extra)
+        info["boundaries"] = list(gp.boundaries)
+        info["strategies"] = [str(s) for s in gp.strategies]
+        info["maxlen"] = [env.maxlen(s) for s in gp.strategies]
+        prices = [price_grouped_step(env, b.ids, b.lengths, gp, pad=pad, align=cfg.align, policy=cfg.switch_policy,
+                                     fused=cfg.sim.buffer_fusion, replicas=cfg.sim.replicas,
+                                     report_policies=cfg.sim.report_policies) for b in batches]
+    else:
+        parallel = "ulysses" if cfg.policy == "deepspeed_static" else "tp"
+        plan_batches = _batches(wl, seed + 1, cfg.sim.plan_sample_steps)
+        if cfg.sim.static_strategy:
+            best = parse_strategy(cfg.sim.static_strategy, wl.num_gpus, "system.sim.static_strategy")
+            if env.maxlen(best, parallel) < wl.context:
+                raise ConfigError(f"system.sim.static_strategy: {best} fits micro-batches of at most "
+                                  f"{env.maxlen(best, parallel)} tokens, below workload.context {wl.context}")
+            scores = {}
+        else:
+            best, scores = best_static(env, plan_batches, wl.context, parallel=parallel,
+                                       max_tp=cfg.sim.static_max_tp, pad="align", align=cfg.align)
+        info.update(boundaries=[wl.context, 0], strategies=[str(best)], parallel=parallel,
+                    maxlen=[env.maxlen(best, parallel)], grid_search_step_s=scores)
+        prices = [price_static_step(env, b.ids, b.lengths, best, wl.context, pad="align", align=cfg.align,
+                                    parallel=parallel) for b in batches]
+    steps = [p.step_s for p in prices]
+    tokens = sum(p.tokens for p in prices)
+    m = {
+        "step_time_s": Metric.from_samples(steps, "s"),
+        "switch_time_s": Metric.from_samples([p.switch_s for p in prices], "s"),
+        "compute_time_s": Metric.from_samples([p.compute_s for p in prices], "s"),
+        "dp_sync_time_s": Metric.from_samples([p.dp_sync_s for p in prices], "s"),
+        "throughput_tokens_per_s": Metric.scalar(tokens / sum(steps), "tokens/s", "higher"),
+        "switch_fraction": Metric.scalar(sum(p.switch_s for p in prices) / sum(steps), "ratio"),
+        "peak_memory_gib": Metric.scalar(max(p.peak_memory_bytes for p in prices) / 2**30, "GiB"),
+    }
+    for pol in cfg.sim.report_policies:
+        m[f"switch_time_s@{pol}"] = Metric.from_samples([p.switch_by_policy[pol] for p in prices], "s")
+    info["group_compute_s_step0"] = [round(t, 6) for t in prices[0].group_compute_s]
+    info["group_micro_batches_step0"] = prices[0].group_micro_batches
+    info["schedule_step0"] = prices[0].order
+    info["memory_capacity_gib"] = env.mem.capacity_bytes / 2**30
+    return m, info
+
+
+def run_sim(system, job) -> RunResult:
+    wl = job.workload
+    metrics, info = simulate(system, wl, job.hardware, job.seed)
+    per_ctx = {}
+    for ctx in system.cfg.sim.contexts:
+        m, i = simulate(system, at_context(wl, ctx), job.hardware, job.seed)
+        for name in ("step_time_s", "switch_time_s", "throughput_tokens_per_s"):
+            metrics[f"{name}@ctx{ctx}"] = m[name]
+        for pol in system.cfg.sim.report_policies:
+            metrics[f"switch_time_s@{pol}@ctx{ctx}"] = m[f"switch_time_s@{pol}"]
+        per_ctx[str(ctx)] = {"strategies": i["strategies"], "boundaries": i["boundaries"]}
+    if per_ctx:
+        info["contexts"] = per_ctx
+    info["steps"] = wl.steps
+    return RunResult(metrics=metrics, info=info)

@@ -1,10 +1,37 @@
 """Knobs only sim mode reads (``system.sim.*``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import List
 
 
 @dataclass
 class SimKnobs:
     # ZeRO-1 optimizer sharding in every strategy (spec 2.2: on in every config).
     zero1: bool = True
+    # Per-GPU memory kept back from the model (CUDA context, NCCL and allocator slack) [R].
+    memory_reserve_bytes: float = 4294967296.0  # 4 GiB
+    # Activation bytes per token and layer, x hidden (Korthikanti et al. 2022, flash attn, SP).
+    act_bytes_per_token_layer: float = 34.0
+    # Static baselines' grid search: the largest TP (or Ulysses SP) degree; 8 = intra-node only
+    # (spec 2.7 step 1). 16 admits the paper's cross-node (1,16,2) for 32B.
+    static_max_tp: int = 8
+    # Static baselines: skip the grid search and run this [dp, tp, pp] (e.g. [1, 16, 2], the
+    # paper's 32B home strategy) - the sensitivity input of the headline (README).
+    static_strategy: List[int] = field(default_factory=list)
+    # Also run the job at these contexts (lengths re-clipped to each), reported as
+    # ``<metric>@ctx<C>``; the headline metrics stay those of workload.context.
+    contexts: List[int] = field(default_factory=list)
+    # Also price every switch of the step under these planner policies (same batches),
+    # reported as ``switch_time_s@<policy>``; the step uses system.switch_policy.
+    report_policies: List[str] = field(default_factory=list)
+    # Ablations (spec 3): keep a bf16 parameter replica per strategy (no parameter switches;
+    # the updated home params are copied to each replica after the step), and one fused
+    # buffer per peer pair (off: one message, one latency, per slice).
+    replicas: bool = False
+    buffer_fusion: bool = True
+    # Planner (grouping=planned, spec 2.7): candidate boundaries, most groups, and how many
+    # steps of lengths (from a stream seeded seed+1) form the histogram it plans on.
+    plan_candidates: List[int] = field(default_factory=lambda: [2048, 4096, 8192, 16384, 32768])
+    plan_max_groups: int = 4
+    plan_sample_steps: int = 2

@@ -8,6 +8,17 @@ the needed fraction is cut at every old holder's shard boundary; each piece is
 - else sent by the same-node holder with the fewest bytes assigned so far,
 - else by the inter-node holder with the fewest inter-node bytes assigned so far.
 Ties go to the lower GPU id, so the result is deterministic.
+
+That is the default ``policy="bandwidth_greedy"`` (HotSPa spec 2.5's planner too: separate
+intra/inter counters because the two links run concurrently). HotSPa's ablation policies pick
+the sender of each (needer, slice) differently; reuse in place is the same for all:
+- ``greedy_msgs``: as bandwidth_greedy, but the counters count slices sent (messages), not
+  bytes (same-node owners still preferred);
+- ``node_aware_rr``: round-robin over the slice's same-node owners, over all owners when no
+  owner shares the needer's node;
+- ``round_robin``: round-robin over all the slice's owners, nodes ignored;
+- ``fcfs``: the first owner (lowest GPU id).
+The round-robin cursor is kept per slice (unit, lo, hi), advancing at each needer served.
 """
 from __future__ import annotations
 
@@ -44,8 +55,15 @@ def held_units(plan: Plan) -> dict[int, dict[int, tuple[Fraction, Fraction]]]:
     return out
 
 
-def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float]) -> tuple[list[Transfer], dict]:
-    """Transfers taking ``old``'s state to where ``new`` needs it, plus a summary."""
+POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
+
+
+def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float],
+                   policy: str = "bandwidth_greedy") -> tuple[list[Transfer], dict]:
+    """Transfers taking ``old``'s state to where ``new`` needs it, plus a summary. ``policy``
+    picks the sender of each piece (module doc); the default is the bandwidth-aware greedy."""
+    if policy not in POLICIES:
+        raise ValueError(f"switch policy: unknown {policy!r} (one of: {', '.join(POLICIES)})")
     have = held_units(old)
     need = held_units(new)
     gpn = new.gpus_per_node
@@ -57,6 +75,7 @@ def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float]) -> 
     sent_inter: dict[int, float] = {}
     transfers: list[Transfer] = []
     reused = 0.0
+    rr: dict[tuple, int] = {}  # round-robin cursor per slice
     for dst in sorted(need):
         for u in sorted(need[dst]):
             lo, hi = need[dst][u]
@@ -71,21 +90,31 @@ def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float]) -> 
                     reused += nbytes
                     continue
                 same = [d for d in cover if d // gpn == dst // gpn]
-                if same:
-                    src = min(same, key=lambda d: (sent.get(d, 0.0), d))
-                    inter = False
+                if policy in ("bandwidth_greedy", "greedy_msgs"):
+                    cost = nbytes if policy == "bandwidth_greedy" else 1.0
+                    if same:
+                        src = min(same, key=lambda d: (sent.get(d, 0.0), d))
+                    else:
+                        src = min(cover, key=lambda d: (sent_inter.get(d, 0.0), d))
+                        sent_inter[src] = sent_inter.get(src, 0.0) + cost
+                    sent[src] = sent.get(src, 0.0) + cost
+                elif policy == "fcfs":
+                    src = cover[0]
                 else:
-                    src = min(cover, key=lambda d: (sent_inter.get(d, 0.0), d))
-                    inter = True
-                    sent_inter[src] = sent_inter.get(src, 0.0) + nbytes
-                sent[src] = sent.get(src, 0.0) + nbytes
+                    pool = same if (same and policy == "node_aware_rr") else cover
+                    k = rr.get((u, a, b), 0)
+                    rr[(u, a, b)] = k + 1
+                    src = pool[k % len(pool)]
+                inter = src // gpn != dst // gpn
                 transfers.append(Transfer(u, a, b, src, dst, nbytes, inter))
     recv: dict[int, float] = {}
+    send_bytes: dict[int, float] = {}
     for t in transfers:
         recv[t.dst] = recv.get(t.dst, 0.0) + t.nbytes
+        send_bytes[t.src] = send_bytes.get(t.src, 0.0) + t.nbytes
     summary = {"transfers": len(transfers), "bytes_moved": sum(t.nbytes for t in transfers),
                "bytes_inter_node": sum(t.nbytes for t in transfers if t.inter_node), "bytes_reused": reused,
-               "max_send_bytes": max(sent.values(), default=0.0), "max_recv_bytes": max(recv.values(), default=0.0)}
+               "max_send_bytes": max(send_bytes.values(), default=0.0), "max_recv_bytes": max(recv.values(), default=0.0)}
     return transfers, summary
 
 

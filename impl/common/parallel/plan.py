@@ -191,12 +191,17 @@ def even_split(total: int, parts: int) -> tuple[int, ...]:
 
 
 def uniform_plan(num_gpus: int, gpus_per_node: int, dp: int, tp: int, pp: int, num_layers: int,
-                 num_microbatches: int, label: str = "uniform") -> Plan:
+                 num_microbatches: int, label: str = "uniform", cross_node_tp: bool = False) -> Plan:
     """Megatron's layout (tp fastest, then dp, then pp): stage p of pipeline d on GPUs
-    ``p*dp*tp + d*tp + [0, tp)``; layers and micro-batches split evenly."""
+    ``p*dp*tp + d*tp + [0, tp)``; layers and micro-batches split evenly. ``cross_node_tp``
+    lets a TP group span whole nodes (HotSPa's 32B presets use tp 16 on 8-GPU nodes); such a
+    plan is for placement and migration planning only (:func:`plan_violations` rejects it)."""
     if dp * tp * pp != num_gpus:
         raise ConfigError(f"workload: dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} does not match num_gpus {num_gpus}")
-    if tp > gpus_per_node or gpus_per_node % tp:
+    if cross_node_tp and tp > gpus_per_node:
+        if tp % gpus_per_node:
+            raise ConfigError(f"workload.tp: {tp} spans nodes, so it must be a multiple of gpus_per_node {gpus_per_node}")
+    elif tp > gpus_per_node or gpus_per_node % tp:
         raise ConfigError(f"workload.tp: {tp} must divide gpus_per_node {gpus_per_node}")
     if num_layers < pp:
         raise ConfigError(f"workload: pipeline of {pp} stages cannot split {num_layers} layers (need >= 1 per stage)")

@@ -1,0 +1,94 @@
+"""HotSPa figures, drawn from a sweep's records (sim_matrix, sim_switch_policies)."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from impl.common.plots.records import plottable  # noqa: E402
+from impl.common.plots.save import save_png  # noqa: E402
+
+BASELINE = "megatron_static"
+CANDIDATES = ("hotspa", "hotspa_c2", "hotspa_planned", "hotspa_static")
+POLICY_ORDER = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
+
+
+def _context_values(rec, metric: str) -> dict[int, float]:
+    """context -> value of ``metric`` (the headline at the record's own context, the others
+    from ``<metric>@ctx<C>``)."""
+    m = rec["metrics"]
+    out = {int(rec["info"]["context"]): m[metric]["value"]} if metric in m else {}
+    for k, v in m.items():
+        hit = re.fullmatch(re.escape(metric) + r"@ctx(\d+)", k)
+        if hit:
+            out[int(hit.group(1))] = v["value"]
+    return out
+
+
+def speedup_table(records, metric: str = "step_time_s", baseline: str = BASELINE) -> dict:
+    """(system, workload, context) -> speedup of ``system`` over ``baseline`` (same workload)."""
+    recs = plottable(records, metric)
+    by = {(r["system"], r["workload"]): _context_values(r, metric) for r in recs}
+    out = {}
+    for (system, wl), vals in by.items():
+        base = by.get((baseline, wl))
+        if system == baseline or base is None:
+            continue
+        for ctx, v in vals.items():
+            if ctx in base and v > 0:
+                out[(system, wl, ctx)] = base[ctx] / v
+    return out
+
+
+def speedup_by_context(records, out_dir) -> list[pathlib.Path]:
+    """One panel per dataset: speedup over megatron_static by context, one line per
+    (system, model/GPUs)."""
+    table = speedup_table(records)
+    datasets = sorted({wl.rsplit("_", 1)[-1] for _, wl, _ in table})
+    fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(6 * max(len(datasets), 1), 4.2), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        keys = sorted({(s, wl) for s, wl, _ in table if wl.endswith("_" + ds)},
+                      key=lambda k: (CANDIDATES.index(k[0]) if k[0] in CANDIDATES else 99, k[1]))
+        for s, wl in keys:
+            pts = sorted((c, v) for (s2, w2, c), v in table.items() if (s2, w2) == (s, wl))
+            style = "-" if s == "hotspa" else "--" if s == "hotspa_c2" else ":"
+            ax.plot([c // 1024 for c, _ in pts], [v for _, v in pts], style, marker="o", ms=3,
+                    label=f"{s} {wl.replace('hotspa_', '').rsplit('_', 1)[0]}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([4, 8, 16, 32])
+        ax.set_xticklabels(["4K", "8K", "16K", "32K"])
+        ax.set_xlabel("max context")
+        ax.set_ylabel(f"speedup over {BASELINE} (step time)")
+        ax.set_title(f"{ds}: HotSPa (sim, A800) vs static", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    path = save_png(fig, pathlib.Path(out_dir) / "speedup_by_context.png")
+    return [path]
+
+
+def switch_time_by_policy(records, out_dir) -> list[pathlib.Path]:
+    """Switch time per step under each planner policy, one bar group per (workload, context)."""
+    recs = [r for r in plottable(records, "switch_time_s") if r["system"].startswith("hotspa")]
+    rows = {}
+    for r in recs:
+        for pol in POLICY_ORDER:
+            for ctx, v in _context_values(r, f"switch_time_s@{pol}").items():
+                rows.setdefault((r["workload"].replace("hotspa_", ""), r["system"], ctx), {})[pol] = v
+    keys = sorted(k for k in rows if any(v > 0 for v in rows[k].values()))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(keys) + 2), 4.2))
+    w = 0.8 / len(POLICY_ORDER)
+    for pi, pol in enumerate(POLICY_ORDER):
+        ax.bar([i + pi * w for i in range(len(keys))], [rows[k].get(pol, 0.0) for k in keys], w, label=pol)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
+    ax.set_xticklabels([f"{k[0]}\n{k[1]}\n{k[2] // 1024}K" for k in keys], fontsize=6)
+    ax.set_ylabel("switch time per step (s, sim)")
+    ax.set_title("HotSPa switch planner policies (spec 2.5), same batches", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    path = save_png(fig, pathlib.Path(out_dir) / "switch_time_by_policy.png")
+    return [path]

@@ -1,0 +1,68 @@
+"""Strategy and group planning from a length histogram (spec hotspa 2.7, [R]: the paper's
+presets were hand-tuned offline): enumerate (dp,tp,pp), keep those whose ``maxlen`` covers a
+group's bound, give each group the strategy with the lowest estimated group time, and pick the
+boundary set (from ``candidates``, at most ``max_groups`` groups) that minimises the whole
+priced step: Σ group times + Σ switch times (+ the DP reductions and the update)."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from impl.common.api import ConfigError
+from impl.common.varlen.packing import assign_dp, hotspa_pack
+
+from .pricing import Env, enumerate_strategies, pipeline_time_s, price_grouped_step
+from .strategy import GroupPlan, Strategy
+
+
+@dataclass(frozen=True)
+class PlannedGroups:
+    plan: GroupPlan
+    est_step_s: float
+    candidates_tried: int
+
+
+def plan_groups(env: Env, batches, context: int, *, candidates, max_groups: int, max_tp: int, pad: str,
+                align: int, policy: str) -> PlannedGroups:
+    strategies = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
+    if not strategies:
+        raise ConfigError(f"system.grouping=planned: no (dp,tp,pp) of {env.N} GPUs with tp <= {max_tp}")
+    maxlens = {s: env.maxlen(s) for s in strategies}
+    best_len = max(maxlens.values())
+    if best_len < context:
+        s = max(strategies, key=lambda x: (maxlens[x], x))
+        raise ConfigError(f"workload.context: a sequence of {context} tokens is longer than every strategy's maxlen "
+                          f"(best {best_len} at {s}, tp <= {max_tp})")
+    inner = sorted({int(c) for c in candidates if 0 < int(c) < context}, reverse=True)
+    # Per (lo, hi) range: the fastest feasible strategy over the sample, priced alone.
+    lengths_by_step = [(b.ids, b.lengths) for b in batches]
+    best_for: dict[tuple[int, int], Strategy] = {}
+
+    def choose(lo: int, hi: int) -> Strategy:
+        if (lo, hi) in best_for:
+            return best_for[(lo, hi)]
+        feas = [s for s in strategies if maxlens[s] >= hi]
+        scores = {}
+        for s in feas:
+            t = 0.0
+            for ids, lens in lengths_by_step:
+                sel = (lens > lo) & (lens <= hi)
+                if sel.any():
+                    mbs = hotspa_pack(ids[sel], lens[sel], bound=hi, pad=pad, align=align, field="planner")
+                    t += pipeline_time_s(env.cost(s), assign_dp(mbs, s.dp), s.pp)
+            scores[s] = t
+        best_for[(lo, hi)] = min(feas, key=lambda s: (scores[s], s))
+        return best_for[(lo, hi)]
+
+    best, tried = None, 0
+    for k in range(0, max_groups):
+        for cut in itertools.combinations(inner, k):
+            b = [context, *cut, 0]
+            gp = GroupPlan(tuple(b), tuple(choose(lo, hi) for hi, lo in zip(b, b[1:])))
+            est = math.fsum(price_grouped_step(env, ids, lens, gp, pad=pad, align=align, policy=policy).step_s
+                            for ids, lens in lengths_by_step) / len(lengths_by_step)
+            tried += 1
+            if best is None or est < best[0] - 1e-12:
+                best = (est, gp)
+    return PlannedGroups(best[1], best[0], tried)
