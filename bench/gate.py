@@ -214,6 +214,39 @@ def subprocess_runner(cmd: List[str], results_dir: pathlib.Path) -> tuple[int, s
     return proc.returncode, (tail[-1].strip() if tail else "")
 
 
+def inprocess_runner(cmd: List[str], results_dir: pathlib.Path) -> tuple[int, str]:
+    """A ``python -m bench`` job run in this process: Hydra's compose API, then the same
+    :func:`bench.runner.execute` the CLI calls, so the record is the CLI's. Sim jobs are exact,
+    and a suite of dozens of them no longer pays a Python and torch start-up per job; any other
+    command (a container prefix, say) goes to :func:`subprocess_runner`."""
+    default = [sys.executable, "-m", "bench"]
+    if cmd[:len(default)] != default:
+        return subprocess_runner(cmd, results_dir)
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from bench.config import register
+    from bench.runner import execute
+    from impl.common.errors import one_line
+
+    overrides = cmd[len(default):]
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    except Exception as exc:  # a bad override: the CLI's preflight would refuse it (exit 2)
+        return 2, one_line(exc)
+    finally:
+        GlobalHydra.instance().clear()
+    choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
+    with open_dict(cfg):
+        del cfg["hydra"]
+    record = execute(cfg, overrides, choices=choices)
+    return (1 if record["status"] == "failed" else 0), str(record.get("error") or "")
+
+
 def job_command(gate: Gate, system: str, results_dir: pathlib.Path,
                 prefix: Sequence[str], overrides: Optional[Sequence[str]] = None) -> list[str]:
     overrides = gate.overrides if overrides is None else overrides
@@ -380,9 +413,16 @@ def _shortfalls(gate: Gate, v: CaseValues) -> list[str]:
     return out
 
 
-def run_gate(gate: Gate, results_dir: pathlib.Path, runner: Runner = subprocess_runner,
+def default_runner(gate: Gate) -> Runner:
+    """Sim gates run their jobs in this process (exact either way, and fast); real gates in a
+    fresh process each, as a user's runs are."""
+    return inprocess_runner if gate.mode == GateMode.sim else subprocess_runner
+
+
+def run_gate(gate: Gate, results_dir: pathlib.Path, runner: Optional[Runner] = None,
              prefix: Sequence[str] = (), progress: Optional[Callable[[str], None]] = None
              ) -> GateResult:
+    runner = runner or default_runner(gate)
     progress = progress or (lambda line: print(line, flush=True))  # CI logs live, not at exit
     prefix = list(prefix) or [sys.executable, "-m", "bench"]
     repeats = (gate.repeats or DEFAULT_REPEATS) if gate.mode == GateMode.real else 1
@@ -452,7 +492,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None, *, runner: Runner = subprocess_runner,
+def main(argv: Optional[Sequence[str]] = None, *, runner: Optional[Runner] = None,
          prefix: Sequence[str] = ()) -> int:
     args = _parser().parse_args(argv)
     gate_dir = pathlib.Path(args.gate_dir) if args.gate_dir else default_gate_dir()

@@ -4,6 +4,7 @@ short fails the run. Sim gates are exact, so these are deterministic; real suite
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -51,3 +52,19 @@ def test_a_gate_that_falls_short_fails_the_run(tmp_path, capsys):
     assert rc == 1, out[-4000:]
     assert "zb_beats_1f1b_sim: FAIL: ratio 1.154x < required 1.16x" in out
     assert "0 passed, 1 failed" in out
+
+
+def test_inprocess_runner_writes_the_records_the_cli_writes(tmp_path):
+    # The fast path sim suites use: same job, run by the CLI in a subprocess and in-process,
+    # must give the same metrics and the same resolved config.
+    (g,) = gate.load_suite(GATE_DIR / "smoke.yaml")
+    recs = {}
+    for name, runner in (("cli", gate.subprocess_runner), ("inproc", gate.inprocess_runner)):
+        out = gate.run_job(g, g.candidate, tmp_path / name, runner, [sys.executable, "-m", "bench"])
+        assert out.record is not None and out.record["status"] == "ok", out.error
+        recs[name] = out.record
+    metrics = {k: {m: v["value"] for m, v in r["metrics"].items()} for k, r in recs.items()}
+    assert metrics["cli"] == metrics["inproc"]
+    strip = lambda c: {k: v for k, v in c.items() if k != "results_dir"}  # noqa: E731
+    assert strip(recs["cli"]["config"]) == strip(recs["inproc"]["config"])
+    assert recs["cli"]["workload"] == recs["inproc"]["workload"] and recs["cli"]["experiment"] == recs["inproc"]["experiment"]
