@@ -17,6 +17,7 @@ floor is reported as refused in ``info.cost_fit``.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -208,12 +209,10 @@ def _rank_main(ctx, job: RealJob) -> dict:
     final = {p: _gather(e.home_state()) for p, e in engines.items()}
     return {"logs": logs, "checks": checks, "optimizer_steps": {p: e.optimizer_steps for p, e in engines.items()},
             "switches_built": cache.built, "final": final if rank == 0 else None,
-            "switch_summaries": {f"{a}->{b}": sw.summary for (a, b), sw in cache._switch.items() if a != "grad"}}
+            "switch_summaries": cache.summaries()}
 
 
 def _now() -> float:
-    import time
-
     return time.perf_counter()
 
 

@@ -244,6 +244,10 @@ class SwitchCache:
             self.built += 1
         return self._switch[(src, dst)]
 
+    def summaries(self) -> dict[str, dict]:
+        """``"from->to"`` -> the planner's summary, for every parameter switch built so far."""
+        return {f"{k[0]}->{k[1]}": sw.summary for k, sw in self._switch.items() if k[0] != "grad"}
+
     def params(self, src: str, dst: str, src_t: Mapping, dst_t: Mapping, group=None) -> int:
         """Copy parameters ``src -> dst``."""
         return self.switch(src, dst).run(self.rank, src_t, dst_t, self.views(src), self.views(dst), group=group)
