@@ -121,6 +121,7 @@ class RealJob:
     rounds: int
     check_steps: int  # -1: no checks; 0: every step; k: the first k
     threads: int
+    switch_policy: str = "bandwidth_greedy"
 
 
 def max_rel_err(got: dict, ref: dict) -> float:
@@ -174,7 +175,7 @@ def _rank_main(ctx, job: RealJob) -> dict:
     rank, W = ctx.rank, ctx.world_size
     layouts = Layouts(W, job.gpus_per_node, job.shape.num_layers)
     shapes = {n: tuple(p.shape) for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
-    cache = SwitchCache(layouts, rank, shapes)  # shared: the policies' switches are the same plans
+    cache = SwitchCache(layouts, rank, shapes, job.switch_policy)  # shared: the policies' switches are the same plans
     engines = {p: Engine(job.shape, job.seed, rank, W, plan, job.lr, cache, job.seed)
                for p, plan in zip(job.policies, job.plans)}
     refs = {p: Reference(job) for p in job.policies} if rank == 0 and job.check_steps >= 0 else {}
@@ -299,7 +300,7 @@ def make_job(system, wl, seed: int) -> RealJob:
     return RealJob(model_shape(wl.model), seed, wl.num_gpus, wl.gpus_per_node, pols,
                    tuple(policy_plan(system, p, wl.num_gpus) for p in pols), system.cfg.pad, system.cfg.align,
                    wl.lr, wl.lengths, wl.global_batch_seqs, rounds,
-                   (rk.check_steps if rk.check_grads else -1), wl.torch_threads)
+                   (rk.check_steps if rk.check_grads else -1), wl.torch_threads, system.cfg.switch_policy)
 
 
 def run_job(job: RealJob, timeout_s: float) -> list:

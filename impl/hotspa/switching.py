@@ -129,8 +129,10 @@ class Switch:
         return got
 
 
-def plan_switch(layouts: Layouts, src: str, dst: str, shapes: Mapping[str, tuple[int, ...]]) -> Switch:
-    """The switch ``src -> dst`` for tensors of ``shapes`` (full shapes), via plan_migration."""
+def plan_switch(layouts: Layouts, src: str, dst: str, shapes: Mapping[str, tuple[int, ...]],
+                policy: str = "bandwidth_greedy") -> Switch:
+    """The switch ``src -> dst`` for tensors of ``shapes`` (full shapes), via plan_migration
+    with the system's ``switch_policy`` (spec 2.5)."""
     L = layouts.num_layers
     unit_of = {n: u for u, ns in _units(shapes, L).items() for n in ns}
     by_pair: dict[tuple, list[str]] = {}
@@ -144,7 +146,7 @@ def plan_switch(layouts: Layouts, src: str, dst: str, shapes: Mapping[str, tuple
         numel = {u: 0 for u in range(-1, L + 1)}
         for n in names:
             numel[unit_of[n]] += _numel(shapes[n])
-        transfers, s = plan_migration(old, new, lambda u: 4.0 * numel[u])
+        transfers, s = plan_migration(old, new, lambda u: 4.0 * numel[u], policy)
         for k in summary:
             summary[k] += s[k]
         for t in transfers:
@@ -227,8 +229,9 @@ class TensorViews:
 class SwitchCache:
     """Switches built on first use and reused (spec 2.5: plans cached after step 0)."""
 
-    def __init__(self, layouts: Layouts, rank: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        self.layouts, self.rank, self.shapes = layouts, rank, dict(shapes)
+    def __init__(self, layouts: Layouts, rank: int, shapes: Mapping[str, tuple[int, ...]],
+                 policy: str = "bandwidth_greedy") -> None:
+        self.layouts, self.rank, self.shapes, self.policy = layouts, rank, dict(shapes), policy
         self._switch: dict[tuple[str, str], Switch] = {}
         self._views: dict[str, TensorViews] = {}
         self.built = 0
@@ -240,7 +243,7 @@ class SwitchCache:
 
     def switch(self, src: str, dst: str) -> Switch:
         if (src, dst) not in self._switch:
-            self._switch[(src, dst)] = plan_switch(self.layouts, src, dst, self.shapes)
+            self._switch[(src, dst)] = plan_switch(self.layouts, src, dst, self.shapes, self.policy)
             self.built += 1
         return self._switch[(src, dst)]
 
