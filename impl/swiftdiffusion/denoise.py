@@ -68,7 +68,8 @@ def denoise(unet, scheduler, inputs: dict, steps: int, guidance: float, *, contr
             start_step: int = 0, init_latents: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Batch-2 CFG denoising; returns the final latents.
 
-    ``residuals(i, x, t, emb, state)`` overrides the local ControlNets (the remote service);
+    ``residuals`` (``start(x, t)`` before the down half, ``finish(handle)`` -> (down, mid) after
+    it) replaces the local ControlNets (the remote service);
     ``before_step(i)`` runs before step i (BAL's patch check). ``start_step``/``init_latents``
     start part-way (img2img from a cached result: Nirvana)."""
     sched = new_scheduler(scheduler, steps)
@@ -89,8 +90,9 @@ def denoise(unet, scheduler, inputs: dict, steps: int, guidance: float, *, contr
         x = sched.scale_model_input(torch.cat([z, z]), t)
         keep = controlnet_keep(i, n, guidance_start, guidance_end)
         if residuals is not None:
+            handle = residuals.start(x, t) if keep else None  # before the down half: they overlap
             state = split_unet.down(unet, x, t, emb)
-            d, m = residuals(i, x, t, emb, state, keep)
+            d, m = residuals.finish(handle) if keep else (None, None)
             eps = split_unet.mid_up(unet, state, d, m)
         else:
             d = m = None

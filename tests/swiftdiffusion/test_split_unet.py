@@ -72,7 +72,7 @@ def test_control_guidance_window_is_honoured(wl, bundle):
 
 def test_wrong_conditioning_size_is_one_line(wl, bundle):
     cn = bundle.controlnets["cn-0"]
-    with pytest.raises(ConfigError, match=r"workload.cond_size: .*needs \(3, 128, 128\)"):
+    with pytest.raises(ConfigError, match=r"workload.cond_size: .*needs \(3, 32, 32\)"):
         check_cond(torch.zeros(1, 3, 64, 64), cn, (16, 16))
     state = split_unet.down(bundle.unet, torch.zeros(2, 4, 16, 16), torch.tensor(1), torch.zeros(2, 16, 32))
     with pytest.raises(ConfigError, match="controlnet residuals: 2 down residuals"):

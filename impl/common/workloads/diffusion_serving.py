@@ -60,7 +60,7 @@ class DiffusionServingWorkload:
     # real mode (spec 5)
     scenario: str = "controlnet"  # controlnet | bal | cfg | lora_api
     unet: UNetShape = field(default_factory=_tiny_unet)
-    cond_channels: List[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    cond_channels: List[int] = field(default_factory=lambda: [8, 16])  # spec 5: cond side = 2x latent
     cond_size: int = 0  # control image side; 0 = latent x the ControlNet's factor (bad-input check)
     scheduler: str = "euler"
     num_steps: int = 30
