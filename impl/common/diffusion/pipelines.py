@@ -124,11 +124,21 @@ def build_vae(seed: int, latent_channels: int = 4, width: int = 16):
                          sample_size=64).eval()
 
 
-def build_controlnet(unet, seed: int):
+def build_controlnet(unet, seed: int, conditioning_embedding_out_channels=(8, 16, 32, 64)):
+    """``ControlNetModel.from_unet`` reseeded. The conditioning embedding down-samples by
+    2**(len(channels) - 1): (8, 16, 32, 64) matches the tiny VAE's 8x, so a diffusers
+    ControlNet pipeline's pixel-space control image fits."""
     from diffusers import ControlNetModel
 
     torch.manual_seed(seed)
-    return ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=(8, 16, 32, 64)).eval()
+    cn = ControlNetModel.from_unet(unet, conditioning_embedding_out_channels=tuple(conditioning_embedding_out_channels))
+    # from_unet copies the UNet's weights and zero-initialises the zero convs (a fresh
+    # ControlNet adds nothing): perturb every weight so that residuals are non-zero and
+    # ControlNets of different seeds differ, as trained ones do.
+    with torch.no_grad():
+        for p in cn.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return cn.eval()
 
 
 @dataclass

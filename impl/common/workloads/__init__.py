@@ -12,6 +12,7 @@ KINDS: dict[str, str] = {
     "pipeline": "impl.common.workloads.pipeline:PipelineWorkload",
     "serving": "impl.common.workloads.serving:ServingWorkload",
     "diffusion_edit": "impl.common.workloads.diffusion:DiffusionEditWorkload",
+    "diffusion_serving": "impl.common.workloads.diffusion_serving:DiffusionServingWorkload",
     "hybrid": "impl.common.workloads.hybrid:HybridWorkload",
     "varlen": "impl.common.workloads.varlen:VarlenWorkload",
 }

@@ -1,0 +1,150 @@
+"""Real experiment B: BAL (patch at min(first all-loaded step, K)) against a synchronous direct
+merge and against diffusers' own ``load_lora_adapter`` + ``fuse_lora`` on CPU.
+
+One launch: rank 0 is the base worker, ranks 1..n the loader processes (one per LoRA slot) over
+preallocated shared-memory buffers. Every LoRA read (BAL's loaders, the synchronous merge and
+diffusers alike) goes through the same storage emulator (labelled emulated); variants rotate
+order per request. Latents of every patch-at-k run are compared with the synchronous run."""
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import tempfile
+import time
+
+import torch
+
+from impl.common.diffusion.quality import psnr, ssim
+from impl.common.runtime.launch import RankContext, launch
+from impl.common.storage_emu import EmulatedStorage
+
+from .bal import LoaderClient, SharedSlots, bal_request, check_file, check_k, loader_loop
+from .denoise import denoise
+from .lora import TargetTable, load_direct, make_lora, merge, restore
+from .models import build_bundle, request_inputs
+
+
+def storage_for(wl) -> EmulatedStorage:
+    return EmulatedStorage(wl.remote_bw_bytes_per_s, wl.remote_latency_s, wl.time_scale, name="lora remote store")
+
+
+def make_lora_files(wl, seed: int, unet, root) -> list[str]:
+    """Two request sets of LoRAs (ranks from the workload), so consecutive requests differ."""
+    paths = []
+    for j in range(2):
+        for i, r in enumerate(wl.lora_ranks):
+            paths.append(str(make_lora(unet, r, seed + 10 * j + i, f"{root}/lora-{j}-{i}", alpha=2.0 * r)))
+    return paths
+
+
+def sync_request(unet_table, storage, paths, idx, run, emulated_bytes):
+    """The synchronous direct merge: read (emulated) + load + merge, then denoise, restore."""
+    loras = [load_direct(paths[i], unet_table, f"#{i}", data=storage.read(paths[i], emulated_bytes)) for i in idx]
+    touched = merge(unet_table, loras)
+    try:
+        return run(None)
+    finally:
+        restore(unet_table, touched)
+
+
+def diffusers_request(unet, storage, paths, idx, run, emulated_bytes, timings: dict):
+    """diffusers' model-level API per request: load_lora_adapter per LoRA, set_adapters, fuse_lora;
+    afterwards unfuse_lora and unload_lora."""
+    import pathlib
+
+    t = time.perf_counter()
+    names = []
+    for i in idx:
+        storage.read(paths[i], emulated_bytes)  # the fetch from the remote store
+        name = f"a{i}"
+        unet.load_lora_adapter(str(pathlib.Path(paths[i]).parent), prefix="unet", adapter_name=name,
+                               weight_name=pathlib.Path(paths[i]).name)
+        names.append(name)
+    unet.set_adapters(names, [1.0] * len(names))
+    unet.fuse_lora(lora_scale=1.0, adapter_names=names)
+    timings.setdefault("load_fuse_s", []).append(time.perf_counter() - t)
+    try:
+        return run(None)
+    finally:
+        t = time.perf_counter()
+        unet.unfuse_lora()
+        unet.unload_lora()
+        timings.setdefault("unfuse_unload_s", []).append(time.perf_counter() - t)
+
+
+@torch.no_grad()
+def _base(ctx, wl, seed, paths, slots, k_grid):
+    torch.set_num_threads(max(1, wl.torch_threads))
+    b = build_bundle(wl, seed, num_controlnets=0)
+    table = TargetTable.build(b.unet)
+    diff_unet = copy.deepcopy(b.unet)
+    storage = storage_for(wl)
+    client = LoaderClient(slots, table, paths, slots.max_rank)
+    n_l = len(wl.lora_ranks)
+    variants = ["sync", "diffusers"] + [f"k{k}" for k in k_grid]
+    times = {v: [] for v in variants}
+    patch = {f"k{k}": [] for k in k_grid}
+    first_done = {f"k{k}": [] for k in k_grid}
+    quality = {f"k{k}": [] for k in k_grid}
+    k0_equal, extra = [], {}
+    for r in range(wl.requests + 1):  # request 0 = warm-up
+        idx = list(range((r % 2) * n_l, (r % 2) * n_l + n_l))
+        inp = request_inputs(wl, seed * 1000 + r, 0, b)
+
+        def run(hook, unet=b.unet):
+            return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, before_step=hook)
+
+        out = {}
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for v in order:
+            t0 = time.perf_counter()
+            if v == "sync":
+                out[v] = sync_request(table, storage, paths, idx, run, wl.lora_paper_bytes)
+            elif v == "diffusers":
+                out[v] = diffusers_request(diff_unet, storage, paths, idx, lambda h: run(h, diff_unet),
+                                           wl.lora_paper_bytes, extra)
+            else:
+                k = int(v[1:])
+                out[v], pol = bal_request(client, idx, k, run)
+                if r > 0:
+                    patch[v].append(pol.patched_at)
+                    first_done[v].append(pol.first_all_done)
+            if r > 0:
+                times[v].append(time.perf_counter() - t0)
+        if r > 0:
+            ref = out["sync"]
+            for v in quality:
+                quality[v].append((psnr(ref, out[v]), ssim(ref[0], out[v][0])))
+            if "k0" in out:
+                k0_equal.append(bool(torch.equal(out["k0"], ref)))
+            extra.setdefault("diffusers_vs_sync_max_rel", []).append(
+                float((out["diffusers"] - ref).abs().max() / ref.abs().max()))
+        # after every request the base weights are pristine again
+        extra.setdefault("pristine_after", []).append(all(torch.equal(s.weight, s.pristine) for s in table.sites.values()))
+    client.stop()
+    return dict(times=times, patch=patch, first_done=first_done, quality=quality, k0_equal=k0_equal, **extra)
+
+
+def _main(ctx: RankContext, wl, seed, paths, slots, k_grid, storage):
+    if ctx.rank == 0:
+        return _base(ctx, wl, seed, paths, slots, k_grid)
+    return {"loads": loader_loop(ctx.rank - 1, slots, paths, storage, wl.lora_paper_bytes)}
+
+
+def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0) -> dict:
+    for k in k_grid:
+        check_k(k, wl.num_steps)
+    b = build_bundle(wl, seed, num_controlnets=0)
+    table = TargetTable.build(b.unet)
+    with tempfile.TemporaryDirectory(prefix="mlsys-lora-") as d:
+        paths = make_lora_files(wl, seed, b.unet, d)
+        for i, p in enumerate(paths):
+            check_file(table, p, f"#{i}", max(wl.lora_ranks))
+        slots = SharedSlots.allocate(table, len(wl.lora_ranks), max(wl.lora_ranks))
+        out = launch(_main, 1 + len(wl.lora_ranks), (wl, seed, paths, slots, list(k_grid), storage_for(wl)),
+                     label="bal", timeout_s=timeout_s)
+    res = out.results[0]
+    res["loads"] = [x["loads"] for x in out.results[1:]]
+    res["storage"] = storage_for(wl).label()
+    return res

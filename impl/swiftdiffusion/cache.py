@@ -1,0 +1,39 @@
+"""An LRU cache with a hard capacity (ControlNet servers, LoRA host caches, the sim)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Hashable
+
+from impl.common.api import ConfigError
+
+
+class LRUCache:
+    def __init__(self, capacity: int, what: str = "cache"):
+        if capacity < 0:
+            raise ConfigError(f"{what}: capacity must be >= 0, got {capacity}")
+        self.capacity, self.what = capacity, what
+        self.items: "OrderedDict[Hashable, Any]" = OrderedDict()
+        self.hits = self.misses = self.evictions = 0
+
+    def __contains__(self, key) -> bool:
+        return key in self.items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def get(self, key, load: Callable[[], Any]):
+        """The cached value (a hit refreshes it) or ``load()`` inserted, evicting the LRU entry."""
+        if key in self.items:
+            self.hits += 1
+            self.items.move_to_end(key)
+            return self.items[key]
+        self.misses += 1
+        value = load()
+        if self.capacity == 0:
+            return value
+        while len(self.items) >= self.capacity:
+            self.items.popitem(last=False)
+            self.evictions += 1
+        self.items[key] = value
+        assert len(self.items) <= self.capacity
+        return value

@@ -1,0 +1,95 @@
+"""Real mode (spec 5 A-D): measured on CPU with tiny random-weight models; records say which
+pieces are emulated (the remote LoRA store)."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from impl.common.api import JobContext, Metric, RunResult
+
+
+def _mean(xs) -> float:
+    return float(statistics.fmean(xs))
+
+
+def _lat(samples, better="lower") -> Metric:
+    return Metric.from_samples(samples, "s", better)
+
+
+def run_real(system, job: JobContext) -> RunResult:
+    wl, cfg = job.workload, system.cfg
+    if wl.torch_threads > 0:
+        torch.set_num_threads(wl.torch_threads)
+    info = {"device": "cpu", "backbone": {"cuda_graphs": cfg.cuda_graphs, "channels_last": cfg.channels_last,
+                                          "note": "CPU run: CUDA graphs and fused CUDA kernels are not available; "
+                                                  "flags recorded, not applied"}}
+    m, emulated = {}, []
+    if wl.scenario == "controlnet":
+        from .controlnet_service import run_service
+
+        k = wl.num_controlnets
+        r = run_service(wl, job.seed, k, list(wl.cn_scales[:k]), cfg.aggregation, cfg.cn_cache)
+        svc, loc = r["service_s"], r["local_s"]
+        m["latency_s"] = _lat(svc)
+        m["throughput_rps"] = Metric.scalar(1.0 / _mean(svc), "req/s", "higher")
+        m["latency_local_s"] = _lat(loc)
+        m["speedup_vs_local"] = Metric.scalar(_mean(loc) / _mean(svc), "x", "higher")
+        m["speedup_bound"] = Metric.scalar(r["bound"], "x", "higher")
+        for key in ("t_down_s", "t_cn_s", "t_rest_s", "t_comm_s"):
+            m[key] = Metric.scalar(r[key], "s")
+        m["max_abs_diff_vs_local"] = Metric.scalar(r["max_abs_diff"], "abs")
+        info["servers"] = r["servers"]
+        info["aggregation"] = cfg.aggregation
+    elif wl.scenario == "cfg":
+        from .cfg_parallel import run_cfg
+
+        r = run_cfg(wl, job.seed)
+        m["latency_s"] = _lat(r["parallel_s"])
+        m["throughput_rps"] = Metric.scalar(1.0 / _mean(r["parallel_s"]), "req/s", "higher")
+        m["latency_batched_s"] = _lat(r["batched_s"])
+        m["speedup_vs_batched"] = Metric.scalar(_mean(r["batched_s"]) / _mean(r["parallel_s"]), "x", "higher")
+        m["max_abs_diff_vs_batched"] = Metric.scalar(r["max_abs_diff"], "abs")
+        m["max_rel_diff_vs_batched"] = Metric.scalar(r["max_abs_diff"] / r["ref_abs_max"], "rel")
+    elif wl.scenario == "bal":
+        from .bal_run import run_bal
+
+        r = run_bal(wl, job.seed, list(wl.k_grid))
+        emulated.append(r["storage"])
+        best = min(wl.k_grid, key=lambda k: _mean(r["times"][f"k{k}"]))
+        m["latency_s"] = _lat(r["times"][f"k{max(wl.k_grid)}"])
+        m["throughput_rps"] = Metric.scalar(1.0 / _mean(r["times"][f"k{max(wl.k_grid)}"]), "req/s", "higher")
+        m["latency_sync_merge_s"] = _lat(r["times"]["sync"])
+        m["latency_diffusers_s"] = _lat(r["times"]["diffusers"])
+        m["diffusers_load_fuse_s"] = _lat(r["load_fuse_s"])
+        m["diffusers_unfuse_unload_s"] = _lat(r["unfuse_unload_s"])
+        for k in wl.k_grid:
+            v = f"k{k}"
+            m[f"latency_k{k}_s"] = _lat(r["times"][v])
+            m[f"patch_step_k{k}"] = Metric.from_samples(r["patch"][v], "step")
+            ps = [q[0] for q in r["quality"][v]]
+            m[f"psnr_k{k}_db"] = Metric.from_samples([p if math.isfinite(p) else 999.0 for p in ps], "dB", "higher")
+            m[f"ssim_k{k}"] = Metric.from_samples([q[1] for q in r["quality"][v]], "ssim", "higher")
+        m["speedup_vs_diffusers"] = Metric.scalar(_mean(r["times"]["diffusers"]) /
+                                                  _mean(r["times"][f"k{max(wl.k_grid)}"]), "x", "higher")
+        info.update(k0_bit_identical=all(r["k0_equal"]), pristine_after_every_request=all(r["pristine_after"]),
+                    best_k=best, psnr_note="999 dB stands for identical latents (inf)")
+        if not all(r["k0_equal"]) or not all(r["pristine_after"]):
+            res = RunResult(m, emulated=emulated, info=info)
+            res.mark_invalid("BAL K=0 not bit-identical to the synchronous merge, or weights not pristine")
+            return res
+    elif wl.scenario == "lora_api":
+        from .lora_api import run_lora_api
+
+        r = run_lora_api(wl, job.seed)
+        med = r["median"]
+        for k, v in r["samples"].items():
+            m[k] = _lat(v)
+        m["diffusers_load_fuse_s"] = Metric.scalar(med["diffusers_load_fuse_s"], "s")
+        m["direct_load_merge_s"] = Metric.scalar(med["direct_load_merge_s"], "s")
+        m["direct_vs_load_fuse_x"] = Metric.scalar(med["direct_vs_load_fuse_x"], "x", "higher")
+        m["latency_s"] = Metric.scalar(med["direct_load_merge_s"] + med["direct_restore_s"], "s")
+        m["throughput_rps"] = Metric.scalar(1.0 / m["latency_s"].value, "req/s", "higher")
+        info["rank"] = r["rank"]
+    return RunResult(m, emulated=emulated, info=info)

@@ -1,0 +1,112 @@
+"""SwiftDiffusion (Katz) and its baselines as harness systems (one class, the variant is a knob).
+
+| system                   | real mode (2-core CPU, tiny random models)          | sim mode (H800 profile)       |
+|--------------------------|-----------------------------------------------------|-------------------------------|
+| swiftdiffusion           | scenario A-D of spec 5 (controls in the same job)   | E1 latency table, E2 16 GPUs  |
+| swiftdiffusion_diffusers | -                                                   | Diffusers replicas alone      |
+
+Real scenarios (``workload.scenario``): ``controlnet`` (ControlNet service vs one-process
+diffusers loop), ``bal`` (BAL per K vs synchronous merge vs diffusers load+fuse), ``cfg``
+(latent parallelism vs batch-2 CFG), ``lora_api`` (diffusers LoRA API costs vs direct merge).
+Every record carries ``latency_s`` (mean per request of the system's own path) and
+``throughput_rps``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from impl.common.api import ConfigError, JobContext, RunResult, System
+
+from .profile import SimProfile
+
+VARIANTS = ("katz", "diffusers")
+SCENARIOS = ("controlnet", "bal", "cfg", "lora_api")
+SIM_SCENARIOS = ("e1", "e2")
+
+
+class SwiftDiffusionSystem(System):
+    @dataclass
+    class Config:
+        variant: str = "katz"
+        aggregation: str = "sum"  # sum (diffusers MultiControlNetModel) | katz_mean (the Katz code)
+        k: int = 20  # BAL patch bound (sim; real mode sweeps workload.k_grid)
+        cn_cache: int = 2  # real: ControlNets per server process
+        sim_cn_cache: int = 16  # sim: ControlNets per pool GPU ([R] 80 GB / ~2.5 GB, room kept)
+        lora_cache: int = 4  # sim: LoRAs in a base replica's host cache (Katz) / loaded (Diffusers)
+        diffusers_cn_cache: int = 2  # sim, spec 6 E2
+        diffusers_lora_cache: int = 4
+        base_replicas: int = 0  # sim E2: 2-GPU base replicas; 0 = the best split of the GPUs
+        slo_factor: float = 1.5  # E2: p99 SLO = factor x Diffusers' unloaded p99 (when sim.p99_slo_s = 0)
+        # Backbone flags (spec 2.4): CPU has none of the CUDA paths; recorded, not applied.
+        cuda_graphs: bool = False
+        channels_last: bool = False
+        profile: SimProfile = field(default_factory=SimProfile)
+        plots: bool = True
+
+    def __init__(self, cfg, name):
+        super().__init__(cfg, name)
+        if cfg.variant not in VARIANTS:
+            raise ConfigError(f"system.variant: unknown value {cfg.variant!r} (one of: {', '.join(VARIANTS)})")
+        from .denoise import AGGREGATIONS
+
+        if cfg.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"system.aggregation: unknown value {cfg.aggregation!r} (one of: {', '.join(AGGREGATIONS)})")
+        if cfg.k < 0:
+            raise ConfigError(f"system.k (patch step bound K) must be >= 0, got {cfg.k}")
+        for f in ("cn_cache", "sim_cn_cache", "lora_cache", "diffusers_cn_cache", "diffusers_lora_cache", "base_replicas"):
+            if getattr(cfg, f) < 0:
+                raise ConfigError(f"system.{f} must be >= 0, got {getattr(cfg, f)}")
+        if not cfg.slo_factor > 0:
+            raise ConfigError(f"system.slo_factor must be > 0, got {cfg.slo_factor}")
+        if not isinstance(cfg.profile, SimProfile):
+            cfg.profile = SimProfile(**dataclasses.asdict(cfg.profile)) if dataclasses.is_dataclass(cfg.profile) \
+                else SimProfile(**dict(cfg.profile))
+        cfg.profile.validate()
+
+    def check(self, mode, workload, hardware, fault) -> None:
+        kind = getattr(workload, "kind", None)
+        if kind != "diffusion_serving":
+            raise ConfigError(f"workload.kind: {self.name} needs a 'diffusion_serving' workload, got {kind!r}")
+        if mode == "sim":
+            if workload.sim.scenario not in SIM_SCENARIOS:
+                raise ConfigError(f"workload.sim.scenario: unknown value {workload.sim.scenario!r} "
+                                  f"(one of: {', '.join(SIM_SCENARIOS)})")
+            if self.cfg.k >= self.cfg.profile.steps:
+                raise ConfigError(f"system.k (patch step bound K) must be < system.profile.steps = "
+                                  f"{self.cfg.profile.steps}, got {self.cfg.k}")
+            return
+        if self.cfg.variant != "katz":
+            raise ConfigError(f"system.variant: {self.cfg.variant} has sim mode only (real runs its controls in "
+                              "the swiftdiffusion job)")
+        if workload.scenario not in SCENARIOS:
+            raise ConfigError(f"workload.scenario: unknown value {workload.scenario!r} (one of: {', '.join(SCENARIOS)})")
+        from .bal import check_k
+        from .denoise import check_guidance
+
+        for k in workload.k_grid:
+            check_k(k, workload.num_steps)
+        check_guidance(workload.control_guidance_start, workload.control_guidance_end)
+        if workload.scenario == "controlnet" and not 1 <= workload.num_controlnets <= workload.num_controlnets_built:
+            raise ConfigError(f"workload.num_controlnets must be in 1..{workload.num_controlnets_built} "
+                              f"(num_controlnets_built), got {workload.num_controlnets}")
+        if len(workload.cn_scales) < workload.num_controlnets:
+            raise ConfigError(f"workload.cn_scales: {len(workload.cn_scales)} scales for "
+                              f"{workload.num_controlnets} ControlNets")
+        if workload.cond_size:
+            f = 2 ** (len(workload.cond_channels) - 1)
+            if workload.cond_size != workload.unet.sample_size * f:
+                raise ConfigError(f"workload.cond_size: ControlNet conditioning of side {workload.cond_size}, the "
+                                  f"ControlNet needs {workload.unet.sample_size * f} (latent "
+                                  f"{workload.unet.sample_size} x {f})")
+        if any(r < 1 for r in workload.lora_ranks):
+            raise ConfigError(f"workload.lora_ranks: every rank must be >= 1, got {list(workload.lora_ranks)}")
+
+    def run(self, job: JobContext) -> RunResult:
+        if job.mode == "sim":
+            from .sim_run import run_sim
+
+            return run_sim(self, job)
+        from .real import run_real
+
+        return run_real(self, job)
