@@ -186,8 +186,11 @@ class PipelineTraining(System):
         wl = job.workload
         msg = activation_msg_bytes(wl.micro_batch_size, wl.model.seq_len, wl.model.hidden, wl.dtype)
         if wl.sim_op_time_s:
-            # Hand-set op times (spec 5's "t = 10 ms" reference): comm is free except delays.
-            return StageCosts.uniform(wl.stages, wl.sim_op_time_s), LinkCosts.uniform(wl.stages, 0.0, msg)
+            # Hand-set op times (spec 5's "t = 10 ms" reference): comm is free except delays,
+            # unless the profile is this machine's calibration (a fidelity job), whose links are real.
+            links = (LinkCosts.from_hardware(wl.stages, msg, job.hardware, tp=wl.tp, dp=wl.dp)
+                     if job.hardware.measured else LinkCosts.uniform(wl.stages, 0.0, msg))
+            return StageCosts.uniform(wl.stages, wl.sim_op_time_s), links
         costs = stage_costs(wl.model, wl.stages, wl.micro_batch_size, wl.dtype, wl.tp, job.hardware)
         return costs, LinkCosts.from_hardware(wl.stages, msg, job.hardware, tp=wl.tp, dp=wl.dp)
 
