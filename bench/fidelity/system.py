@@ -150,7 +150,8 @@ class Fidelity(System):
             f"real/{a}" for a in real.artifacts] + [f"sim/{a}" for a in sim.artifacts])
         res.info = {"fidelity": {
             "family": fam.name, "situation": self.cfg.situation or self.cfg.real_system,
-            "real_system": self.cfg.real_system, "sim_system": sim_name, "sim_hardware": hw_name,
+            "real_system": self.cfg.real_system, "sim_system": sim_name,
+            "real_target": f"{type(real_sys).__module__}.{type(real_sys).__qualname__}", "sim_hardware": hw_name,
             "sim_hardware_source": getattr(hw, "source", ""), "from_real_run": prof.sources,
             "rows": rows}, "real_info": real.info, "sim_info": sim.info}
         for why in real.invalid_reasons:
