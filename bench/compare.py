@@ -423,6 +423,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="only these metrics (comma-separated; may repeat)")
     p.add_argument("--out", help="where report.md and PNGs go (default: the results dir)")
     p.add_argument("--no-report", action="store_true", help="print the tables only")
+    p.add_argument("--fidelity", action="store_true",
+                   help="the sim-vs-real view of fidelity records (family, situation, metric, real, sim, "
+                        "error %%, host, date) and fidelity.png")
     return p
 
 
@@ -439,6 +442,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _fail(f"{results}/*/record.json: not valid JSON ({exc.msg})")
     if not records:
         return _fail(f"no records in {results} (run `mlsys-bench` first)")
+    if args.fidelity:
+        return _fidelity_view(records, results, pathlib.Path(args.out) if args.out else results, args.no_report)
     metrics = [m for arg in args.metrics or [] for m in arg.split(",") if m] or None
     try:
         tables = compare_records(records, args.baseline, metrics=metrics,
@@ -458,6 +463,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report = write_report(tables, pathlib.Path(args.out) if args.out else results,
                               source=str(results))
         print(f"\nreport: {report}")
+    return 0
+
+
+def _fidelity_view(records: list, results: pathlib.Path, out: pathlib.Path, no_plot: bool) -> int:
+    from bench.fidelity.view import fidelity_rows, format_rows, plot_rows
+
+    rows = fidelity_rows(records)
+    if not rows:
+        return _fail(f"no fidelity records in {results} (run `mlsys-bench --multirun experiment=fidelity/<family>`)")
+    print(f"{len(rows)} sim-vs-real rows in {results}; newest record per family, situation and fault; "
+          f"error % = (sim - real) / real; invalid = the real run's host was contended")
+    print()
+    print(format_rows(rows), end="")
+    if not no_plot:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"\nplot: {plot_rows(rows, out / 'fidelity.png')}")
     return 0
 
 

@@ -63,6 +63,9 @@ class BenchConfig:
     mode: Mode = Mode.sim
     seed: int = 0
     results_dir: str = "results/runs"
+    # Each family's latest sim-vs-real error per host (bench.fidelity.store); null =
+    # <results_dir>/fidelity.json. Fidelity jobs write it; every sim record's provenance reads it.
+    fidelity_store: Optional[str] = None
     launcher: Launcher = Launcher.local
     container_image: str = "mlsys-bench:cpu"
     progress: bool = True

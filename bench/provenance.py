@@ -70,10 +70,15 @@ def host() -> dict:
             "python": platform.python_version(), "cpu_count": os.cpu_count()}
 
 
-def collect(emulated: list[str] | None = None) -> dict:
-    return {"git": git_info(), "packages": package_versions(), "host": host(), "devices": devices(),
-            "container_image": os.environ.get("MLSYS_BENCH_CONTAINER_IMAGE") or None,
-            "emulated": list(emulated or [])}
+def collect(emulated: list[str] | None = None, fidelity: dict | None = None) -> dict:
+    """``fidelity``: for a sim record, its family's latest measured sim-vs-real error on this
+    host (:func:`bench.fidelity.store.provenance_entry`; ``latest`` null when never measured)."""
+    out = {"git": git_info(), "packages": package_versions(), "host": host(), "devices": devices(),
+           "container_image": os.environ.get("MLSYS_BENCH_CONTAINER_IMAGE") or None,
+           "emulated": list(emulated or [])}
+    if fidelity is not None:
+        out["fidelity"] = fidelity
+    return out
 
 
 def _env_secrets() -> set[str]:

@@ -150,7 +150,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "fault": choices["fault"] or "none",
         "seed": int(cfg.seed),
         "metrics": {k: m.to_dict() for k, m in (result.metrics.items() if result else [])},
-        "provenance": provenance.collect(result.emulated if result else []),
+        "provenance": provenance.collect(result.emulated if result else [], _sim_fidelity(cfg, resolved)),
         "config": resolved,
         "overrides": list(overrides),
         "wandb": wandb_info,
@@ -170,4 +170,34 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     except ValueError as exc:  # e.g. a NaN metric: keep the run visible as failed, never drop it
         record.update(status="failed", error=f"record rejected: {one_line(exc)}", metrics={})
         write_record(results_dir, record)
+    _store_fidelity(cfg, record)
     return record
+
+
+def _fidelity_store(cfg: DictConfig):
+    from bench.fidelity.store import store_path
+
+    return store_path(cfg.get("fidelity_store"), cfg.results_dir)
+
+
+def _sim_fidelity(cfg: DictConfig, resolved: dict) -> Optional[dict]:
+    """A sim record's family fidelity (None for real records: they are the measurement)."""
+    if str(resolved.get("mode")) != "sim":
+        return None
+    from bench.fidelity.families import family_of
+    from bench.fidelity.store import provenance_entry
+
+    return provenance_entry(_fidelity_store(cfg), family_of((resolved.get("workload") or {}).get("kind")))
+
+
+def _store_fidelity(cfg: DictConfig, record: dict) -> None:
+    """A valid fidelity record (host check included) becomes its family's latest measurement;
+    an invalid one never does: a contended host's sim-vs-real error is meaningless."""
+    fid = (record.get("info") or {}).get("fidelity")
+    if record["status"] != "ok" or not fid:
+        return
+    from bench.fidelity.store import update
+
+    update(_fidelity_store(cfg), fid["family"], fid["situation"],
+           {"run_id": record["run_id"], "date": record["created"], "rows": fid["rows"],
+            "experiment": record["experiment"], "workload": record["workload"], "fault": record["fault"]})

@@ -25,15 +25,17 @@ from bench.report.plots import paper_vs_ours
 
 HARNESS = "harness"  # records of no paper's package (the calibration job)
 MODE_WORD = {"sim": "simulated", "real": "measured"}
-# Fidelity (sim against real, per family) is its own piece of work; until it lands a record
-# that carries such a metric is what the index shows, and otherwise "not measured".
-FIDELITY_METRIC = re.compile(r"^(fidelity|sim_vs_real)_")
+# Fidelity records (system=fidelity, bench/fidelity) carry per headline metric m the metrics
+# real__m, sim__m, sim_over_real__m and error_pct__m, and the rows in info.fidelity.
+FIDELITY_METRIC = re.compile(r"^error_pct__")
 
 
 def owner(rec: dict) -> str:
     """The paper package a record belongs to, from its system's ``_target_`` (demo/* runs are
     ADAPTRA's systems, so they land on its page)."""
-    target = str(((rec.get("config") or {}).get("system") or {}).get("_target_") or "")
+    fid = (rec.get("info") or {}).get("fidelity") or {}
+    # A fidelity record belongs to the paper whose system it measured for real.
+    target = str(fid.get("real_target") or ((rec.get("config") or {}).get("system") or {}).get("_target_") or "")
     parts = target.split(".")
     if len(parts) > 2 and parts[0] == "impl" and parts[1] != "common":
         return parts[1]
@@ -169,13 +171,21 @@ class SystemPage:
 
     @property
     def fidelity(self) -> str:
-        for row in sorted(self.records, key=lambda r: _created_key(r.rec), reverse=True):
-            if row.status != "ok":
-                continue
-            for name, m in (row.rec.get("metrics") or {}).items():
-                if FIDELITY_METRIC.match(name):
-                    return f"{name} = {fmt(float(m['value']), m.get('unit', ''))}"
-        return "not measured"
+        """The worst |sim - real| / real over the newest valid fidelity record of each
+        situation, with how many rows, the host and the newest date."""
+        newest: dict[tuple, dict] = {}
+        for row in sorted(self.records, key=lambda r: _created_key(r.rec)):
+            fid = (row.rec.get("info") or {}).get("fidelity")
+            if row.status == "ok" and fid:
+                newest[(fid.get("situation"), row.rec.get("fault"), row.rec.get("workload"))] = row.rec
+        errs = [abs(float(m["value"])) for rec in newest.values()
+                for name, m in (rec.get("metrics") or {}).items() if FIDELITY_METRIC.match(name)]
+        if not errs:
+            return "not measured"
+        last = max(newest.values(), key=_created_key)
+        host = ((last.get("provenance") or {}).get("host") or {}).get("hostname", "?")
+        return (f"max |error| {max(errs):.1f}% over {len(errs)} metric(s) of {len(newest)} situation(s) "
+                f"({host}, {str(last.get('created', ''))[:10]})")
 
     def sections(self) -> list[tuple[str, list[EntryRow]]]:
         """Entries grouped by experiment, the ones with our value first; in file order."""

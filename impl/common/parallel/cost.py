@@ -42,6 +42,8 @@ class HybridCostModel:
     intra_lat_s: float
     inter_bw_bytes_per_s: float
     inter_lat_s: float
+    # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the FLOP estimate).
+    measured_layer_s: Optional[float] = None
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
@@ -51,7 +53,8 @@ class HybridCostModel:
         eff = hw.comm_efficiency
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, float(hw.peak_flops[wl.dtype]), float(mfu),
                    hw.intra_node_bw_bytes_per_s * eff, hw.intra_node_latency_s,
-                   hw.inter_node_bw_bytes_per_s * eff, hw.inter_node_latency_s)
+                   hw.inter_node_bw_bytes_per_s * eff, hw.inter_node_latency_s,
+                   getattr(wl, "sim_layer_time_s", None))
 
     @property
     def act_bytes(self) -> float:
@@ -60,7 +63,13 @@ class HybridCostModel:
 
     def layer_time_s(self, tp_size: int) -> float:
         """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
-        compute = 3.0 * layer_fwd_flops(self.model, self.micro_batch_size) / (tp_size * self.peak_flops * self.mfu)
+        if self.measured_layer_s:
+            # A profile at the nominal TP already holds that degree's all-reduces.
+            if tp_size == self.tp:
+                return float(self.measured_layer_s)
+            compute = self.measured_layer_s * self.tp / tp_size
+        else:
+            compute = 3.0 * layer_fwd_flops(self.model, self.micro_batch_size) / (tp_size * self.peak_flops * self.mfu)
         ar = ring_allreduce_time_s(self.act_bytes, tp_size, self.intra_bw_bytes_per_s, self.intra_lat_s)
         return compute + 4.0 * ar
 

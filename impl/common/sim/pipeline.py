@@ -16,6 +16,9 @@ Comm models (:class:`CommModel`):
   ``queue_depth`` messages not yet delivered; then the stream blocks until the oldest is
   delivered (head-of-line blocking). The worker sends one message at a time, each taking
   base + delay, so a delayed link carries at most 1/(base + delay) messages per second.
+- ``blocking`` (inline sends on the compute thread, the real runtime's ``inline`` path): a
+  SEND holds the stream until the message is delivered (base + delay); the stream's time in
+  it counts as HOL. Run with ``batch_p2p=False``: blocking sends go in schedule order.
 - ``delegated`` (host delegates, spec §2.5): a SEND costs a D2H copy on the stream; micro-batch
   j then goes to delegate j mod K of (stage, direction), which sends serially with
   base·cpu_penalty + delay per message (queues unbounded, throughput K/c). Before the
@@ -42,7 +45,7 @@ from impl.common.schedule.ir import Action, Op, Schedule
 from .delays import normalize_delays
 from .engine import Engine
 
-COMM_KINDS = ("latency", "in_stream", "delegated")
+COMM_KINDS = ("latency", "in_stream", "delegated", "blocking")
 # A time-varying delay: (link index i of link (i, i+1), absolute time in s) -> seconds.
 DelayFn = Callable[[int, float], float]
 Delays = Union[Mapping, DelayFn, None]
@@ -172,7 +175,7 @@ class SimResult:
 
 
 # Program codes of the compiled schedule (small ints keep the inner loop cheap).
-_COMPUTE, _SEND_LAT, _SEND_Q, _SEND_DEL, _RECV, _RECV_H2D = range(6)
+_COMPUTE, _SEND_LAT, _SEND_Q, _SEND_DEL, _SEND_BLK, _RECV, _RECV_H2D = range(7)
 
 
 @dataclass
@@ -211,7 +214,7 @@ def _compile(schedule: Schedule, costs: StageCosts, link: LinkCosts, comm: CommM
     sent, received = bytearray(n_keys), bytearray(n_keys)
     K = comm.delegates
     delegated = comm.kind == "delegated"
-    send_code = {"latency": _SEND_LAT, "in_stream": _SEND_Q, "delegated": _SEND_DEL}[comm.kind]
+    send_code = {"latency": _SEND_LAT, "in_stream": _SEND_Q, "delegated": _SEND_DEL, "blocking": _SEND_BLK}[comm.kind]
     recv_code = _RECV_H2D if delegated else _RECV
     batch = comm.batch_p2p
     progs, busy, first_compute, last_weight = [], [], [], []
@@ -361,6 +364,8 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
                 elif code == _SEND_DEL:
                     t += copy_s  # D2H into the pinned slot before the delegate can see it
                     tx0 = t if t > wfree[b] else wfree[b]
+                elif code == _SEND_BLK:
+                    tx0 = t if t > wfree[b] else wfree[b]
                 else:
                     tx0 = t
                 if delay_fn is not None:
@@ -371,6 +376,9 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
                     wfree[b] = tx1
                     if code == _SEND_Q:
                         wdone[b].append(tx1)
+                if code == _SEND_BLK:  # the stream itself sleeps the delay and sends
+                    hol += tx1 - t
+                    t = tx1
                 tx_start[a] = tx0
                 arrival[a] = tx1
                 w = waiter[a]

@@ -55,6 +55,9 @@ class HybridWorkload:
     # these times, times the GPU's slowdown factor (spec malleus 5). 0 = unpadded.
     layer_fwd_pad_s: float = 0.0
     layer_bwd_pad_s: float = 0.0
+    # Sim: a profiled forward + backward time of one layer per micro-batch at the nominal TP
+    # degree (a fidelity job's per-layer profile); null = FLOPs / (peak x mfu).
+    sim_layer_time_s: Optional[float] = None
     optimizer: str = "adam"
     lr: float = 1e-3
     torch_threads: int = 1

@@ -1,0 +1,113 @@
+"""What a fidelity job compares, per family, and what its simulator may take from the real run.
+
+A family is the workload kind a simulator prices (``pipeline``, ``hybrid``, ``serving``,
+``diffusion``). For each one this module names
+
+- the headline metrics (real metric name, sim metric name, label): the end-to-end results the
+  simulator predicts and is judged on;
+- :func:`profile`, the only bridge from the real run to the simulated one: per-op times that a
+  short profiling pass on the target machine measures (one padded F/B/W op, one layer, the
+  isolated step of an engine), never the headline itself. Everything else (link latency and
+  bandwidth, FLOP/s, memory bandwidth) comes from the calibrated hardware profile.
+
+The simulated job then runs on the real job's workload with these fields replaced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from impl.common.api import ConfigError, RunResult
+
+# Workload kind -> family. A kind not listed is its own family (never measured until a row lands).
+KIND_FAMILY = {"pipeline": "pipeline", "hybrid": "hybrid", "serving": "serving", "diffusion_edit": "diffusion"}
+
+
+def family_of(workload_kind: Optional[str]) -> Optional[str]:
+    if not workload_kind:
+        return None
+    return KIND_FAMILY.get(str(workload_kind), str(workload_kind))
+
+
+@dataclass(frozen=True)
+class Headline:
+    label: str
+    real_metric: str
+    sim_metric: str
+    sim_from_info: bool = False  # the sim reports it in info (e.g. FISEdit's dense step), not metrics
+
+
+@dataclass
+class Profile:
+    """Workload fields the sim gets from the profiling pass, and where each came from."""
+
+    workload: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def _metric(res: RunResult, name: str) -> Optional[float]:
+    m = res.metrics.get(name)
+    return None if m is None else float(m.value)
+
+
+def _pipeline(real: RunResult, wl: Any) -> Profile:
+    # Each real op is sleep-padded to op_pad_s unless its compute is longer: the profiled op
+    # time is the larger of the pad and the slowest op kind's measured compute.
+    raws = {k: _metric(real, f"raw_{k}_compute_s") for k in ("f", "b", "w", "bw")}
+    measured = max([v for v in raws.values() if v] or [0.0])
+    op = max(float(wl.op_pad_s), measured)
+    if op <= 0:
+        raise ConfigError("workload.op_pad_s: the pipeline fidelity job needs padded ops or raw op times")
+    return Profile({"sim_op_time_s": op},
+                   {"sim_op_time_s": f"max(op_pad_s={wl.op_pad_s:g}, profiled raw compute {measured:.4g} s)"})
+
+
+def _hybrid(real: RunResult, wl: Any) -> Profile:
+    # One layer's forward + backward per micro-batch, as padded (the tiny model's own compute is
+    # well under its pads; the pad is what a per-layer profile of the rank measures).
+    lt = float(wl.layer_fwd_pad_s) + float(wl.layer_bwd_pad_s)
+    if lt <= 0:
+        raise ConfigError("workload.layer_fwd_pad_s: the hybrid fidelity job needs padded layers")
+    return Profile({"sim_layer_time_s": lt},
+                   {"sim_layer_time_s": f"layer_fwd_pad_s + layer_bwd_pad_s = {lt:g} s per layer per micro-batch"})
+
+
+def _serving(real: RunResult, wl: Any) -> Profile:
+    # Prefill, decode and adapter-load costs are priced from the calibrated FLOP/s, memory and
+    # host-link bandwidth; nothing is taken from the real run.
+    return Profile({}, {})
+
+
+def _diffusion(real: RunResult, wl: Any) -> Profile:
+    # The simulator prices exactly the real UNet (unet=workload) at the real precision, mask
+    # ratio and CFG batch; the engine gain of a fused GPU engine does not exist on this CPU run.
+    if wl.mask_ratio is None:
+        raise ConfigError("workload.mask_ratio: the diffusion fidelity job needs a supplied mask ratio")
+    f = float(wl.mask_ratio)
+    return Profile({"sim": {"unet": "workload", "dtype": wl.dtype, "batch": 2, "engine_gain": 1.0,
+                            "mask_mean": f, "mask_p90": min(0.99, max(f * 1.5, f + 0.01)),
+                            "num_steps": wl.num_steps, "mask_steps": max(1, wl.num_steps // 5)}},
+                   {"sim": "the real UNet, dtype, CFG batch 2 and mask ratio; engine_gain 1 (no fused engine)"})
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    headlines: tuple[Headline, ...]
+    profile: Callable[[RunResult, Any], Profile]
+
+
+FAMILIES: dict[str, Family] = {
+    "pipeline": Family("pipeline", (Headline("iteration_time_s", "iteration_time_s", "iteration_time_s"),), _pipeline),
+    "hybrid": Family("hybrid", (Headline("iteration_time_s", "iteration_time_s", "iteration_time_s"),), _hybrid),
+    "serving": Family("serving", (Headline("ttft_mean_s", "ttft_mean_s", "ttft_mean_s"),), _serving),
+    "diffusion": Family("diffusion", (
+        Headline("sparse_step_speedup", "sparse_step_speedup", "sparse_step_speedup"),
+        Headline("dense_step_time_s", "dense_step_time_s", "dense_step_diffusers_s", sim_from_info=True)), _diffusion),
+}
+
+
+def get_family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ConfigError(f"system.family: unknown family {name!r} (one of: {', '.join(sorted(FAMILIES))})")
+    return FAMILIES[name]
