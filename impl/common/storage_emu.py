@@ -4,8 +4,7 @@ A real read of the local file happens (the bytes are the file's); the call then 
 ``latency_s + emulated_bytes / bandwidth`` (times ``time_scale``) has passed since it started,
 so a loader behind it sees a remote store's bandwidth cap and per-call latency. ``emulated_bytes``
 lets a tiny file stand for a paper-scale one (e.g. an SDXL LoRA of ~0.4 GB). Every run that
-uses it names ``label()`` in ``RunResult.emulated``. Shared by SwiftDiffusion's LoRA loaders
-and by checkpoint recovery.
+uses it names ``label()`` in ``RunResult.emulated``. SwiftDiffusion's LoRA loaders read through it.
 """
 from __future__ import annotations
 

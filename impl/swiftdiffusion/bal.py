@@ -21,7 +21,7 @@ from impl.common.api import ConfigError
 
 from .lora import LoadedLoRA, TargetTable, merge, restore
 
-IDLE, REQUESTED, DONE, FAILED, STOP = 0, 1, 2, 3, -1
+IDLE, REQUESTED, DONE, FAILED = 0, 1, 2, 3
 
 
 def check_k(k: int, num_steps: Optional[int] = None) -> None:
@@ -62,7 +62,9 @@ def check_file(table: TargetTable, path, name: str, max_rank: int) -> list[str]:
 class SharedSlots:
     """Preallocated shared-memory LoRA buffers, one set per loader slot, at the max rank."""
 
-    ctl: torch.Tensor  # [slots, 3] int64: flag, rank, file index
+    # [slots, 4] int64: flag, rank, file index, stop. Stop has its own column so that a loader
+    # finishing a load (flag := DONE) can never overwrite the base's request to stop.
+    ctl: torch.Tensor
     scale: torch.Tensor  # [slots] float64
     present: torch.Tensor  # [slots, sites] int8: the file patches this site
     A: list  # per slot: list over sites of [r_max, d_in] fp16
@@ -77,7 +79,7 @@ class SharedSlots:
              for _ in range(slots)]
         B = [[torch.zeros(table.sites[n].weight.shape[0], max_rank, dtype=dtype).share_memory_() for n in names]
              for _ in range(slots)]
-        return cls(torch.zeros(slots, 3, dtype=torch.int64).share_memory_(),
+        return cls(torch.zeros(slots, 4, dtype=torch.int64).share_memory_(),
                    torch.zeros(slots, dtype=torch.float64).share_memory_(),
                    torch.zeros(slots, len(names), dtype=torch.int8).share_memory_(), A, B, names, max_rank)
 
@@ -96,7 +98,7 @@ class SharedSlots:
 
 def loader_loop(slot: int, slots: SharedSlots, paths: Sequence[str], storage, emulated_bytes: Optional[float],
                 poll_s: float = 0.0005) -> int:
-    """A loader process's life: wait for REQUESTED, load, set DONE; until STOP. Returns loads done."""
+    """A loader process's life: wait for REQUESTED, load, set DONE; until the stop column is set. Returns loads done."""
     from safetensors.torch import load as st_load
 
     torch.set_num_threads(1)
@@ -104,7 +106,7 @@ def loader_loop(slot: int, slots: SharedSlots, paths: Sequence[str], storage, em
     loads = 0
     while True:
         flag = int(slots.ctl[slot, 0])
-        if flag == STOP:
+        if int(slots.ctl[slot, 3]):
             return loads
         if flag != REQUESTED:
             time.sleep(poll_s)
@@ -202,7 +204,7 @@ class LoaderClient:
         return out
 
     def stop(self) -> None:
-        self.slots.ctl[:, 0] = STOP
+        self.slots.ctl[:, 3] = 1
 
 
 def bal_request(client: LoaderClient, file_indices: Sequence[int], k: int, run: Callable) -> tuple:

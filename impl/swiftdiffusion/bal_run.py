@@ -88,41 +88,43 @@ def _base(ctx, wl, seed, paths, slots, k_grid):
     first_done = {f"k{k}": [] for k in k_grid}
     quality = {f"k{k}": [] for k in k_grid}
     k0_equal, extra = [], {}
-    for r in range(wl.requests + 1):  # request 0 = warm-up
-        idx = list(range((r % 2) * n_l, (r % 2) * n_l + n_l))
-        inp = request_inputs(wl, seed * 1000 + r, 0, b)
+    try:  # the loaders stop however the requests end
+        for r in range(wl.requests + 1):  # request 0 = warm-up
+            idx = list(range((r % 2) * n_l, (r % 2) * n_l + n_l))
+            inp = request_inputs(wl, seed * 1000 + r, 0, b)
 
-        def run(hook, unet=b.unet):
-            return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, before_step=hook)
+            def run(hook, unet=b.unet):
+                return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, before_step=hook)
 
-        out = {}
-        order = variants[r % len(variants):] + variants[:r % len(variants)]
-        for v in order:
-            t0 = time.perf_counter()
-            if v == "sync":
-                out[v] = sync_request(table, storage, paths, idx, run, wl.lora_paper_bytes)
-            elif v == "diffusers":
-                out[v] = diffusers_request(diff_unet, storage, paths, idx, lambda h: run(h, diff_unet),
-                                           wl.lora_paper_bytes, extra)
-            else:
-                k = int(v[1:])
-                out[v], pol = bal_request(client, idx, k, run)
+            out = {}
+            order = variants[r % len(variants):] + variants[:r % len(variants)]
+            for v in order:
+                t0 = time.perf_counter()
+                if v == "sync":
+                    out[v] = sync_request(table, storage, paths, idx, run, wl.lora_paper_bytes)
+                elif v == "diffusers":
+                    out[v] = diffusers_request(diff_unet, storage, paths, idx, lambda h: run(h, diff_unet),
+                                               wl.lora_paper_bytes, extra)
+                else:
+                    k = int(v[1:])
+                    out[v], pol = bal_request(client, idx, k, run)
+                    if r > 0:
+                        patch[v].append(pol.patched_at)
+                        first_done[v].append(pol.first_all_done)
                 if r > 0:
-                    patch[v].append(pol.patched_at)
-                    first_done[v].append(pol.first_all_done)
+                    times[v].append(time.perf_counter() - t0)
             if r > 0:
-                times[v].append(time.perf_counter() - t0)
-        if r > 0:
-            ref = out["sync"]
-            for v in quality:
-                quality[v].append((psnr(ref, out[v]), ssim(ref[0], out[v][0])))
-            if "k0" in out:
-                k0_equal.append(bool(torch.equal(out["k0"], ref)))
-            extra.setdefault("diffusers_vs_sync_max_rel", []).append(
-                float((out["diffusers"] - ref).abs().max() / ref.abs().max()))
-        # after every request the base weights are pristine again
-        extra.setdefault("pristine_after", []).append(all(torch.equal(s.weight, s.pristine) for s in table.sites.values()))
-    client.stop()
+                ref = out["sync"]
+                for v in quality:
+                    quality[v].append((psnr(ref, out[v]), ssim(ref[0], out[v][0])))
+                if "k0" in out:
+                    k0_equal.append(bool(torch.equal(out["k0"], ref)))
+                extra.setdefault("diffusers_vs_sync_max_rel", []).append(
+                    float((out["diffusers"] - ref).abs().max() / ref.abs().max()))
+            # after every request the base weights are pristine again
+            extra.setdefault("pristine_after", []).append(all(torch.equal(s.weight, s.pristine) for s in table.sites.values()))
+    finally:
+        client.stop()
     return dict(times=times, patch=patch, first_done=first_done, quality=quality, k0_equal=k0_equal, **extra)
 
 

@@ -81,6 +81,13 @@ class SwiftDiffusionSystem(System):
                               "the swiftdiffusion job)")
         if workload.scenario not in SCENARIOS:
             raise ConfigError(f"workload.scenario: unknown value {workload.scenario!r} (one of: {', '.join(SCENARIOS)})")
+        if workload.requests < 1:
+            raise ConfigError(f"workload.requests must be >= 1, got {workload.requests}")
+        if not workload.remote_bw_bytes_per_s > 0:
+            raise ConfigError(f"workload.remote_bw_bytes_per_s must be > 0, got {workload.remote_bw_bytes_per_s}")
+        if workload.remote_latency_s < 0 or workload.time_scale < 0:
+            raise ConfigError(f"workload.remote_latency_s ({workload.remote_latency_s}) and workload.time_scale "
+                              f"({workload.time_scale}) must be >= 0")
         from .bal import check_k
         from .denoise import check_guidance
 

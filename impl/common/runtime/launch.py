@@ -221,7 +221,12 @@ def _launch_local(fn, world, args, *, label, backend, pg_timeout_s, timeout_s, s
     def handle(msg) -> None:
         kind = msg[0]
         if kind == "result":
-            results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=True)
+            try:  # plain data only: a rank's result never runs pickled code in the caller
+                results[msg[1]] = torch.load(io.BytesIO(msg[2]), weights_only=True)
+            except Exception as exc:
+                errors.append(("error", f"rank {msg[1]}", "ResultError",
+                               f"returned a result that is not plain data (dict, list, tensor, number, "
+                               f"str): {first_line(exc)}", ""))
         elif kind == "error":
             errors.append(msg)
         elif kind == "report":
