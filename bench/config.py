@@ -75,3 +75,18 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="bench_schema", node=BenchConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+
+
+def compose_config(overrides, *, return_hydra_config: bool = False):
+    """The job config the CLI would build from ``overrides`` (Hydra's compose API, this
+    project's ``conf`` package), without running Hydra's app: for in-process jobs and tests."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="conf", version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    finally:
+        GlobalHydra.instance().clear()

@@ -222,24 +222,17 @@ def inprocess_runner(cmd: List[str], results_dir: pathlib.Path) -> tuple[int, st
     default = [sys.executable, "-m", "bench"]
     if cmd[:len(default)] != default:
         return subprocess_runner(cmd, results_dir)
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
 
-    from bench.config import register
+    from bench.config import compose_config
     from bench.runner import execute
     from impl.common.errors import one_line
 
     overrides = cmd[len(default):]
-    register()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+        cfg = compose_config(overrides, return_hydra_config=True)
     except Exception as exc:  # a bad override: the CLI's preflight would refuse it (exit 2)
         return 2, one_line(exc)
-    finally:
-        GlobalHydra.instance().clear()
     choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
     with open_dict(cfg):
         del cfg["hydra"]

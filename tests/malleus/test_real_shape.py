@@ -4,10 +4,7 @@ positionally and skipped ``ffn_hidden``, so vocab and seq_len shifted one field 
 64, seq 32), and the single-process reference used the same wrong shape."""
 from __future__ import annotations
 
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
-from bench.config import register
+from bench.config import compose_config
 from bench.validate import typed_workload
 from impl.common.models.tiny_gpt import TinyGPT
 from impl.common.workloads.pipeline import ModelShape
@@ -17,13 +14,7 @@ README_SHAPE = dict(name="gpt-tiny", num_layers=8, hidden=64, heads=4, ffn_mult=
 
 
 def _workload(name: str):
-    register()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=[f"workload={name}", "system=malleus", "mode=real"])
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_config([f"workload={name}", "system=malleus", "mode=real"])
     return typed_workload(cfg.workload)
 
 

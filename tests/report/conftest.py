@@ -7,23 +7,14 @@ import copy
 import json
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
-from bench.config import register
+from bench.config import compose_config
 from bench.record import write_record
 from bench.runner import execute
 
 
 def run_sim(results, experiment: str, system: str) -> dict:
-    register()
     overrides = [f"experiment={experiment}", f"system={system}", f"results_dir={results}", "progress=false"]
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_config(overrides)
     return execute(cfg, overrides, choices={"system": system, "workload": "gpt7b_pp4", "hardware": "h800",
                                             "fault": "link_delay_60ms", "experiment": experiment})
 

@@ -3,23 +3,15 @@ from __future__ import annotations
 
 import pathlib
 
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from bench.config import register
+from bench.config import compose_config
 from bench.validate import typed_job
 from impl.common.api import JobContext, RunResult
 
 
 def run_job(overrides: list[str], out_dir: pathlib.Path) -> RunResult:
-    register()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_config(overrides)
     job = typed_job(cfg)
     mode = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)["mode"]
     ctx = JobContext(mode=mode, seed=int(cfg.seed), experiment="test", workload=job.workload, workload_name="w",

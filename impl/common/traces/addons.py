@@ -16,7 +16,7 @@ import numpy as np
 
 from impl.common.api import ConfigError
 
-from .requests import gamma_arrivals, poisson_arrivals, zipf_popularity
+from .requests import arrivals, zipf_popularity
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,7 @@ def generate_addon_trace(spec, seed: int) -> list[AddonRequest]:
     n = spec.num_requests
     if n < 1:
         raise ConfigError(f"workload.trace.num_requests must be >= 1, got {n}")
-    if spec.arrival == "poisson":
-        t = poisson_arrivals(spec.rate_rps, n, rng)
-    elif spec.arrival == "gamma":
-        t = gamma_arrivals(spec.rate_rps, spec.cv, n, rng)
-    else:
-        raise ConfigError(f"workload.trace.arrival: unknown {spec.arrival!r} (one of: poisson, gamma)")
+    t = arrivals(spec.arrival, spec.rate_rps, spec.cv, n, rng)
     pc = _probs(spec.cn_count_probs, "workload.trace.cn_count_probs")
     pla = _probs(spec.lora_count_probs_a, "workload.trace.lora_count_probs_a")
     plb = _probs(spec.lora_count_probs_b, "workload.trace.lora_count_probs_b")

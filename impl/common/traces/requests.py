@@ -94,6 +94,15 @@ def gamma_arrivals(rate_rps: float, cv: float, n: int, rng: np.random.Generator)
     return np.cumsum(rng.gamma(shape, 1.0 / (rate_rps * shape), size=n))
 
 
+def arrivals(arrival: str, rate_rps: float, cv: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times of a ``poisson`` or ``gamma`` (bursty, coefficient of variation ``cv``) process."""
+    if arrival == "poisson":
+        return poisson_arrivals(rate_rps, n, rng)
+    if arrival == "gamma":
+        return gamma_arrivals(rate_rps, cv, n, rng)
+    raise ConfigError(f"workload.trace.arrival: unknown {arrival!r} (one of: poisson, gamma)")
+
+
 def zipf_popularity(num_adapters: int, alpha: float) -> np.ndarray:
     """P(adapter k) proportional to 1 / (k+1)^alpha (alpha = 0: uniform)."""
     w = 1.0 / np.arange(1, num_adapters + 1) ** alpha
@@ -122,12 +131,7 @@ def generate_trace(spec: TraceSpec, seed: int) -> Trace:
     n = spec.num_requests
     num_adapters = n if spec.per_request else spec.num_adapters
     ranks = rank_mix(num_adapters, spec.ranks, spec.rank_weights, rng)
-    if spec.arrival == "poisson":
-        t = poisson_arrivals(spec.rate_rps, n, rng)
-    elif spec.arrival == "gamma":
-        t = gamma_arrivals(spec.rate_rps, spec.cv, n, rng)
-    else:
-        raise ConfigError(f"workload.trace.arrival: unknown {spec.arrival!r} (one of: poisson, gamma)")
+    t = arrivals(spec.arrival, spec.rate_rps, spec.cv, n, rng)
     # Popularity rank is shuffled against adapter ids so that rank and popularity are independent.
     if spec.per_request:
         pick = np.arange(n)
