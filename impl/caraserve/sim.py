@@ -5,7 +5,7 @@ from impl.caraserve.cost_model import fit, profile_grid
 from impl.caraserve.router import make_router
 from impl.common.api import JobContext, Metric, RunResult
 from impl.common.llm.metrics import check_conservation, serving_metrics
-from impl.common.llm.scheduler import SReq
+from impl.common.llm.scheduler import SReq, kernels_of
 from impl.common.plots.save import save_png
 from impl.common.servesim import ServingCost, simulate
 
@@ -41,7 +41,7 @@ def simulate_policy(system, job, trace, cost, policy: str, router: str, progress
     wl, c = job.workload, system.cfg
     scfg = system.sched_config(policy, sim=True)
     scfg.load_groups = min(scfg.load_groups, cost.num_layers)
-    kernel = {"slora": "mbgmv"}.get(policy, "bgmv")
+    kernel = "mbgmv" if kernels_of(scfg)[1] == "mbgmv" else "bgmv"  # the cost law's family
     lora = policy != "hf_peft"  # merged weights: no LoRA compute
     preload = []
     if policy == "cached":
@@ -89,6 +89,8 @@ def run_sim(system, job: JobContext) -> RunResult:
         "adapters": len(trace.adapters), "cpu_layers": res.cpu_layers, "tp": wl.tp,
         "adapter_eviction": "on_finish" if system.evict_on_finish(c.policy) else "lru",
         "slo_reference": slo_ref or {"kind": "isolated", "slo_scale": wl.slo_scale},
+        "lora_kernels": list(kernels_of(system.sched_config(sim=True))),
+        "iteration_mean_s": res.iteration_mean_s,
         "cost": {"load_model": cost.load_model_used, "load_s_r64": cost.load_s(64),
                  "load_s_r64_this_policy": cost.load_s(64, 2.0 if c.policy == "slora" and cost.slora_copies_ab_twice else 1.0),
                  "weight_bytes": cost.weight_bytes,

@@ -84,6 +84,10 @@ class ServingSystem(System):
         # CACHED never evicts.
         adapter_eviction: str = "auto"
         evict_on_finish_policies: List[str] = field(default_factory=lambda: ["slora"])
+        # LoRA kernels: "auto" = the policy's own (impl/common/llm/scheduler.py KERNELS),
+        # "punica" = SGMV prefill + BGMV decode (pads to the batch's max rank), "slora" = MBGMM /
+        # MBGMV (no padding, ~ sum r). The paper's S3 runs its router on both (spec 9).
+        lora_kernels: str = "auto"
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
@@ -171,7 +175,8 @@ class ServingSystem(System):
                                dlora_merge_share=c.dlora_merge_share, dlora_merge_min=c.dlora_merge_min,
                                dlora_migrate=c.dlora_migrate, dlora_migrate_interval_s=c.dlora_migrate_interval_s,
                                dlora_migrate_threshold=c.dlora_migrate_threshold,
-                               evict_on_finish=self.evict_on_finish(policy or c.policy))
+                               evict_on_finish=self.evict_on_finish(policy or c.policy),
+                               lora_kernels=c.lora_kernels)
 
     def evict_on_finish(self, policy: str) -> bool:
         e = self.cfg.adapter_eviction

@@ -39,6 +39,9 @@ KERNELS = {
     "slora": ("mbgmv", "mbgmv"), "punica": ("sgmv", "bgmv_punica"), "dlora": ("sgmv", "bgmv"),
     "hf_peft": ("sgmv", "bgmv"),  # never used: every iteration runs on merged weights
 }
+# ``lora_kernels`` other than "auto" (a policy's own pair above): run any policy's scheduling on
+# one system's kernels, e.g. CaraServe's servers on S-LoRA's (the paper's S3 reports both, spec 9).
+KERNEL_FAMILIES = {"punica": ("sgmv", "bgmv"), "slora": ("mbgmv", "mbgmv")}
 
 
 @dataclass
@@ -81,11 +84,20 @@ class SchedulerConfig:
     dlora_migrate_interval_s: float = 0.5
     dlora_migrate_threshold: int = 4
     evict_on_finish: bool = False
+    lora_kernels: str = "auto"  # "auto" = the policy's own (KERNELS), else a KERNEL_FAMILIES key
 
     def __post_init__(self):
+        if self.lora_kernels != "auto" and self.lora_kernels not in KERNEL_FAMILIES:
+            raise ConfigError(f"system.lora_kernels: unknown {self.lora_kernels!r} "
+                              f"(one of: auto, {', '.join(KERNEL_FAMILIES)})")
         if not self.dlora_migrate_interval_s > 0 or self.dlora_migrate_threshold < 1:
             raise ConfigError("system.dlora_migrate_interval_s must be > 0 and system.dlora_migrate_threshold >= 1 "
                               f"(got {self.dlora_migrate_interval_s}, {self.dlora_migrate_threshold})")
+
+
+def kernels_of(cfg: SchedulerConfig) -> tuple[str, str]:
+    """(prefill, decode) kernel a scheduler with ``cfg`` runs."""
+    return KERNELS[cfg.policy] if cfg.lora_kernels == "auto" else KERNEL_FAMILIES[cfg.lora_kernels]
 
 
 class BatchScheduler:
@@ -101,7 +113,7 @@ class BatchScheduler:
         self.merged: Optional[str] = None
         self.unpinned = 0  # queued requests without a pinned adapter slot
         self.evicted: list = []  # evict_on_finish: adapters dropped (the caller may drain it)
-        self.prefill_kernel, self.decode_kernel = KERNELS[cfg.policy]
+        self.prefill_kernel, self.decode_kernel = kernels_of(cfg)
 
     # ---- events --------------------------------------------------------------------------
     def arrive(self, r: SReq) -> Optional[str]:

@@ -36,6 +36,9 @@ class SimResult:
     per_server_busy_s: list = field(default_factory=list)
     migrations: Optional[dict] = None  # dlora only: counts (see Migrator.summary)
     migration_log: list = field(default_factory=list)  # dlora only: one MigrationEvent per request moved
+    # Mean iteration time by kind over all servers, loads and CPU path included (v1 Fig. 11's
+    # per-iteration figures): {"prefill": s, "decode": s}; None for a kind that never ran.
+    iteration_mean_s: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class SimServer:
         self.group_of = group_of_layer(cost.num_layers, cfg.load_groups)
         self.stall_s = 0.0
         self.busy_s = 0.0
+        self.iter_s = {"prefill": [0.0, 0], "decode": [0.0, 0]}  # kind -> [total s, count] (v1 Fig. 11)
         self.cpu_layers = 0
         self.loads = 0
         self.wake_at: Optional[float] = None
@@ -163,6 +167,8 @@ class SimServer:
             self._start_load(a, self._rank_in_queue(a), now + stall)
         self.stall_s += stall
         self.busy_s += dur
+        self.iter_s[plan.kind][0] += dur
+        self.iter_s[plan.kind][1] += 1
         self.eng.schedule(now + dur, self._finish, plan)
 
     def _rank_in_queue(self, adapter: str) -> int:
@@ -475,5 +481,8 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
                      stall_s=sum(s.stall_s for s in servers), busy_s=sum(s.busy_s for s in servers),
                      cpu_layers=sum(s.cpu_layers for s in servers), loads=sum(s.loads for s in servers),
                      per_server_busy_s=[s.busy_s for s in servers],
+                     iteration_mean_s={k: (sum(s.iter_s[k][0] for s in servers) / n if n else None)
+                                       for k in ("prefill", "decode")
+                                       for n in [sum(s.iter_s[k][1] for s in servers)]},
                      migrations=(mig.summary() if mig is not None else Migrator.empty()) if cfg.policy == "dlora" else None,
                      migration_log=mig.log if mig is not None else [])
