@@ -30,16 +30,17 @@ def varlen_shard_dim(fqn: str) -> Optional[int]:
 
 
 def flat_state(model: nn.Module, opt: Optional[torch.optim.Optimizer] = None) -> dict[str, torch.Tensor]:
-    """Views of the live tensors (copy them for a snapshot)."""
-    out = {f"param/{k}": p.detach() for k, p in model.named_parameters()}
-    if opt is not None:
-        for k, p in model.named_parameters():
-            st = opt.state.get(p, {})
-            for m in MOMENTS:
-                if m in st:
-                    out[f"{m}/{k}"] = st[m]
-            if "step" in st:
-                out[f"step/{k}"] = st["step"]
+    """Views of the live tensors (copy them for a snapshot), in model order, each parameter's
+    moments and step right after it (so a layer range is a contiguous run of keys)."""
+    out = {}
+    for k, p in model.named_parameters():
+        out[f"param/{k}"] = p.detach()
+        st = opt.state.get(p, {}) if opt is not None else {}
+        for m in MOMENTS:
+            if m in st:
+                out[f"{m}/{k}"] = st[m]
+        if "step" in st:
+            out[f"step/{k}"] = st["step"]
     return out
 
 
