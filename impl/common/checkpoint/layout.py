@@ -148,7 +148,8 @@ def cut(full: torch.Tensor, meta: TensorMeta, t: int, g: int) -> torch.Tensor:
     if meta.dim is None:
         return full.clone()
     v = _pieces(full, meta, g).select(meta.dim + 1, t)
-    return v.flatten(meta.dim, meta.dim + 1).contiguous()
+    # clone, not contiguous(): a row block is already contiguous and would stay a view
+    return v.flatten(meta.dim, meta.dim + 1).clone(memory_format=torch.contiguous_format)
 
 
 def join(parts: Sequence[torch.Tensor], meta: TensorMeta) -> torch.Tensor:

@@ -131,6 +131,13 @@ class CheckpointStore:
         name = rank_file(rank)
         tmp = self.tmp_dir(step)
         path = os.path.join(tmp, name)
+        side = os.path.join(tmp, f"rank{rank:05d}.json")
+        # Async savers start without a begin(): the dir may exist, and hold this rank's files
+        # from an attempt that crashed; each rank replaces only its own.
+        os.makedirs(tmp, exist_ok=True)
+        for stale in (path, side):
+            if os.path.exists(stale):
+                os.unlink(stale)
         hdr_len = 8 + int.from_bytes(data[:8], "little")
         _, entries = parse_header(data[:hdr_len], name, len(data))
         view = memoryview(data)
@@ -139,7 +146,6 @@ class CheckpointStore:
                "keys": {k: [nm, j, sha256(view[entries[k].offset:entries[k].offset + entries[k].length])]
                         for k, (nm, j) in keys.items()}}
         self.storage.write_file(path, view, midway=lambda: self.kill(f"mid_write:{rank}"))
-        side = os.path.join(tmp, f"rank{rank:05d}.json")
         self.storage.write_file(side, json.dumps(rec).encode())
         fsync_dir(tmp)
         self.kill(f"after_write:{rank}")
@@ -171,6 +177,9 @@ class CheckpointStore:
         self._write_pointer(step)
         self.kill("after_pointer")
         self._rotate(step)
+        for d in os.listdir(self.root):  # temp dirs of crashed saves
+            if d.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
         self.kill("after_rotation")
         return final
 
