@@ -113,7 +113,7 @@ def loader_loop(slot: int, slots: SharedSlots, paths: Sequence[str], storage, em
             continue
         path = paths[int(slots.ctl[slot, 2])]
         try:
-            data = storage.read(path, emulated_bytes)
+            data = storage.read_file(path, emulated_bytes)
             alpha, r = file_rank(path)
             state = st_load(data)
             slots.present[slot].zero_()

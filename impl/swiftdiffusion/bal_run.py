@@ -17,7 +17,7 @@ import torch
 
 from impl.common.diffusion.quality import psnr, ssim
 from impl.common.runtime.launch import RankContext, launch
-from impl.common.storage_emu import EmulatedStorage
+from impl.common.storage.emulator import Storage, StorageProfile
 
 from .bal import LoaderClient, SharedSlots, bal_request, check_file, check_k, loader_loop
 from .denoise import denoise
@@ -25,8 +25,9 @@ from .lora import TargetTable, load_direct, make_lora, merge, restore
 from .models import build_bundle, request_inputs
 
 
-def storage_for(wl) -> EmulatedStorage:
-    return EmulatedStorage(wl.remote_bw_bytes_per_s, wl.remote_latency_s, wl.time_scale, name="lora remote store")
+def storage_for(wl) -> Storage:
+    return Storage(StorageProfile("lora remote store", latency_s=wl.remote_latency_s,
+                                  bandwidth_bytes_per_s=wl.remote_bw_bytes_per_s, time_scale=wl.time_scale))
 
 
 def make_lora_files(wl, seed: int, unet, root) -> list[str]:
@@ -40,7 +41,7 @@ def make_lora_files(wl, seed: int, unet, root) -> list[str]:
 
 def sync_request(unet_table, storage, paths, idx, run, emulated_bytes):
     """The synchronous direct merge: read (emulated) + load + merge, then denoise, restore."""
-    loras = [load_direct(paths[i], unet_table, f"#{i}", data=storage.read(paths[i], emulated_bytes)) for i in idx]
+    loras = [load_direct(paths[i], unet_table, f"#{i}", data=storage.read_file(paths[i], emulated_bytes)) for i in idx]
     touched = merge(unet_table, loras)
     try:
         return run(None)
@@ -56,7 +57,7 @@ def diffusers_request(unet, storage, paths, idx, run, emulated_bytes, timings: d
     t = time.perf_counter()
     names = []
     for i in idx:
-        storage.read(paths[i], emulated_bytes)  # the fetch from the remote store
+        storage.read_file(paths[i], emulated_bytes)  # the fetch from the remote store
         name = f"a{i}"
         unet.load_lora_adapter(str(pathlib.Path(paths[i]).parent), prefix="unet", adapter_name=name,
                                weight_name=pathlib.Path(paths[i]).name)
@@ -148,5 +149,5 @@ def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0) -> dict:
                      label="bal", timeout_s=timeout_s)
     res = out.results[0]
     res["loads"] = [x["loads"] for x in out.results[1:]]
-    res["storage"] = storage_for(wl).label()
+    res["storage"] = storage_for(wl).profile.label()
     return res

@@ -1,0 +1,55 @@
+"""torch DCP baselines (spec ckpt_recovery 3): the same per-rank state as DTensors on the stage's
+TP sub-mesh, saved with ``dcp.save`` / ``dcp.async_save`` and loaded with ``dcp.load`` into the
+best homogeneous layout (a DeviceMesh is rectangular), all through the emulated store of
+:mod:`impl.common.storage.dcp_fs`."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from impl.common.checkpoint.layout import Ownership, TensorMeta
+from impl.common.storage.dcp_fs import EmulatedFileSystemReader, EmulatedFileSystemWriter
+from impl.common.storage.emulator import Storage
+
+
+def stage_mesh(grid: Sequence[Sequence[int]], rank: int) -> DeviceMesh:
+    """The TP sub-mesh of ``rank`` in a rectangular (pp, tp) grid of ranks (collective)."""
+    mesh = DeviceMesh("cpu", torch.tensor(grid), mesh_dim_names=("pp", "tp"))
+    return mesh["tp"]
+
+
+def to_dtensors(local: Mapping[str, torch.Tensor], metas: Sequence[TensorMeta], own: Ownership,
+                mesh: DeviceMesh) -> dict:
+    by = {m.name: m for m in metas}
+    out = {}
+    for k, v in local.items():
+        m = by[k]
+        if m.dim is None:
+            # Replicated: a plain tensor (DCP saves one copy, every rank reads it); a 0-dim
+            # replicated DTensor breaks async_save's staging copy in torch 2.13.
+            out[k] = v
+            continue
+        out[k] = DTensor.from_local(v, mesh, [Shard(m.dim)], run_check=False, shape=torch.Size(m.shape),
+                                    stride=torch.empty(m.shape, device="meta").stride())
+    return out
+
+
+def empty_dtensors(metas: Sequence[TensorMeta], own: Ownership, mesh: DeviceMesh, like: Mapping[str, torch.Tensor]) -> dict:
+    return to_dtensors({k: torch.zeros_like(like[k]) for k in own}, metas, own, mesh)
+
+
+def save_sync(state: dict, path: str, storage: Storage) -> None:
+    dcp.save(state, storage_writer=EmulatedFileSystemWriter(path, storage))
+
+
+def save_async(state: dict, path: str, storage: Storage, group):
+    """Returns the future; the caller waits on it before the next save (one in flight)."""
+    return dcp.async_save(state, storage_writer=EmulatedFileSystemWriter(path, storage), process_group=group)
+
+
+def load(state: dict, path: str, storage: Storage) -> None:
+    dcp.load(state, storage_reader=EmulatedFileSystemReader(path, storage))
