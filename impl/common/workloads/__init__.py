@@ -14,6 +14,7 @@ KINDS: dict[str, str] = {
     "diffusion_edit": "impl.common.workloads.diffusion:DiffusionEditWorkload",
     "hybrid": "impl.common.workloads.hybrid:HybridWorkload",
     "varlen": "impl.common.workloads.varlen:VarlenWorkload",
+    "multitask_lora": "impl.common.workloads.multitask_lora:MultitaskLoraWorkload",
 }
 
 
