@@ -123,7 +123,7 @@ def weighted_estimate(groups: Sequence[Group], buckets, counts) -> float:
 
 
 def plan(schemes: Sequence[Scheme], num_gpus: int, buckets: Sequence[int], counts: Sequence[int], max_len: int, *,
-         planner: str = "prune", keep_within: float = 0.15, keep_min: int = 8, time_limit_s: float = 5.0,
+         planner: str = "prune", keep_within: float = 0.15, keep_min: int = 8, keep_max: int = 12, time_limit_s: float = 5.0,
          mip_gap: float = 0.005, use_pool: bool = True) -> Plan:
     if planner not in PLANNERS:
         raise ConfigError(f"system.planner: unknown {planner!r} (one of: {', '.join(PLANNERS)})")
@@ -160,6 +160,8 @@ def plan(schemes: Sequence[Scheme], num_gpus: int, buckets: Sequence[int], count
         kept = [c for c in order if bounds[c] <= ref * (1 + keep_within)]
         if len(kept) < keep_min:
             kept = order[:keep_min]
+        info["within_bound"] = len(kept)
+        kept = kept[:max(keep_min, keep_max)]
         ref_e = min(est[c] for c in (distinct or eligible))
         order_e = sorted(eligible, key=lambda c: est[c])
         kept_e = [c for c in order_e if est[c] <= ref_e * (1 + keep_within)] or order_e[:keep_min]

@@ -149,7 +149,8 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         else:
             bk, cnt = expected_batch(wl, seed, cfg.bucketing, system)
             p = plan(schemes, wl.num_gpus, bk, cnt, wl.max_len, planner=cfg.planner, keep_within=cfg.keep_within,
-                     keep_min=cfg.keep_min, time_limit_s=cfg.ilp_time_limit_s, mip_gap=cfg.ilp_gap,
+                     keep_min=cfg.keep_min, keep_max=cfg.keep_max, time_limit_s=cfg.plan_time_limit_s,
+                     mip_gap=cfg.ilp_gap,
                      use_pool=cfg.scheme_pool)
             groups, planner_s = p.groups, p.planner_s
             info.update(deployment=p.describe(), planner_candidates=p.candidates, planner_kept=p.kept,

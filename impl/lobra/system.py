@@ -61,6 +61,8 @@ class LobRA(System):
         scheme_pool: bool = True  # ablation: pool pruning on/off
         keep_within: float = 0.15
         keep_min: int = 8
+        keep_max: int = 12  # harness cap on candidates the ILP re-scores (time)
+        plan_time_limit_s: float = 2.0  # ILP limit per candidate while planning
         dispatch: str = "balanced"  # balanced | length | even
         bucketing: str = "dynamic"  # dynamic | fixed
         num_buckets: int = 16
