@@ -15,6 +15,7 @@ KINDS: dict[str, str] = {
     "diffusion_serving": "impl.common.workloads.diffusion_serving:DiffusionServingWorkload",
     "hybrid": "impl.common.workloads.hybrid:HybridWorkload",
     "varlen": "impl.common.workloads.varlen:VarlenWorkload",
+    "multitask_lora": "impl.common.workloads.multitask_lora:MultitaskLoraWorkload",
 }
 
 

@@ -1,0 +1,1 @@
+"""LobRA: multi-tenant LoRA fine-tuning on heterogeneous replicas (spec lobra)."""

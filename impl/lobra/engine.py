@@ -1,0 +1,85 @@
+"""One joint step, as data (shared by sim and real mode): sample every task's batch, bucket the
+lengths, dispatch bucket counts over the deployment, split into each replica's micro-batches.
+
+Sequence ids are unique per task (a per-task seeded stream), so a :class:`Sample` is
+``(task, id, length)`` and every rank rebuilds the same step from the seed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from impl.common.api import ConfigError
+from impl.common.llm.lora_train import Sample
+from impl.common.varlen.sampling import LengthStream
+
+from . import bucketing
+from .dispatch import Dispatch, Group, dispatch, micro_batches, split_samples
+
+BUCKETINGS = ("dynamic", "fixed")
+
+
+class TaskStreams:
+    """One seeded length stream per task; :meth:`step` draws every task's batch."""
+
+    def __init__(self, tasks, seed: int) -> None:
+        self.tasks = list(tasks)
+        self.streams = [LengthStream(t.lengths, seed * 1000 + i) for i, t in enumerate(self.tasks)]
+
+    def step(self) -> list[Sample]:
+        out = []
+        for t, st in zip(self.tasks, self.streams):
+            b = st.by_count(t.batch_seqs)
+            out += [Sample(t.name, int(i), int(n)) for i, n in zip(b.ids, b.lengths)]
+        return out
+
+
+@dataclass
+class StepPlan:
+    boundaries: list[int]
+    dispatch: Dispatch
+    # replicas[j][k]: [(bucket length, [Sample, ...]), ...] of replica k of group j
+    replicas: list[list[list[tuple[int, list]]]]
+    real_tokens: int
+    padded_tokens: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def pad_ratio(self) -> float:
+        return (self.padded_tokens - self.real_tokens) / self.padded_tokens
+
+
+def boundaries_for(samples: Sequence[Sample], kind: str, *, num_buckets: int, fixed: Sequence[int],
+                   align: int = 16, min_len: int = 0) -> list[int]:
+    if kind == "dynamic":
+        return bucketing.dynamic_buckets([s.length for s in samples], num_buckets, align, min_len)
+    if kind == "fixed":
+        top = max(s.length for s in samples)
+        bs = sorted(int(b) for b in fixed)
+        if top > bs[-1]:
+            raise ConfigError(f"system.fixed_buckets: longest sequence {top} is above the largest bucket {bs[-1]}")
+        return bs
+    raise ConfigError(f"system.bucketing: unknown {kind!r} (one of: {', '.join(BUCKETINGS)})")
+
+
+def plan_step(groups: Sequence[Group], samples: Sequence[Sample], boundaries: Sequence[int], dispatcher: str, *,
+              exec_mode: str = "fused", min_len: int = 0, task_order: Sequence[str] = (), **solver) -> StepPlan:
+    if not samples:
+        raise ConfigError("workload.tasks: the step has no sequences")
+    bs = sorted(int(b) for b in boundaries)
+    of = dict(zip(((s.task, s.seq_id) for s in samples), bucketing.assign([s.length for s in samples], bs)))
+    order = {t: k for k, t in enumerate(task_order or dict.fromkeys(s.task for s in samples))}
+    by_bucket = {b: [] for b in bs}
+    for s in samples:
+        by_bucket[of[s.task, s.seq_id]].append(s)
+    used = [b for b in bs if by_bucket[b]]
+    seqs = [sorted(by_bucket[b], key=lambda s: (order[s.task], s.seq_id)) for b in used]
+    pad_b = [max(b, min_len) for b in used]
+    d = dispatch(dispatcher, groups, pad_b, [len(x) for x in seqs], **solver)
+    split = split_samples(seqs, groups, d)
+    bucket_of = {(s.task, s.seq_id): max(of[s.task, s.seq_id], min_len) for s in samples}
+    replicas = [[micro_batches(r, lambda x: bucket_of[x.task, x.seq_id], g.scheme, exec_mode) for r in split[j]]
+                for j, g in enumerate(groups)]
+    real = sum(s.length for s in samples)
+    padded = sum(bucket_of[s.task, s.seq_id] for s in samples)
+    return StepPlan(bs, d, replicas, real, padded)

@@ -1,0 +1,189 @@
+"""LobRA sim mode (spec 6): price every step of a multi-task LoRA job on a deployment.
+
+Per job: derive the schemes (:mod:`impl.lobra.sim_cost`), then
+- lobra (and its ablations): plan the deployment on an expected batch (``system.planner``) or
+  take a homogeneous one (``system.deployment: homogeneous``); per step bucket the lengths
+  (dynamic DP or fixed), dispatch (balanced ILP / length-based / even), cut micro-batches;
+- task_fused: homogeneous replicas sized for the longest sequence (``system.sim.homogeneous``
+  [tp, pp], the paper's configs in the presets), fixed buckets, even split;
+- task_sequential: per task, the best homogeneous config of all N GPUs that fits that task's
+  maximum, the task's batch alone; a joint step costs the sum over tasks.
+A replica's time is ``Σ t + (pp−1)·max t`` over its micro-batches; the step is the slowest
+replica plus the adapter-gradient all-reduce (every adapter is global to its job). GPU-seconds
+= N × step, summed over the measured steps. Seeded and deterministic.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from impl.common.api import ConfigError, Metric, RunResult
+from impl.common.cost.comm import ring_allreduce_time_s
+
+from .cost import Scheme, pow2_ceil, replica_time
+from .dispatch import Group
+from .engine import TaskStreams, boundaries_for, plan_step
+from .plan import plan
+from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
+
+
+def _knobs(system, wl, hw) -> SimCostKnobs:
+    k = system.cfg.sim
+    return SimCostKnobs(mfu=wl.mfu if wl.mfu is not None else hw.mfu, comm_scale=k.comm_scale, tp8_ratio=k.tp8_ratio,
+                        memory_reserve_bytes=k.memory_reserve_bytes, act_bytes_per_token_layer=k.act_bytes_per_token_layer)
+
+
+def schemes_for(system, wl, hw, num_tasks: int):
+    cap = pow2_ceil(wl.max_len)
+    return sim_schemes(wl.model, hw, _knobs(system, wl, hw), wl.num_gpus, num_tasks, wl.lora_rank, cap)
+
+
+def homogeneous(schemes, num_gpus: int, tp_pp, need: int, field: str) -> Group:
+    tp, pp = tp_pp
+    match = [s for s in schemes if (s.tp, s.pp) == (tp, pp)]
+    if not match:
+        raise ConfigError(f"{field}: [{tp}, {pp}] is not a scheme that fits this model's weights "
+                          f"(have {[s.label for s in schemes]})")
+    s = match[0]
+    if num_gpus % s.gpus:
+        raise ConfigError(f"{field}: {num_gpus} GPUs is not a multiple of {s.label}'s {s.gpus}")
+    if s.max_tokens < need:
+        raise ConfigError(f"{field}: {s.label} holds {s.max_tokens} tokens, below the longest sequence {need}")
+    return Group(s, num_gpus // s.gpus)
+
+
+def expected_batch(wl, seed: int, boundaries_kind: str, system) -> tuple[list[int], list[int]]:
+    """A representative step: every task's lengths at the quantiles (k + 0.5)/GBS of a large
+    sample of its distribution, bucketed like the system buckets."""
+    from impl.common.llm.lora_train import Sample
+
+    samples = []
+    rng = np.random.default_rng(seed + 7)
+    for t in wl.tasks:
+        big = np.sort(t.lengths.sample(max(4096, 32 * t.batch_seqs), rng))
+        q = big[((np.arange(t.batch_seqs) + 0.5) / t.batch_seqs * len(big)).astype(int)]
+        samples += [Sample(t.name, i, int(x)) for i, x in enumerate(q)]
+    bs = boundaries_for(samples, boundaries_kind, num_buckets=system.cfg.num_buckets, fixed=_fixed(system, wl))
+    from .bucketing import assign
+
+    a = assign([s.length for s in samples], bs)
+    counts = [a.count(b) for b in bs]
+    return [b for b, c in zip(bs, counts) if c], [c for c in counts if c]
+
+
+def _fixed(system, wl) -> list[int]:
+    return list(system.cfg.fixed_buckets)
+
+
+def sync_time_s(wl, hw, groups, num_tasks: int) -> float:
+    """Ring all-reduce of every GPU's adapter-gradient shard (bf16) over all replicas."""
+    replicas = sum(g.dp for g in groups)
+    if replicas < 2:
+        return 0.0
+    shard = max(1, min(g.scheme.gpus for g in groups))
+    nbytes = 2.0 * lora_params_per_layer(wl.model, wl.lora_rank) * wl.model.num_layers * num_tasks / shard
+    return ring_allreduce_time_s(nbytes, replicas, hw.inter_node_bw_bytes_per_s * hw.comm_efficiency,
+                                 hw.inter_node_latency_s)
+
+
+def step_time(groups, sp) -> float:
+    return max(replica_time(g.scheme, [(len(mb), s) for s, mb in r]) for j, g in enumerate(groups)
+               for r in sp.replicas[j])
+
+
+def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
+    cfg = system.cfg
+    names = [t.name for t in wl.tasks]
+    schemes, scale = schemes_for(system, wl, hw, len(wl.tasks))
+    info: dict = {"num_gpus": wl.num_gpus, "model": wl.model.name, "tasks": names, "comm_scale": round(scale, 4),
+                  "schemes": {s.label: round(s.throughput_per_gpu(), 1) for s in schemes},
+                  "table3_check": table3_check(wl.model, hw, _knobs(system, wl, hw), scale),
+                  "cost_source": "derived (FLOPs, MFU, TP collectives, Table-3 TP8 ratio); not profiled"}
+    solver = dict(time_limit_s=cfg.ilp_time_limit_s, mip_gap=cfg.ilp_gap) if cfg.dispatch == "balanced" else {}
+    streams = TaskStreams(wl.tasks, seed)
+    steps, pads, solve, statuses = [], [], [], []
+    planner_s = 0.0
+    if cfg.policy == "task_sequential":
+        per_task = {}
+        t0 = time.perf_counter()
+        for t in wl.tasks:
+            need = t.lengths.max_len
+            best = None
+            allowed = {tuple(c) for c in cfg.sim.sequential_configs}
+            for s in schemes:
+                if s.max_tokens < need or wl.num_gpus % s.gpus or (allowed and (s.tp, s.pp) not in allowed):
+                    continue
+                g = [Group(s, wl.num_gpus // s.gpus)]
+                one = type(wl)(**{**wl.__dict__, "tasks": [t]})
+                bk, cnt = expected_batch(one, seed, "fixed", system)
+                from .dispatch import even
+
+                tt = even(g, bk, cnt).objective_s
+                if best is None or tt < best[0]:
+                    best = (tt, g)
+            if best is None:
+                raise ConfigError(f"workload.tasks: task {t.name!r} (max {need}) fits no homogeneous config of "
+                                  f"{wl.num_gpus} GPUs")
+            per_task[t.name] = best[1]
+        planner_s = time.perf_counter() - t0
+        info["deployment"] = {n: [f"{g.dp}x{g.scheme.label}" for g in gs] for n, gs in per_task.items()}
+        for _ in range(wl.steps):
+            samples = streams.step()
+            total, real, padded = 0.0, 0, 0
+            for t in wl.tasks:
+                mine = [s for s in samples if s.task == t.name]
+                gs = per_task[t.name]
+                bs = boundaries_for(mine, "fixed", num_buckets=cfg.num_buckets, fixed=_fixed(system, wl))
+                sp = plan_step(gs, mine, bs, "even", exec_mode=cfg.exec_mode, min_len=cfg.min_bucket_len)
+                total += step_time(gs, sp) + sync_time_s(wl, hw, gs, 1)
+                real += sp.real_tokens
+                padded += sp.padded_tokens
+            steps.append(total)
+            pads.append((padded - real) / padded)
+    else:
+        if cfg.policy == "task_fused" or cfg.deployment == "homogeneous":
+            groups = [homogeneous(schemes, wl.num_gpus, cfg.sim.homogeneous, pow2_ceil(wl.max_len),
+                                  "system.sim.homogeneous")]
+            info["deployment"] = [f"{g.dp}x{g.scheme.label}" for g in groups]
+        else:
+            bk, cnt = expected_batch(wl, seed, cfg.bucketing, system)
+            p = plan(schemes, wl.num_gpus, bk, cnt, wl.max_len, planner=cfg.planner, keep_within=cfg.keep_within,
+                     keep_min=cfg.keep_min, keep_max=cfg.keep_max, time_limit_s=cfg.plan_time_limit_s,
+                     mip_gap=cfg.ilp_gap,
+                     use_pool=cfg.scheme_pool)
+            groups, planner_s = p.groups, p.planner_s
+            info.update(deployment=p.describe(), planner_candidates=p.candidates, planner_kept=p.kept,
+                        planner_info=p.info, expected_step_s=p.expected_step_s)
+        dispatcher = "even" if cfg.policy == "task_fused" else cfg.dispatch
+        bucketing_kind = "fixed" if cfg.policy == "task_fused" else cfg.bucketing
+        sync = sync_time_s(wl, hw, groups, len(wl.tasks))
+        for _ in range(wl.steps):
+            samples = streams.step()
+            bs = boundaries_for(samples, bucketing_kind, num_buckets=cfg.num_buckets, fixed=_fixed(system, wl),
+                                min_len=cfg.min_bucket_len)
+            sp = plan_step(groups, samples, bs, dispatcher, exec_mode=cfg.exec_mode, min_len=cfg.min_bucket_len,
+                           task_order=names, **solver)
+            steps.append(step_time(groups, sp) + sync)
+            pads.append(sp.pad_ratio)
+            solve.append(sp.dispatch.solve_s)
+            statuses.append(sp.dispatch.status)
+        info["sync_time_s"] = sync
+        info["dispatch_status"] = sorted(set(statuses))
+    gpu_s = [wl.num_gpus * s for s in steps]
+    m = {
+        "gpu_seconds": Metric.scalar(sum(gpu_s), "GPU-s"),
+        "gpu_seconds_per_step": Metric.from_samples(gpu_s, "GPU-s"),
+        "step_time_s": Metric.from_samples(steps, "s"),
+        "padding_ratio": Metric.from_samples(pads, "ratio"),
+        "planner_time_s": Metric.scalar(planner_s, "s"),
+    }
+    if solve:
+        m["dispatch_solve_s"] = Metric.from_samples(solve, "s")
+    return m, info
+
+
+def run_sim(system, job) -> RunResult:
+    metrics, info = simulate(system, job.workload, job.hardware, job.seed)
+    info["steps"] = job.workload.steps
+    return RunResult(metrics=metrics, info=info)

@@ -1,0 +1,129 @@
+"""LobRA and its baselines as harness systems (one class, the policy chosen by a knob).
+
+| system           | deployment                          | buckets        | dispatch        | modes     |
+|------------------|-------------------------------------|----------------|-----------------|-----------|
+| lobra            | planned heterogeneous (PRUNE)       | dynamic, B=16  | balanced ILP    | sim, real |
+| task_fused       | homogeneous, sized for the longest  | fixed 7        | even            | sim, real |
+| task_sequential  | per task, its best homogeneous      | fixed 7        | even            | sim, real |
+
+The ablation ladder (spec 3) is ``lobra`` with ``deployment``, ``dispatch`` and ``bucketing``
+changed (conf/system/lobra_*.yaml). Real mode: :mod:`impl.lobra.real`; sim: :mod:`impl.lobra.sim`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from impl.common.api import ConfigError, JobContext, RunResult, System
+
+from .dispatch import DISPATCHERS
+from .engine import BUCKETINGS
+from .plan import PLANNERS
+
+POLICIES = ("lobra", "task_fused", "task_sequential")
+DEPLOYMENTS = ("planned", "homogeneous")
+EXEC_MODES = ("fused", "single")
+
+
+@dataclass
+class SimKnobs:
+    # Homogeneous [tp, pp] of Task-Fused (and deployment=homogeneous): the paper's configs (spec 3).
+    homogeneous: List[int] = field(default_factory=lambda: [8, 1])
+    # Task-Sequential: the [tp, pp] configs a task may run on (spec 3, Table 6); empty = any scheme.
+    sequential_configs: List[List[int]] = field(default_factory=list)
+    # < 0: calibrate the TP communication factor to tp8_ratio (spec 4 Table 3: 2.79 / 5.11).
+    comm_scale: float = -1.0
+    tp8_ratio: float = 0.5460
+    memory_reserve_bytes: float = 4294967296.0  # 4 GiB per GPU kept back [R]
+    act_bytes_per_token_layer: float = 34.0  # x hidden (Korthikanti et al. 2022, flash attn, SP)
+
+
+@dataclass
+class RealKnobs:
+    # Replica proxies (spec 5): checkpointing + max_tokens per replica kind.
+    large_max_tokens: int = 2048
+    small_max_tokens: int = 512
+    # The cost fit per replica: mbs and s grid of timed micro-batches.
+    profile_mbs: List[int] = field(default_factory=lambda: [1, 2])
+    profile_lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512])
+    profile_reps: int = 1
+    # Run these policies interleaved in one job (one step each per round); empty = this one.
+    interleave: List[str] = field(default_factory=list)
+    timeout_s: float = 3000.0
+
+
+class LobRA(System):
+    @dataclass
+    class Config:
+        policy: str = "lobra"
+        deployment: str = "planned"  # planned | homogeneous
+        planner: str = "prune"  # prune | group | balance
+        scheme_pool: bool = True  # ablation: pool pruning on/off
+        keep_within: float = 0.15
+        keep_min: int = 8
+        keep_max: int = 12  # harness cap on candidates the ILP re-scores (time)
+        plan_time_limit_s: float = 2.0  # ILP limit per candidate while planning
+        dispatch: str = "balanced"  # balanced | length | even
+        bucketing: str = "dynamic"  # dynamic | fixed
+        num_buckets: int = 16
+        fixed_buckets: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192, 16384])
+        min_bucket_len: int = 0  # the original code's 256 floor (off by default, spec 9)
+        exec_mode: str = "fused"  # fused (mixed-task micro-batches) | single (set_adapter)
+        ilp_time_limit_s: float = 5.0
+        ilp_gap: float = 0.005
+        sim: SimKnobs = field(default_factory=SimKnobs)
+        real: RealKnobs = field(default_factory=RealKnobs)
+
+    def __init__(self, cfg, name):
+        super().__init__(cfg, name)
+        for fld, allowed in (("policy", POLICIES), ("deployment", DEPLOYMENTS), ("planner", PLANNERS),
+                             ("dispatch", DISPATCHERS), ("bucketing", BUCKETINGS), ("exec_mode", EXEC_MODES)):
+            if getattr(cfg, fld) not in allowed:
+                raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
+        if cfg.num_buckets < 1:
+            raise ConfigError(f"system.num_buckets: must be >= 1, got {cfg.num_buckets}")
+        if not cfg.fixed_buckets or sorted(set(cfg.fixed_buckets)) != list(cfg.fixed_buckets):
+            raise ConfigError(f"system.fixed_buckets: must be strictly increasing and non-empty, got {cfg.fixed_buckets}")
+        if cfg.ilp_time_limit_s <= 0 or not 0 <= cfg.ilp_gap < 1:
+            raise ConfigError(f"system.ilp_time_limit_s ({cfg.ilp_time_limit_s}) must be > 0 and system.ilp_gap "
+                              f"({cfg.ilp_gap}) in [0, 1)")
+        if len(cfg.sim.homogeneous) != 2 or min(cfg.sim.homogeneous) < 1:
+            raise ConfigError(f"system.sim.homogeneous: must be [tp, pp] >= 1, got {cfg.sim.homogeneous}")
+        for p in cfg.real.interleave:
+            if p not in POLICIES:
+                raise ConfigError(f"system.real.interleave: unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+
+    def check(self, mode, wl, hardware, fault) -> None:
+        if getattr(wl, "kind", None) != "multitask_lora":
+            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'multitask_lora' workload, "
+                              f"got {getattr(wl, 'kind', None)!r}")
+        if fault.kind != "none":
+            raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
+        wl.validate()
+        if mode == "sim":
+            if "bf16" not in hardware.peak_flops:
+                raise ConfigError(f"hardware {hardware.name}: sim mode prices bf16 compute, which the profile lacks")
+            from .sim import schemes_for
+
+            schemes, _ = schemes_for(self, wl, hardware, len(wl.tasks))
+            top = max((s.max_tokens for s in schemes), default=0)
+            if top < wl.max_len:
+                raise ConfigError(f"workload.tasks: the longest sequence {wl.max_len} is beyond every replica's "
+                                  f"max_tokens (largest {top})")
+            if self.cfg.bucketing == "fixed" or self.cfg.policy != "lobra":
+                if self.cfg.fixed_buckets[-1] < wl.max_len:
+                    raise ConfigError(f"system.fixed_buckets: largest {self.cfg.fixed_buckets[-1]} is below the "
+                                      f"longest sequence {wl.max_len}")
+        else:
+            from .real import check_real
+
+            check_real(self, wl, hardware)
+
+    def run(self, job: JobContext) -> RunResult:
+        if job.mode == "real":
+            from .real import run_real
+
+            return run_real(self, job)
+        from .sim import run_sim
+
+        return run_sim(self, job)
