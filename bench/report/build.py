@@ -50,7 +50,7 @@ def slug(text: str) -> str:
 def fmt(value: Optional[float], unit: str = "") -> str:
     if value is None:
         return "-"
-    if unit == "fraction" and 0 <= value <= 1.5:
+    if unit == "fraction" and -1.5 <= value <= 1.5:
         return f"{100 * value:.3g}%"
     text = f"{value:.4g}"
     return text + ("x" if unit == "x" else f" {unit}" if unit else "")
