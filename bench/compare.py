@@ -88,8 +88,9 @@ class GroupTable:
 
     @property
     def has_ratios(self) -> bool:
-        """Whether the table has a ratio column: only with the baseline present in the group."""
-        return self.baseline_present
+        """Whether the table has a ratio column: only with the baseline present in the group and
+        something to compare it with (a one-system group would print its own 1.00x)."""
+        return self.baseline_present and len(self.rows) > 1
 
     def unit(self, metric: str) -> str:
         for row in self.rows:

@@ -241,3 +241,11 @@ def test_real_record_invalid_for_a_contended_host_is_shown_never_compared(tmp_pa
     assert rows["caraserve"].cells["ttft"].ratio == pytest.approx(2.0)  # the valid run only
     text = format_table(table)
     assert f"invalid, not compared: caraserve (q3): {why}" in text
+
+
+def test_one_system_group_has_no_ratio_column():
+    # A preset that runs one system (swiftdiffusion/e1_latency): no "1.00x" against itself.
+    (table,) = compare_records([record("1", "solo", {"t": metric(1.0)})])
+    text = format_table(table)
+    assert not table.has_ratios and "times better" not in text and "(baseline)" not in text
+    assert text.splitlines()[-1].split()[-1] == "1"

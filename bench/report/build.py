@@ -51,7 +51,7 @@ def fmt(value: Optional[float], unit: str = "") -> str:
     if value is None:
         return "-"
     if unit == "fraction" and -1.5 <= value <= 1.5:
-        return f"{100 * value:.3g}%"
+        return f"{100 * value:.4g}%"
     text = f"{value:.4g}"
     return text + ("x" if unit == "x" else f" {unit}" if unit else "")
 
