@@ -187,7 +187,7 @@ def s1_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Pat
         a.grid(alpha=0.3, axis="y")
         a.legend(fontsize=6, ncol=2)
     ax.set_ylabel("mean latency over CACHED (%)")
-    bx.set_ylabel("S-LoRA / CaraServe mean latency")
+    bx.set_ylabel("S-LoRA / CaraServe mean latency (x)")
     bx.axhline(1.0, color="k", lw=0.6)
     fig.suptitle("simulated (solid) vs paper (hatched; spec caraserve.md 9, conf/paper/caraserve.yaml)"
                  "   !: a run flagged invalid (spec 7 TTFT order)", fontsize=8)
