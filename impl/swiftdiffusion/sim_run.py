@@ -1,5 +1,5 @@
 """Sim mode: E1 (per-config latency against the artifact's table) and E2 (16-GPU throughput at
-equal p99), from :class:`~.profile.SimProfile` (H800, SDXL)."""
+equal p99), from :class:`~.profile.SimProfile` (H800, SDXL); E3/E4 in :mod:`.sim_sweeps`."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,6 +69,14 @@ def e1(system, job) -> RunResult:
                                               "nirvana": "predicted (no calibration row); a cache hit per request"})
 
 
+def trace_for(job):
+    """The requests and their base rate (a replayed trace: its own mean rate)."""
+    reqs, base_rate = _trace(job)
+    if base_rate is None:
+        base_rate = len(reqs) / max(reqs[-1].t, 1e-9)
+    return reqs, base_rate
+
+
 def _trace(job):
     t = job.workload.trace
     if t.file:
@@ -80,15 +88,13 @@ def _trace(job):
 
 def e2(system, job) -> RunResult:
     cfg, p, sim = system.cfg, system.cfg.profile, job.workload.sim
-    reqs, base_rate = _trace(job)
-    if base_rate is None:  # a replayed trace: its own mean rate
-        base_rate = len(reqs) / max(reqs[-1].t, 1e-9)
+    reqs, base_rate = trace_for(job)
     gpus = sim.gpus
 
     def diff(q):
         return simulate_diffusers(q, p, gpus, cfg.diffusers_cn_cache, cfg.diffusers_lora_cache)
 
-    slo = sim.p99_slo_s or cfg.slo_factor * diff(scale_arrivals(reqs, base_rate * 1e-3, base_rate)).p99()
+    slo = diffusers_slo(system, job, reqs, base_rate)
     r_d, res_d = max_rate_at_slo(diff, reqs, base_rate, slo)
     m = {"p99_slo_s": Metric.scalar(slo, "s"), "throughput_diffusers_rps": Metric.scalar(r_d, "req/s", "higher")}
     curves = {"diffusers": _curve(diff, reqs, base_rate, sim.rates_rps)}
@@ -105,26 +111,9 @@ def e2(system, job) -> RunResult:
         m["throughput_rps"] = Metric.scalar(r_o, "req/s", "higher")
         m["latency_s"] = Metric.scalar(res_o.mean(), "s")
     else:
-        splits = [cfg.base_replicas] if cfg.base_replicas else range(1, gpus // 2 + 1)
-        best = None
-        for b in splits:
-            pool = gpus - 2 * b
-            if pool < 0:
-                raise ConfigError(f"system.base_replicas: {b} x 2 GPUs exceed workload.sim.gpus = {gpus}")
-
-            def katz(q, b=b, pool=pool):
-                return simulate_katz(q, p, b, pool, cfg.k, cfg.sim_cn_cache, cfg.lora_cache,
-                                     drop_loras=cfg.variant == "nolora")
-
-            try:
-                r_k, res_k = max_rate_at_slo(katz, reqs, base_rate, slo)
-            except ConfigError:  # the pool cannot hold a request's ControlNets: not a valid split
-                continue
-            m[f"throughput_katz_b{b}_rps"] = Metric.scalar(r_k, "req/s", "higher")
-            if best is None or r_k > best[0]:
-                best = (r_k, res_k, b, katz)
-        if best is None:
-            raise ConfigError("system.base_replicas: no split of the GPUs can serve the trace's ControlNets")
+        best, per_split = best_split(system, reqs, base_rate, slo, gpus)
+        for b_, r_ in per_split.items():
+            m[f"throughput_katz_b{b_}_rps"] = Metric.scalar(r_, "req/s", "higher")
         r_k, res_k, b, katz = best
         curves[cfg.variant] = _curve(katz, reqs, base_rate, sim.rates_rps)
         m["throughput_rps"] = Metric.scalar(r_k, "req/s", "higher")
@@ -137,6 +126,52 @@ def e2(system, job) -> RunResult:
     if cfg.plots:
         arts.append(_plot_e2(curves, slo, job.out_dir / "e2_throughput.png"))
     return RunResult(m, artifacts=arts, info={"requests": len(reqs), "gpus": gpus})
+
+
+def katz_runner(cfg, p, b: int, pool: int, k=None, cn_cache=None):
+    """The Katz sim at a split of b base replicas + a pool (the variant nolora drops the LoRAs)."""
+    k = cfg.k if k is None else k
+    cn_cache = cfg.sim_cn_cache if cn_cache is None else cn_cache
+
+    def katz(q):
+        return simulate_katz(q, p, b, pool, k, cn_cache, cfg.lora_cache, drop_loras=cfg.variant == "nolora")
+
+    return katz
+
+
+def best_split(system, reqs, base_rate: float, slo: float, gpus: int, p=None, splits=None):
+    """Throughput at the SLO per split (b 2-GPU base replicas, the rest ControlNet pool); the best
+    as (rate, result, b, runner) and {b: rate}. ``system.base_replicas`` > 0 fixes the split."""
+    cfg = system.cfg
+    p = cfg.profile if p is None else p
+    if splits is None:
+        splits = [cfg.base_replicas] if cfg.base_replicas else range(1, gpus // 2 + 1)
+    best, per = None, {}
+    for b in splits:
+        pool = gpus - 2 * b
+        if pool < 0:
+            raise ConfigError(f"system.base_replicas: {b} x 2 GPUs exceed workload.sim.gpus = {gpus}")
+        katz = katz_runner(cfg, p, b, pool)
+        try:
+            r_k, res_k = max_rate_at_slo(katz, reqs, base_rate, slo)
+        except ConfigError:  # the pool cannot hold a request's ControlNets: not a valid split
+            continue
+        per[b] = r_k
+        if best is None or r_k > best[0]:
+            best = (r_k, res_k, b, katz)
+    if best is None:
+        raise ConfigError("system.base_replicas: no split of the GPUs can serve the trace's ControlNets")
+    return best, per
+
+
+def diffusers_slo(system, job, reqs, base_rate) -> float:
+    """E2's p99 SLO: workload.sim.p99_slo_s, or slo_factor x Diffusers' unloaded p99."""
+    cfg, sim = system.cfg, job.workload.sim
+    if sim.p99_slo_s:
+        return sim.p99_slo_s
+    q = scale_arrivals(reqs, base_rate * 1e-3, base_rate)
+    return cfg.slo_factor * simulate_diffusers(q, cfg.profile, sim.gpus, cfg.diffusers_cn_cache,
+                                               cfg.diffusers_lora_cache).p99()
 
 
 def _curve(run, reqs, base_rate, rates):
@@ -190,4 +225,6 @@ def _plot_e2(curves, slo, path):
 
 
 def run_sim(system, job: JobContext) -> RunResult:
-    return {"e1": e1, "e2": e2}[job.workload.sim.scenario](system, job)
+    from .sim_sweeps import e3, e4
+
+    return {"e1": e1, "e2": e2, "e3": e3, "e4": e4}[job.workload.sim.scenario](system, job)

@@ -89,6 +89,8 @@ class SwiftDiffusionSystem(System):
             if self.cfg.k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.k (patch step bound K) must be < system.profile.steps = "
                                   f"{self.cfg.profile.steps}, got {self.cfg.k}")
+            if workload.sim.scenario == "e3" and self.cfg.variant != "katz":
+                raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion), got {self.cfg.variant!r}")
             if self.cfg.nirvana_k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.nirvana_k (steps skipped) must be < system.profile.steps = "
                                   f"{self.cfg.profile.steps}, got {self.cfg.nirvana_k}")

@@ -49,7 +49,7 @@ class AddonSimSpec:
     # E3 sweeps
     k_grid: List[int] = field(default_factory=lambda: [0, 5, 10, 20, 30])
     remote_bw_grid: List[float] = field(default_factory=lambda: [0.1e9, 0.2e9, 0.4e9, 0.8e9, 1.6e9])
-    cn_cache_grid: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    cn_cache_grid: List[int] = field(default_factory=lambda: [2, 4, 8, 16, 32])  # >= branch slots per GPU
     # E4: cache sizes
     cache_sizes: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 10])
 
