@@ -41,6 +41,13 @@ class SimProfile:
     # Nirvana's cache-hit share is system.nirvana_hit_rate (E1 uses hits: the artifact repeats prompts).
     nirvana_lookup_s: float = 0.0  # [R] embedding lookup + VAE encode of the cached image (not in the sources)
 
+    # DistriFusion-like patch parallelism (sim only, labelled; the GPU count is not in the sources):
+    # the denoising steps (UNet + ControlNets, the ControlNet-capable fork) run `df_speedup` x
+    # faster, read off the 0C/0L row (1.84 s: 0.21 + 2.67 / 1.64); LoRAs load as in diffusers but
+    # at `df_lora_factor` of its cost, read off the 2C/2L row (9.26 s); 3C/2L is a prediction.
+    df_speedup: float = 1.64
+    df_lora_factor: float = 0.74
+
     def validate(self) -> "SimProfile":
         for k, v in vars(self).items():
             if not (isinstance(v, (int, float)) and v >= 0):
@@ -73,6 +80,13 @@ class SimProfile:
         result with strength 1 - K/steps, i.e. the first K steps skipped (a miss runs all steps)."""
         t = self.diffusers_latency(n_cn, n_lora)
         return t - k * self.diffusers_step_s(n_cn) + self.nirvana_lookup_s if hit else t
+
+    def distrifusion_latency(self, n_cn: int, n_lora: int) -> float:
+        """DistriFusion-like: patch-parallel steps (one-step-stale activations), diffusers LoRA loading."""
+        if self.df_speedup <= 0:
+            raise ConfigError(f"system.profile.df_speedup must be > 0, got {self.df_speedup}")
+        return (self.diff_fixed_s + self.steps * self.diffusers_step_s(n_cn) / self.df_speedup
+                + self.df_lora_factor * self.diffusers_lora_s(n_lora))
 
     def katz_step(self, n_cn: int) -> float:
         """A step with n ControlNets served remotely at once: they overlap the down half; receiving

@@ -18,6 +18,8 @@ CALIBRATION_ROWS = {(0, 0), (0, 1), (1, 0), (2, 2), (3, 0)}
 # No profile number was read off them: every Nirvana latency of the sim is a prediction.
 ARTIFACT_NIRVANA = {(1, 1): {10: 6.16}, (2, 2): {10: 11.20}, (3, 2): {20: 11.08}}
 NIRVANA_KS = (10, 20)
+# DistriFusion rows (spec 4): 0C/0L and 2C/2L calibrate the profile's df_* numbers; 3C/2L is predicted.
+ARTIFACT_DISTRIFUSION = {(0, 0): 1.84, (2, 2): 9.26, (3, 2): 10.58}
 
 
 def _sequential(c: int, l: int, n: int = 3):
@@ -48,6 +50,10 @@ def e1(system, job) -> RunResult:
             if ref_n:
                 m[f"nirvana{kk}_err_{tag}"] = Metric.scalar(v / ref_n - 1.0, "rel")
         m[f"latency_nolora_{tag}_s"] = Metric.scalar(nol, "s")
+        dfu = p.distrifusion_latency(c, l)  # one request alone: no queueing to simulate
+        m[f"latency_distrifusion_{tag}_s"] = Metric.scalar(dfu, "s")
+        if (c, l) in ARTIFACT_DISTRIFUSION:
+            m[f"distrifusion_err_{tag}"] = Metric.scalar(dfu / ARTIFACT_DISTRIFUSION[(c, l)] - 1.0, "rel")
         m[f"latency_katz_{tag}_s"] = Metric.scalar(k, "s")
         m[f"latency_diffusers_{tag}_s"] = Metric.scalar(d, "s")
         m[f"ratio_{tag}"] = Metric.scalar(d / k, "x", "higher")
@@ -56,8 +62,8 @@ def e1(system, job) -> RunResult:
             err = (d / k) / (ref[0] / ref[1]) - 1.0
             errs.append(abs(err))
             m[f"ratio_err_{tag}"] = Metric.scalar(err, "rel")
-        rows.append((tag, d, k, ref, (c, l) in CALIBRATION_ROWS, nir[cfg.nirvana_k], nol))
-    own = [r[{"katz": 2, "diffusers": 1, "nirvana": 5, "nolora": 6}[cfg.variant]] for r in rows]
+        rows.append((tag, d, k, ref, (c, l) in CALIBRATION_ROWS, nir[cfg.nirvana_k], nol, dfu))
+    own = [r[{"katz": 2, "diffusers": 1, "nirvana": 5, "nolora": 6, "distrifusion": 7}[cfg.variant]] for r in rows]
     m["latency_s"] = Metric.scalar(float(np.mean(own)), "s")
     m["throughput_rps"] = Metric.scalar(1.0 / float(np.mean(own)), "req/s", "higher")
     if errs:
@@ -66,7 +72,8 @@ def e1(system, job) -> RunResult:
     if cfg.plots:
         arts.append(_plot_e1(rows, job.out_dir / "e1_latency.png"))
     return RunResult(m, artifacts=arts, info={"calibration_rows": sorted(f"{c}c{l}l" for c, l in CALIBRATION_ROWS),
-                                              "nirvana": "predicted (no calibration row); a cache hit per request"})
+                                              "nirvana": "predicted (no calibration row); a cache hit per request",
+                                              "distrifusion": "sim only, labelled: calibrated on 0c0l and 2c2l"})
 
 
 def trace_for(job):

@@ -6,6 +6,7 @@
 | swiftdiffusion_diffusers | -                                                   | Diffusers replicas alone      |
 | swiftdiffusion_nirvana*  | ``quality``: img2img from a cached similar result   | Diffusers skipping K steps    |
 | swiftdiffusion_nolora    | ``quality``: the pristine model, LoRAs dropped      | Katz without LoRA loads       |
+| swiftdiffusion_distrifusion | -                                                | E1: patch-parallel steps      |
 
 Real scenarios (``workload.scenario``): ``controlnet`` (ControlNet service vs one-process
 diffusers loop), ``bal`` (BAL per K vs synchronous merge vs diffusers load+fuse), ``cfg``
@@ -25,7 +26,7 @@ from .profile import SimProfile
 
 NIRVANA_STEPS = 50  # the artifact's K counts steps of 50: strength = 1 - K/50
 
-VARIANTS = ("katz", "diffusers", "nirvana", "nolora")
+VARIANTS = ("katz", "diffusers", "nirvana", "nolora", "distrifusion")
 SCENARIOS = ("controlnet", "bal", "cfg", "lora_api", "quality")
 # real scenarios a baseline variant runs itself (the others run their controls inside the katz job)
 BASELINE_SCENARIOS = ("quality",)
@@ -89,6 +90,9 @@ class SwiftDiffusionSystem(System):
             if self.cfg.k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.k (patch step bound K) must be < system.profile.steps = "
                                   f"{self.cfg.profile.steps}, got {self.cfg.k}")
+            if self.cfg.variant == "distrifusion" and workload.sim.scenario != "e1":
+                raise ConfigError(f"system.variant: distrifusion is modelled for E1 only (its GPU count is not in "
+                                  f"the sources), got workload.sim.scenario={workload.sim.scenario!r}")
             if workload.sim.scenario == "e3" and self.cfg.variant != "katz":
                 raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion), got {self.cfg.variant!r}")
             if self.cfg.nirvana_k >= self.cfg.profile.steps:
@@ -97,7 +101,8 @@ class SwiftDiffusionSystem(System):
             return
         if workload.scenario not in SCENARIOS:
             raise ConfigError(f"workload.scenario: unknown value {workload.scenario!r} (one of: {', '.join(SCENARIOS)})")
-        if self.cfg.variant != "katz" and (self.cfg.variant == "diffusers" or workload.scenario not in BASELINE_SCENARIOS):
+        if self.cfg.variant != "katz" and (self.cfg.variant in ("diffusers", "distrifusion")
+                                           or workload.scenario not in BASELINE_SCENARIOS):
             raise ConfigError(f"system.variant: {self.cfg.variant} runs real scenario(s) {', '.join(BASELINE_SCENARIOS)} "
                               f"only (sim otherwise; real {workload.scenario!r} runs its controls in the swiftdiffusion job)")
         for k in [self.cfg.nirvana_k, *workload.nirvana_k_grid]:

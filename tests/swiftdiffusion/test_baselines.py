@@ -113,3 +113,22 @@ def test_baseline_variants_preflight():
         s.check("real", wl, None, None)
     with pytest.raises(ConfigError, match=r"system.nirvana_k \(steps skipped\) must be >= 0, got -1"):
         SwiftDiffusionSystem(SwiftDiffusionSystem.Config(nirvana_k=-1), "x")
+
+
+def test_sim_distrifusion_matches_artifact_rows_and_is_e1_only():
+    from impl.swiftdiffusion.sim_run import ARTIFACT_DISTRIFUSION
+    from impl.common.workloads.diffusion_serving import DiffusionServingWorkload
+
+    p = SimProfile()
+    for (c, lo), ref in ARTIFACT_DISTRIFUSION.items():
+        assert abs(p.distrifusion_latency(c, lo) / ref - 1) <= (0.01 if (c, lo) != (3, 2) else 0.15), (c, lo)
+    # patch parallelism shortens the steps but keeps diffusers' LoRA loading on the path
+    assert p.distrifusion_latency(2, 2) < p.diffusers_latency(2, 2)
+    assert p.distrifusion_latency(0, 2) - p.distrifusion_latency(0, 0) == pytest.approx(0.74 * p.diffusers_lora_s(2))
+    s = SwiftDiffusionSystem(SwiftDiffusionSystem.Config(variant="distrifusion"), "swiftdiffusion_distrifusion")
+    wl = DiffusionServingWorkload()
+    wl.sim.scenario = "e1"
+    s.check("sim", wl, None, None)
+    wl.sim.scenario = "e2"
+    with pytest.raises(ConfigError, match="system.variant: distrifusion is modelled for E1 only"):
+        s.check("sim", wl, None, None)
