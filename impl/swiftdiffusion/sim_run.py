@@ -70,7 +70,7 @@ def e1(system, job) -> RunResult:
         m["max_abs_ratio_err"] = Metric.scalar(max(errs), "rel")
     arts = []
     if cfg.plots:
-        arts.append(_plot_e1(rows, job.out_dir / "e1_latency.png"))
+        arts.append(_plot_e1(rows, job.out_dir / "e1_latency.png", cfg.nirvana_k))
     return RunResult(m, artifacts=arts, info={"calibration_rows": sorted(f"{c}c{l}l" for c, l in CALIBRATION_ROWS),
                                               "nirvana": "predicted (no calibration row); a cache hit per request",
                                               "distrifusion": "sim only, labelled: calibrated on 0c0l and 2c2l"})
@@ -198,9 +198,10 @@ def _plt():
     return plt
 
 
-def _plot_e1(rows, path):
+def _plot_e1(rows, path, nk: int = 10):
     from impl.common.plots.save import save_png
 
+    tags = [r[0] for r in rows]
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     x = np.arange(len(rows))
@@ -208,6 +209,15 @@ def _plot_e1(rows, path):
     ax.bar(x - 0.1, [r[3][0] if r[3] else np.nan for r in rows], 0.2, label="Diffusers (artifact)")
     ax.bar(x + 0.1, [r[2] for r in rows], 0.2, label="Katz (sim)")
     ax.bar(x + 0.3, [r[3][1] if r[3] else np.nan for r in rows], 0.2, label="Katz (artifact)")
+    # baselines as markers over the Diffusers bars: sim filled, artifact hollow
+    ax.plot(x - 0.3, [r[7] for r in rows], "^", c="C4", label="DistriFusion (sim)")
+    ax.plot(x - 0.3, [r[5] for r in rows], "x", c="C5", label=f"Nirvana-{nk} (sim)")
+    ref = [(tags.index(f"{c}c{l}l"), v) for (c, l), v in ARTIFACT_DISTRIFUSION.items() if f"{c}c{l}l" in tags]
+    ax.plot([i - 0.1 for i, _ in ref], [v for _, v in ref], "^", mfc="none", c="C4", label="DistriFusion (artifact)")
+    ref = [(tags.index(f"{c}c{l}l"), by_k[nk]) for (c, l), by_k in ARTIFACT_NIRVANA.items()
+           if f"{c}c{l}l" in tags and nk in by_k]
+    ax.plot([i - 0.1 for i, _ in ref], [v for _, v in ref], "x", c="C5", alpha=0.5, ms=9,
+            label=f"Nirvana-{nk} (artifact)")
     ax.set_xticks(x, [r[0] + ("" if r[4] else "*") for r in rows])
     ax.set_ylabel("s / request")
     ax.set_title("E1: latency by add-on config, H800 SDXL (sim; * = predicted, not a calibration row)")
