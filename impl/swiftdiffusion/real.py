@@ -22,7 +22,7 @@ def _lat(samples, better="lower") -> Metric:
 # (relative to the reference's magnitude) is not the same computation: its timing is invalid.
 EQUAL_RTOL = 1e-5
 # The in-process loops that take the channels_last flag (UNet converted, NHWC inputs); the
-# ControlNet-service and CFG-parallel loops keep the default layout.
+# ControlNet-service and CFG-parallel loops keep the default layout (their tensors cross gloo).
 CHANNELS_LAST_SCENARIOS = ("bal", "quality")
 
 
