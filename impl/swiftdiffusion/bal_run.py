@@ -20,7 +20,7 @@ from impl.common.runtime.launch import RankContext, launch
 from impl.common.storage.emulator import Storage, StorageProfile
 
 from .bal import LoaderClient, SharedSlots, bal_request, check_file, check_k, loader_loop
-from .denoise import denoise
+from .denoise import denoise, to_channels_last
 from .lora import TargetTable, load_direct, make_lora, merge, restore
 from .models import build_bundle, request_inputs
 
@@ -75,11 +75,13 @@ def diffusers_request(unet, storage, paths, idx, run, emulated_bytes, timings: d
 
 
 @torch.no_grad()
-def _base(ctx, wl, seed, paths, slots, k_grid):
+def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
     torch.set_num_threads(max(1, wl.torch_threads))
     b = build_bundle(wl, seed, num_controlnets=0)
-    table = TargetTable.build(b.unet)
     diff_unet = copy.deepcopy(b.unet)
+    if channels_last:
+        to_channels_last(b.unet, diff_unet)
+    table = TargetTable.build(b.unet)
     storage = storage_for(wl)
     client = LoaderClient(slots, table, paths, slots.max_rank)
     n_l = len(wl.lora_ranks)
@@ -95,7 +97,8 @@ def _base(ctx, wl, seed, paths, slots, k_grid):
             inp = request_inputs(wl, seed * 1000 + r, 0, b)
 
             def run(hook, unet=b.unet):
-                return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, before_step=hook)
+                return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, before_step=hook,
+                               channels_last=channels_last)
 
             out = {}
             order = variants[r % len(variants):] + variants[:r % len(variants)]
@@ -129,13 +132,13 @@ def _base(ctx, wl, seed, paths, slots, k_grid):
     return dict(times=times, patch=patch, first_done=first_done, quality=quality, k0_equal=k0_equal, **extra)
 
 
-def _main(ctx: RankContext, wl, seed, paths, slots, k_grid, storage):
+def _main(ctx: RankContext, wl, seed, paths, slots, k_grid, storage, channels_last=False):
     if ctx.rank == 0:
-        return _base(ctx, wl, seed, paths, slots, k_grid)
+        return _base(ctx, wl, seed, paths, slots, k_grid, channels_last)
     return {"loads": loader_loop(ctx.rank - 1, slots, paths, storage, wl.lora_paper_bytes)}
 
 
-def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0) -> dict:
+def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0, channels_last: bool = False) -> dict:
     for k in k_grid:
         check_k(k, wl.num_steps)
     b = build_bundle(wl, seed, num_controlnets=0)
@@ -145,7 +148,7 @@ def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0) -> dict:
         for i, p in enumerate(paths):
             check_file(table, p, f"#{i}", max(wl.lora_ranks))
         slots = SharedSlots.allocate(table, len(wl.lora_ranks), max(wl.lora_ranks))
-        out = launch(_main, 1 + len(wl.lora_ranks), (wl, seed, paths, slots, list(k_grid), storage_for(wl)),
+        out = launch(_main, 1 + len(wl.lora_ranks), (wl, seed, paths, slots, list(k_grid), storage_for(wl), channels_last),
                      label="bal", timeout_s=timeout_s)
     res = out.results[0]
     res["loads"] = [x["loads"] for x in out.results[1:]]

@@ -37,3 +37,30 @@ class LRUCache:
         self.items[key] = value
         assert len(self.items) <= self.capacity
         return value
+
+
+class LFUCache(LRUCache):
+    """Evicts the cached entry used least often; counts are kept from the first request on (also
+    for evicted keys), ties go to the least recently used. Same interface and capacity bound."""
+
+    def __init__(self, capacity: int, what: str = "cache"):
+        super().__init__(capacity, what)
+        self.counts: dict = {}
+
+    def get(self, key, load: Callable[[], Any]):
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if key in self.items:
+            self.hits += 1
+            self.items.move_to_end(key)
+            return self.items[key]
+        self.misses += 1
+        value = load()
+        if self.capacity == 0:
+            return value
+        while len(self.items) >= self.capacity:
+            victim = min(self.items, key=lambda k: self.counts[k])  # OrderedDict order: LRU first on ties
+            del self.items[victim]
+            self.evictions += 1
+        self.items[key] = value
+        assert len(self.items) <= self.capacity
+        return value

@@ -1,7 +1,6 @@
 """The denoising loop shared by Katz and its baselines: batch-2 CFG (diffusers semantics),
 optional ControlNets (local, or remote through a residual source), and a per-step hook (the
-BAL patch point). diffusers' ``StableDiffusionControlNetPipeline`` runs the same arithmetic;
-the Diffusers baseline runs that pipeline itself (``baselines.py``)."""
+BAL patch point). diffusers' ``StableDiffusionControlNetPipeline`` runs the same arithmetic."""
 from __future__ import annotations
 
 import copy
@@ -54,6 +53,13 @@ def run_controlnet(cn, x, t, emb, image, scale: float = 1.0):
     return list(d), m
 
 
+def to_channels_last(*models) -> None:
+    """The channels_last backbone flag (spec 2.4): NHWC conv weights, in place. LoRA targets are
+    Linear layers (2-D weights), so merge/restore are unaffected."""
+    for m in models:
+        m.to(memory_format=torch.channels_last)
+
+
 def new_scheduler(scheduler, steps: int):
     s = copy.deepcopy(scheduler)
     s.set_timesteps(steps)
@@ -65,13 +71,15 @@ def denoise(unet, scheduler, inputs: dict, steps: int, guidance: float, *, contr
             scales: Sequence[float] = (), aggregation: str = "sum", guidance_start: float = 0.0,
             guidance_end: float = 1.0, residuals: Optional[Callable] = None,
             before_step: Optional[Callable[[int], None]] = None, split: bool = True,
-            start_step: int = 0, init_latents: Optional[torch.Tensor] = None) -> torch.Tensor:
+            start_step: int = 0, init_latents: Optional[torch.Tensor] = None,
+            channels_last: bool = False) -> torch.Tensor:
     """Batch-2 CFG denoising; returns the final latents.
 
     ``residuals`` (``start(x, t)`` before the down half, ``finish(handle)`` -> (down, mid) after
     it) replaces the local ControlNets (the remote service);
     ``before_step(i)`` runs before step i (BAL's patch check). ``start_step``/``init_latents``
-    start part-way (img2img from a cached result: Nirvana)."""
+    start part-way (img2img from a cached result: Nirvana). ``channels_last`` feeds the UNet NHWC
+    inputs (the backbone flag; the caller converts the model with :func:`to_channels_last`)."""
     sched = new_scheduler(scheduler, steps)
     ts = sched.timesteps
     if init_latents is None:
@@ -88,6 +96,8 @@ def denoise(unet, scheduler, inputs: dict, steps: int, guidance: float, *, contr
         if before_step is not None:
             before_step(i)
         x = sched.scale_model_input(torch.cat([z, z]), t)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         keep = controlnet_keep(i, n, guidance_start, guidance_end)
         if residuals is not None:
             handle = residuals.start(x, t) if keep else None  # before the down half: they overlap

@@ -21,15 +21,20 @@ def _lat(samples, better="lower") -> Metric:
 # A distributed path whose output strays from its one-process reference by more than this
 # (relative to the reference's magnitude) is not the same computation: its timing is invalid.
 EQUAL_RTOL = 1e-5
+# The in-process loops that take the channels_last flag (UNet converted, NHWC inputs); the
+# ControlNet-service and CFG-parallel loops keep the default layout (their tensors cross gloo).
+CHANNELS_LAST_SCENARIOS = ("bal", "quality")
 
 
 def run_real(system, job: JobContext) -> RunResult:
     wl, cfg = job.workload, system.cfg
     if wl.torch_threads > 0:
         torch.set_num_threads(wl.torch_threads)
-    info = {"device": "cpu", "backbone": {"cuda_graphs": cfg.cuda_graphs, "channels_last": cfg.channels_last,
-                                          "note": "CPU run: CUDA graphs and fused CUDA kernels are not available; "
-                                                  "flags recorded, not applied"}}
+    applied = cfg.channels_last and wl.scenario in CHANNELS_LAST_SCENARIOS
+    info = {"device": "cpu", "backbone": {
+        "cuda_graphs": cfg.cuda_graphs, "channels_last": cfg.channels_last, "channels_last_applied": applied,
+        "note": "CPU run: CUDA graphs and fused CUDA kernels are not available (recorded, not applied); "
+                f"channels_last is applied in scenarios {', '.join(CHANNELS_LAST_SCENARIOS)}"}}
     m, emulated, mismatch = {}, [], None
     if wl.scenario == "controlnet":
         from .controlnet_service import run_service
@@ -64,7 +69,7 @@ def run_real(system, job: JobContext) -> RunResult:
     elif wl.scenario == "bal":
         from .bal_run import run_bal
 
-        r = run_bal(wl, job.seed, list(wl.k_grid))
+        r = run_bal(wl, job.seed, list(wl.k_grid), channels_last=applied)
         emulated.append(r["storage"])
         best = min(wl.k_grid, key=lambda k: _mean(r["times"][f"k{k}"]))
         m["latency_s"] = _lat(r["times"][f"k{max(wl.k_grid)}"])
@@ -87,6 +92,26 @@ def run_real(system, job: JobContext) -> RunResult:
         if not all(r["k0_equal"]) or not all(r["pristine_after"]):
             res = RunResult(m, emulated=emulated, info=info)
             res.mark_invalid("BAL K=0 not bit-identical to the synchronous merge, or weights not pristine")
+            return res
+    elif wl.scenario == "quality":
+        from .baselines import run_quality
+
+        ks = sorted({cfg.nirvana_k, *wl.nirvana_k_grid})
+        r = run_quality(wl, job.seed, list(wl.k_grid), ks, wl.nirvana_prompt_noise, channels_last=applied)
+        for v, q in r["quality"].items():
+            ps = [x[0] for x in q]
+            m[f"psnr_{v}_db"] = Metric.from_samples([p if math.isfinite(p) else 999.0 for p in ps], "dB", "higher")
+            m[f"ssim_{v}"] = Metric.from_samples([x[1] for x in q], "ssim", "higher")
+        for v, ts in r["times"].items():
+            m[f"latency_{v}_s"] = _lat(ts)
+        own = {"katz": f"k{max(wl.k_grid)}", "nirvana": f"nirvana{cfg.nirvana_k}", "nolora": "nolora"}[cfg.variant]
+        m["latency_s"] = _lat(r["times"][own])
+        m["throughput_rps"] = Metric.scalar(1.0 / _mean(r["times"][own]), "req/s", "higher")
+        info.update(own_path=own, nirvana_start_step=r["nirvana_start"], reference="LoRAs merged before step 0",
+                    psnr_note="999 dB stands for identical latents (inf)")
+        if not all(r["pristine_after"]):
+            res = RunResult(m, info=info)
+            res.mark_invalid("base weights not pristine after a request")
             return res
     elif wl.scenario == "lora_api":
         from .lora_api import run_lora_api

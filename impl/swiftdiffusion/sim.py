@@ -66,9 +66,18 @@ class SimResult:
 
 
 def simulate_diffusers(reqs, prof: SimProfile, gpus: int, cn_cache: int = 2, lora_cache: int = 4,
-                       lora_source: str = "remote") -> SimResult:
+                       lora_source: str = "remote", skip_steps: int = 0, hit_rate: float = 1.0,
+                       seed: int = 0) -> SimResult:
+    """Diffusers replicas; ``skip_steps`` > 0 makes it Nirvana-like approximate caching: a request
+    whose prompt hits the cache (probability ``hit_rate``, seeded) starts from a cached similar
+    result and skips that many denoising steps."""
     if gpus < 1:
         raise ConfigError(f"workload.sim.gpus must be >= 1, got {gpus}")
+    if not 0 <= skip_steps < prof.steps:
+        raise ConfigError(f"system.nirvana_k (steps skipped) must be in 0..{prof.steps - 1}, got {skip_steps}")
+    if not 0.0 <= hit_rate <= 1.0:
+        raise ConfigError(f"system.nirvana_hit_rate must be in [0, 1], got {hit_rate}")
+    rng = np.random.default_rng(seed)
     free = [0.0] * gpus
     cns = [LRUCache(cn_cache, "system.diffusers_cn_cache") for _ in range(gpus)]
     los = [LRUCache(lora_cache, "system.diffusers_lora_cache") for _ in range(gpus)]
@@ -77,6 +86,8 @@ def simulate_diffusers(reqs, prof: SimProfile, gpus: int, cn_cache: int = 2, lor
         g = min(range(gpus), key=lambda i: free[i])
         start = max(r.t, free[g], prev)
         s = prof.diffusers_latency(len(r.controlnets), 0)
+        if skip_steps and rng.random() < hit_rate:
+            s = prof.nirvana_latency(len(r.controlnets), 0, skip_steps)
         cm = lm = 0
         for c in r.controlnets:
             if c not in cns[g]:
@@ -107,7 +118,10 @@ class _Server:
 
 
 def simulate_katz(reqs, prof: SimProfile, base_replicas: int, cn_servers: int, k: int = 20, cn_cache: int = 16,
-                  lora_cache: int = 4, lora_source: str = "remote", slots: Optional[int] = None) -> SimResult:
+                  lora_cache: int = 4, lora_source: str = "remote", slots: Optional[int] = None,
+                  drop_loras: bool = False) -> SimResult:
+    """Katz; ``drop_loras`` is NoLoRA (the quality floor): the same pipeline with every request's
+    LoRAs dropped, so no fetch, load or patch."""
     if base_replicas < 1:
         raise ConfigError(f"system.base_replicas must be >= 1, got {base_replicas}")
     if k < 0:
@@ -127,6 +141,8 @@ def simulate_katz(reqs, prof: SimProfile, base_replicas: int, cn_servers: int, k
         g = min(range(base_replicas), key=lambda i: free[i])
         start = max(r.t, free[g])
         n_cn = len(r.controlnets)
+        if drop_loras:
+            r = type(r)(r.t, r.service, r.base_model, r.controlnets, ())
         # remote fetch only for misses in the replica's host cache; loaders run in parallel
         misses = [lo for lo in r.loras if lo not in los[g]]
         for lo in r.loras:

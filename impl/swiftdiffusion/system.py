@@ -4,10 +4,14 @@
 |--------------------------|-----------------------------------------------------|-------------------------------|
 | swiftdiffusion           | scenario A-D of spec 5 (controls in the same job)   | E1 latency table, E2 16 GPUs  |
 | swiftdiffusion_diffusers | -                                                   | Diffusers replicas alone      |
+| swiftdiffusion_nirvana*  | ``quality``: img2img from a cached similar result   | Diffusers skipping K steps    |
+| swiftdiffusion_nolora    | ``quality``: the pristine model, LoRAs dropped      | Katz without LoRA loads       |
+| swiftdiffusion_distrifusion | -                                                | E1: patch-parallel steps      |
 
 Real scenarios (``workload.scenario``): ``controlnet`` (ControlNet service vs one-process
 diffusers loop), ``bal`` (BAL per K vs synchronous merge vs diffusers load+fuse), ``cfg``
-(latent parallelism vs batch-2 CFG), ``lora_api`` (diffusers LoRA API costs vs direct merge).
+(latent parallelism vs batch-2 CFG), ``lora_api`` (diffusers LoRA API costs vs direct merge),
+``quality`` (latents of patch-at-K, Nirvana-K and NoLoRA against the synchronous-merge reference).
 Every record carries ``latency_s`` (mean per request of the system's own path) and
 ``throughput_rps``.
 """
@@ -20,9 +24,13 @@ from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from .profile import SimProfile
 
-VARIANTS = ("katz", "diffusers")
-SCENARIOS = ("controlnet", "bal", "cfg", "lora_api")
-SIM_SCENARIOS = ("e1", "e2")
+NIRVANA_STEPS = 50  # the artifact's K counts steps of 50: strength = 1 - K/50
+
+VARIANTS = ("katz", "diffusers", "nirvana", "nolora", "distrifusion")
+SCENARIOS = ("controlnet", "bal", "cfg", "lora_api", "quality")
+# real scenarios a baseline variant runs itself (the others run their controls inside the katz job)
+BASELINE_SCENARIOS = ("quality",)
+SIM_SCENARIOS = ("e1", "e2", "e3", "e4")
 
 
 class SwiftDiffusionSystem(System):
@@ -38,6 +46,9 @@ class SwiftDiffusionSystem(System):
         diffusers_lora_cache: int = 4
         base_replicas: int = 0  # sim E2: 2-GPU base replicas; 0 = the best split of the GPUs
         slo_factor: float = 1.5  # E2: p99 SLO = factor x Diffusers' unloaded p99 (when sim.p99_slo_s = 0)
+        # Nirvana-like approximate caching: img2img from a cached similar result, strength 1 - K/50
+        nirvana_k: int = 10
+        nirvana_hit_rate: float = 1.0  # [R] sim E2: share of prompts with a similar cached result
         # Backbone flags (spec 2.4): CPU has none of the CUDA paths; recorded, not applied.
         cuda_graphs: bool = False
         channels_last: bool = False
@@ -54,6 +65,10 @@ class SwiftDiffusionSystem(System):
             raise ConfigError(f"system.aggregation: unknown value {cfg.aggregation!r} (one of: {', '.join(AGGREGATIONS)})")
         if cfg.k < 0:
             raise ConfigError(f"system.k (patch step bound K) must be >= 0, got {cfg.k}")
+        if cfg.nirvana_k < 0:
+            raise ConfigError(f"system.nirvana_k (steps skipped) must be >= 0, got {cfg.nirvana_k}")
+        if not 0.0 <= cfg.nirvana_hit_rate <= 1.0:
+            raise ConfigError(f"system.nirvana_hit_rate must be in [0, 1], got {cfg.nirvana_hit_rate}")
         for f in ("cn_cache", "sim_cn_cache", "lora_cache", "diffusers_cn_cache", "diffusers_lora_cache", "base_replicas"):
             if getattr(cfg, f) < 0:
                 raise ConfigError(f"system.{f} must be >= 0, got {getattr(cfg, f)}")
@@ -75,12 +90,27 @@ class SwiftDiffusionSystem(System):
             if self.cfg.k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.k (patch step bound K) must be < system.profile.steps = "
                                   f"{self.cfg.profile.steps}, got {self.cfg.k}")
+            if self.cfg.variant == "distrifusion" and workload.sim.scenario != "e1":
+                raise ConfigError(f"system.variant: distrifusion is modelled for E1 only (its GPU count is not in "
+                                  f"the sources), got workload.sim.scenario={workload.sim.scenario!r}")
+            if workload.sim.scenario == "e3" and self.cfg.variant != "katz":
+                raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion), got {self.cfg.variant!r}")
+            if self.cfg.nirvana_k >= self.cfg.profile.steps:
+                raise ConfigError(f"system.nirvana_k (steps skipped) must be < system.profile.steps = "
+                                  f"{self.cfg.profile.steps}, got {self.cfg.nirvana_k}")
             return
-        if self.cfg.variant != "katz":
-            raise ConfigError(f"system.variant: {self.cfg.variant} has sim mode only (real runs its controls in "
-                              "the swiftdiffusion job)")
         if workload.scenario not in SCENARIOS:
             raise ConfigError(f"workload.scenario: unknown value {workload.scenario!r} (one of: {', '.join(SCENARIOS)})")
+        if self.cfg.variant != "katz" and (self.cfg.variant in ("diffusers", "distrifusion")
+                                           or workload.scenario not in BASELINE_SCENARIOS):
+            raise ConfigError(f"system.variant: {self.cfg.variant} runs real scenario(s) {', '.join(BASELINE_SCENARIOS)} "
+                              f"only (sim otherwise; real {workload.scenario!r} runs its controls in the swiftdiffusion job)")
+        for k in [self.cfg.nirvana_k, *workload.nirvana_k_grid]:
+            if not 0 <= k < NIRVANA_STEPS:
+                raise ConfigError(f"system.nirvana_k / workload.nirvana_k_grid (steps skipped of {NIRVANA_STEPS}) "
+                                  f"must be in 0..{NIRVANA_STEPS - 1}, got {k}")
+        if workload.nirvana_prompt_noise < 0:
+            raise ConfigError(f"workload.nirvana_prompt_noise must be >= 0, got {workload.nirvana_prompt_noise}")
         if workload.requests < 1:
             raise ConfigError(f"workload.requests must be >= 1, got {workload.requests}")
         if not workload.remote_bw_bytes_per_s > 0:

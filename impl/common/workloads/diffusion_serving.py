@@ -49,7 +49,7 @@ class AddonSimSpec:
     # E3 sweeps
     k_grid: List[int] = field(default_factory=lambda: [0, 5, 10, 20, 30])
     remote_bw_grid: List[float] = field(default_factory=lambda: [0.1e9, 0.2e9, 0.4e9, 0.8e9, 1.6e9])
-    cn_cache_grid: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    cn_cache_grid: List[int] = field(default_factory=lambda: [2, 4, 8, 16, 32])  # >= branch slots per GPU
     # E4: cache sizes
     cache_sizes: List[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8, 10])
 
@@ -58,7 +58,7 @@ class AddonSimSpec:
 class DiffusionServingWorkload:
     kind: str = "diffusion_serving"
     # real mode (spec 5)
-    scenario: str = "controlnet"  # controlnet | bal | cfg | lora_api
+    scenario: str = "controlnet"  # controlnet | bal | cfg | lora_api | quality
     unet: UNetShape = field(default_factory=_tiny_unet)
     cond_channels: List[int] = field(default_factory=lambda: [8, 16])  # spec 5: cond side = 2x latent
     cond_size: int = 0  # control image side; 0 = latent x the ControlNet's factor (bad-input check)
@@ -73,6 +73,10 @@ class DiffusionServingWorkload:
     control_guidance_end: float = 1.0
     lora_ranks: List[int] = field(default_factory=lambda: [8, 64])  # a request's LoRAs
     k_grid: List[int] = field(default_factory=lambda: [0, 5, 10, 20])
+    # quality scenario: Nirvana-K (K of 50 steps skipped) from a cached result of a request whose
+    # prompt embeddings differ by this much noise ([R])
+    nirvana_k_grid: List[int] = field(default_factory=lambda: [10, 20])
+    nirvana_prompt_noise: float = 0.1
     # Emulated remote LoRA store: each file stands for lora_paper_bytes (SDXL LoRA) at this bandwidth.
     lora_paper_bytes: float = 0.3e9
     remote_bw_bytes_per_s: float = 0.4e9
