@@ -44,9 +44,13 @@ class RealKnobs:
     large_max_tokens: int = 2048
     small_max_tokens: int = 512
     # The cost fit per replica: mbs and s grid of timed micro-batches.
-    profile_mbs: List[int] = field(default_factory=lambda: [1, 2])
-    profile_lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512])
+    profile_mbs: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    profile_lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
     profile_reps: int = 1
+    # Rounds whose adapter gradients rank 0 recomputes in one process (0: none).
+    check_steps: int = 1
+    grad_rtol: float = 1e-5
+    init_b_zero: bool = True  # peft's default B = 0; False draws B (the gradient tests need it)
     # Run these policies interleaved in one job (one step each per round); empty = this one.
     interleave: List[str] = field(default_factory=list)
     timeout_s: float = 3000.0

@@ -144,11 +144,10 @@ class MultiTaskLoRA:
             model = get_peft_model(base, cfg, adapter_name=self.tasks[0])
             for t in self.tasks[1:]:
                 model.add_adapter(t, cfg)
-        if checkpoint:
-            model.base_model.model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.train()
         self.model = model
+        self.checkpoint = False
+        self.set_checkpoint(checkpoint)
+        model.train()
         self.layers = _lora_layers(model)
         for m in self.layers:
             m.forward = types.MethodType(_row_split_forward, m)
@@ -159,6 +158,21 @@ class MultiTaskLoRA:
         self.adapter_params = {t: [p for n, p in model.named_parameters() if "lora_" in n and f".{t}." in n]
                                for t in self.tasks}
         self.opt = torch.optim.Adam([p for ps in self.adapter_params.values() for p in ps], lr=lr)
+
+    def set_checkpoint(self, on: bool) -> None:
+        """Activation checkpointing on/off (a replica's kind may change between steps)."""
+        inner = self.model.base_model.model
+        # transformers >= 4.5x renamed gradient_* to activation_checkpointing_* (same switch).
+        kw = {"use_reentrant": False}
+        if on and not self.checkpoint:
+            if hasattr(inner, "activation_checkpointing_enable"):
+                inner.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+            else:
+                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        elif not on and self.checkpoint:
+            (getattr(inner, "activation_checkpointing_disable", None) or inner.gradient_checkpointing_disable)()
+        self.checkpoint = bool(on)
+        self.model.train()
 
     def _all_trainable(self) -> None:
         # peft's set_adapter freezes the inactive adapters; every adapter stays trainable here
@@ -231,12 +245,13 @@ class MultiTaskLoRA:
     def has_grad(self, task: str) -> bool:
         return any(p.grad is not None and bool(p.grad.ne(0).any()) for p in self.adapter_params[task])
 
-    def all_reduce_grads(self, group=None) -> None:
-        """Sum every adapter gradient over the replicas (one flat buffer; each adapter is global
-        to its job, spec 2.6 [R])."""
+    def all_reduce_grads(self, group=None, tasks: Optional[Sequence[str]] = None) -> None:
+        """Sum the adapter gradients of ``tasks`` (default: all) over the replicas (one flat
+        buffer; each adapter is global to its job, spec 2.6 [R]). Adapters outside ``tasks``
+        keep their (``None``) gradients, so Adam leaves them alone."""
         import torch.distributed as dist
 
-        ps = [p for t in self.tasks for p in self.adapter_params[t]]
+        ps = [p for t in (self.tasks if tasks is None else tasks) for p in self.adapter_params[t]]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
         dist.all_reduce(flat, group=group)
         off = 0
