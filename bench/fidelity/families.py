@@ -43,6 +43,7 @@ class Profile:
 
     workload: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    system: dict[str, Any] = field(default_factory=dict)  # knobs of the sim system (never a fitted constant)
 
 
 def _metric(res: RunResult, name: str) -> Optional[float]:
@@ -73,9 +74,24 @@ def _hybrid(real: RunResult, wl: Any) -> Profile:
 
 
 def _serving(real: RunResult, wl: Any) -> Profile:
-    # Prefill, decode and adapter-load costs are priced from the calibrated FLOP/s, memory and
-    # host-link bandwidth; nothing is taken from the real run.
-    return Profile({}, {})
+    # The sim prices the model the real run executes (its shape at fp32, the CPU run's dtype),
+    # not the paper-scale one; prefill and decode come from the calibrated FLOP/s and memory
+    # bandwidth. On a CPU host the real adapter copy is an emulated sleep: the sim gets its
+    # per-rank time (a load-timing pass measures exactly that), never a TTFT.
+    m = wl.model
+    shape = {k: getattr(m, k) for k in ("name", "num_layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+                                         "vocab", "seq_len")}
+    prof = Profile({"paper_model": {**shape, "dtype_bytes": 4}},
+                   {"paper_model": f"the real model {m.name} (fp32, dtype_bytes 4)"})
+    loads = real.info.get("emulated_load_s_by_rank")
+    if loads:
+        rk = sorted(int(r) for r in loads)
+        if len(rk) == 1:  # one rank: a two-point table through the origin (bytes-proportional)
+            rk = [0] + rk
+        prof.system = {"cost": {"load_table_ranks": rk,
+                                "load_table_times_s": [float(loads.get(r, loads.get(str(r), 0.0))) for r in rk]}}
+        prof.sources["cost.load_table"] = "the real run's emulated adapter-copy time per rank"
+    return prof
 
 
 def _diffusion(real: RunResult, wl: Any) -> Profile:

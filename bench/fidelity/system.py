@@ -118,7 +118,7 @@ class Fidelity(System):
         prof = fam.profile(real, job.workload)
         wl_node = OmegaConf.merge(OmegaConf.structured(job.workload), prof.workload)
         sim_wl = typed_workload(wl_node)
-        sim_sys = build_system(sim_name, {**self.cfg.system_knobs, **self.cfg.sim_knobs})
+        sim_sys = build_system(sim_name, OmegaConf.merge(self.cfg.system_knobs, self.cfg.sim_knobs, prof.system))
         sim_sys.check("sim", sim_wl, hw, job.fault)
         (job.out_dir / "sim").mkdir(parents=True, exist_ok=True)
         sim = sim_sys.run(dataclasses.replace(job, mode="sim", workload=sim_wl, hardware=hw, hardware_name=hw_name,
