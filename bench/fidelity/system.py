@@ -115,7 +115,9 @@ class Fidelity(System):
         real = real_sys.run(dataclasses.replace(job, mode="real", hardware=hw, hardware_name=hw_name,
                                                 out_dir=job.out_dir / "real"))
 
-        prof = fam.profile(real, job.workload)
+        prof = fam.profile(real, job.workload, hw)
+        if prof.hardware:
+            hw = dataclasses.replace(hw, **prof.hardware)
         wl_node = OmegaConf.merge(OmegaConf.structured(job.workload), prof.workload)
         sim_wl = typed_workload(wl_node)
         sim_sys = build_system(sim_name, OmegaConf.merge(self.cfg.system_knobs, self.cfg.sim_knobs, prof.system))
