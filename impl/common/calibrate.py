@@ -77,6 +77,10 @@ class CalibrateConfig:
     # Rendezvous and every collective time out after this; the whole phase after twice this.
     comm_timeout_s: float = 60.0
     device: str = "auto"  # auto | cpu | cuda
+    # torch intra-op threads for the matmul and memory measurements; 0 = torch's default (every
+    # core). A run that pins workload.torch_threads=1 gets a fraction of an all-core profile's
+    # FLOP/s: price it with a profile measured at its thread count (conf/hardware/local-t1.yaml).
+    threads: int = 0
     # Relative paths resolve against the current working directory (the harness keeps the
     # original cwd); absolute paths are used as given.
     output: str = "conf/hardware/local.yaml"
@@ -108,6 +112,8 @@ class CalibrateConfig:
         _positive_ints("allreduce_sizes_bytes", self.allreduce_sizes_bytes)
         if not self.comm_timeout_s > 0:
             raise ConfigError(f"system.comm_timeout_s: must be > 0, got {self.comm_timeout_s}")
+        if self.threads < 0:
+            raise ConfigError(f"system.threads: must be >= 0 (0 = torch's default), got {self.threads}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"system.device: unknown device {self.device!r} (one of: auto, cpu, cuda)")
         if not str(self.output).strip():
@@ -301,6 +307,10 @@ class Calibrate(System):
             bar.update(1)
 
         info["phase_s"] = phase_s
+        keep_threads = torch.get_num_threads()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        info["threads"] = torch.get_num_threads()
         try:
             matmul_n: Dict[str, int] = {}
             for d in dtypes:
@@ -336,6 +346,7 @@ class Calibrate(System):
             metrics["host_link_bw_bytes_per_s"] = Metric.from_samples(link, "B/s", "higher")
             done()
 
+            torch.set_num_threads(keep_threads)
             start("gloo")
             comm = measure_comm(cfg)
             p2p, ar = comm["p2p"], comm["allreduce"]
@@ -370,7 +381,7 @@ class Calibrate(System):
                 return float(f"{v:.4g}")
 
             profile = HardwareProfile(
-                name="local",
+                name=out_path.stem if out_path.stem.startswith("local") else "local",
                 source=f"measured by system=calibrate on {host} at {when}",
                 measured=True,
                 peak_flops={d: r4(v) for d, v in peak.items()},
@@ -393,6 +404,7 @@ class Calibrate(System):
                 "# Written by system=calibrate (impl/common/calibrate.py); regenerate, do not edit.\n"
                 f"# Host {host}, device {kind} ({dev_name}), torch {torch.__version__}, {when}.\n"
                 f"# Load average (1/5/15 min) {load} on {os.cpu_count()} CPUs: a busy host measures low.\n"
+                f"# Matmul and memory measured with {info['threads']} torch thread(s) (system.threads).\n"
                 "# These are MEASURED ACHIEVABLE figures, not datasheet peaks: mfu and comm_efficiency\n"
                 "# are therefore 1.0. Definitions (see the module docstring):\n"
                 f"#   peak_flops: median 2n^3/t of the best n in {sizes}; memory bandwidths count bytes\n"
@@ -405,6 +417,7 @@ class Calibrate(System):
             write_profile_atomic(profile, out_path, header)
             done()
         finally:
+            torch.set_num_threads(keep_threads)
             bar.close()
 
         plot_path = job.out_dir / PLOT_NAME
