@@ -141,6 +141,25 @@ def _timed_samples(fn: Callable[[], Any], sync: Callable[[], None], cfg: Calibra
     return samples
 
 
+# The 3x3 convolutions calibrate times (batch, channels, spatial): UNet/ResNet block shapes at
+# three resolutions (a conv library's rate moves with the shape: 110-260 GFLOP/s on one core).
+CONV_SHAPES = {"cpu": [(2, 128, 48), (2, 256, 24), (2, 256, 12)], "cuda": [(8, 320, 64), (8, 640, 32), (8, 1280, 16)]}
+
+
+def measure_conv(dtype: str, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """FLOP/s of 3x3, stride-1, same-padded convs, FLOPs = 2 B C^2 9 H W (the direct conv's):
+    per sample round, total FLOPs over total time of the shapes (the rate a mix of them sees)."""
+    per_shape = []
+    for b, c, hw in CONV_SHAPES[device.type]:
+        conv = torch.nn.Conv2d(c, c, 3, padding=1, bias=False).to(device=device, dtype=_TORCH_DTYPE[dtype]).eval()
+        x = torch.randn(b, c, hw, hw, device=device, dtype=_TORCH_DTYPE[dtype])
+        with torch.no_grad():
+            per_shape.append((2.0 * b * c * c * 9 * hw * hw, _timed_samples(lambda: conv(x), sync, cfg)))
+    n = min(len(secs) for _, secs in per_shape)
+    total = sum(f for f, _ in per_shape)
+    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
+
+
 def measure_matmul(dtype: str, sizes: List[int], device: torch.device, sync: Callable[[], None],
                    cfg: CalibrateConfig) -> tuple[int, List[float]]:
     """FLOP/s samples of the best size (by median): returns (n, samples)."""
@@ -288,6 +307,7 @@ class Calibrate(System):
         info: Dict[str, Any] = {"output": str(out_path), "device": kind}
         emulated: List[str] = []
         peak: Dict[str, float] = {}
+        conv: Dict[str, float] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
 
@@ -319,6 +339,8 @@ class Calibrate(System):
                 metrics[f"matmul_{d}_flops"] = Metric.from_samples(flops, "FLOP/s", "higher")
                 peak[d] = metrics[f"matmul_{d}_flops"].value
                 matmul_n[d] = n
+                metrics[f"conv_{d}_flops"] = Metric.from_samples(measure_conv(d, device, sync, cfg), "FLOP/s", "higher")
+                conv[d] = metrics[f"conv_{d}_flops"].value
                 done()
             info["matmul_best_n"] = matmul_n
 
@@ -385,6 +407,7 @@ class Calibrate(System):
                 source=f"measured by system=calibrate on {host} at {when}",
                 measured=True,
                 peak_flops={d: r4(v) for d, v in peak.items()},
+                conv_flops={d: r4(v) for d, v in conv.items()},
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -407,7 +430,8 @@ class Calibrate(System):
                 f"# Matmul and memory measured with {info['threads']} torch thread(s) (system.threads).\n"
                 "# These are MEASURED ACHIEVABLE figures, not datasheet peaks: mfu and comm_efficiency\n"
                 "# are therefore 1.0. Definitions (see the module docstring):\n"
-                f"#   peak_flops: median 2n^3/t of the best n in {sizes}; memory bandwidths count bytes\n"
+                f"#   peak_flops: median 2n^3/t of the best n in {sizes}; conv_flops: median 2BC^2*9HW/t of a\n"
+                f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"
                 f"#   intra_node: gloo loopback ping-pong between 2 local processes, one-way = RTT/2,\n"
