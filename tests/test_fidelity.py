@@ -92,3 +92,90 @@ def test_fidelity_job_records_sim_over_real_and_updates_the_store(tmp_path):
     rows = fidelity_rows(load_records(results))
     assert [(r["family"], r["metric"]) for r in rows] == [("pipeline", "iteration_time_s")]
     assert "error %" in format_rows(rows)
+
+
+# ---- the gaps closed: each model change, without a real run ------------------------------------
+
+def _hw(**kw):
+    from impl.common.hardware import HardwareProfile
+
+    base = dict(name="t", peak_flops={"fp32": 100e9, "fp16": 400e9}, memory_bw_bytes_per_s=20e9,
+                host_link_bw_bytes_per_s=10e9, mfu=1.0)
+    return HardwareProfile(**{**base, **kw})
+
+
+def test_serving_cost_prices_the_models_own_dtype():
+    from impl.common.api import ConfigError
+    from impl.common.servesim.cost import ServingCost
+    from impl.common.workloads.serving import PaperModel
+
+    assert ServingCost.from_profile(PaperModel(), _hw()).flops_per_s == 400e9  # fp16: every paper figure
+    assert ServingCost.from_profile(PaperModel(dtype_bytes=4), _hw()).flops_per_s == 100e9
+    with pytest.raises(ConfigError, match=r"^workload.paper_model.dtype_bytes: 3 has no serving dtype"):
+        ServingCost.from_profile(PaperModel(dtype_bytes=3), _hw())
+
+
+def test_profiled_load_table_prices_loads_and_roofline_ignores_it():
+    from impl.common.servesim.cost import ServingCost, ServingCostConfig
+    from impl.common.workloads.serving import PaperModel
+
+    pm = PaperModel(num_layers=4, hidden=512, heads=8, kv_heads=8, ffn_hidden=1376, vocab=1024, dtype_bytes=4)
+    cfg = ServingCostConfig(load_table_ranks=[16, 8], load_table_times_s=[0.02, 0.01])
+    c = ServingCost.from_profile(pm, _hw(), cfg)
+    assert c.load_model_used == "measured:profiled"
+    assert (c.load_s(8), c.load_s(16), c.load_s(32)) == pytest.approx((0.01, 0.02, 0.04))
+    roof = ServingCost.from_profile(pm, _hw(), ServingCostConfig(load_model="roofline", load_table_ranks=[8, 16],
+                                                                  load_table_times_s=[0.01, 0.02]))
+    assert roof.load_model_used == "roofline" and roof.load_s(8) < 0.01
+
+
+def test_serving_profile_takes_the_real_model_loads_and_decode_overhead():
+    from bench.fidelity.families import _serving
+    from impl.common.api import RunResult
+    from impl.common.workloads.serving import LlamaShape, ServingWorkload
+
+    wl = ServingWorkload(model=LlamaShape(hidden=512, ffn_hidden=1376, heads=8, kv_heads=8))
+    real = RunResult(metrics={}, info={"emulated_load_s_by_rank": {"8": 0.01, "16": 0.02}, "isolated_tpot_s": 0.006,
+                           "isolated_prompt_len": 128, "isolated_rank": 8})
+    prof = _serving(real, wl, _hw())
+    assert prof.workload["paper_model"]["hidden"] == 512 and prof.workload["paper_model"]["dtype_bytes"] == 4
+    cost = prof.system["cost"]
+    assert (cost["load_table_ranks"], cost["load_table_times_s"]) == ([8, 16], [0.01, 0.02])
+    assert 0 < cost["iteration_overhead_s"] < 0.006  # the decode step less its roofline
+
+
+def test_conv_rate_prices_k3_convs_only_and_is_optional():
+    from impl.common.diffusion.cost import Op, op_time_s
+
+    k3 = Op("c", "conv", 64, 2e9, 0, 0, 0, kernel=3)
+    k1 = Op("p", "conv", 64, 2e9, 0, 0, 0, kernel=1)
+    hw = _hw(conv_flops={"fp32": 200e9})
+    assert op_time_s(k3, hw, "fp32", launch_s=0) == pytest.approx(0.01)
+    assert op_time_s(k1, hw, "fp32", launch_s=0) == pytest.approx(0.02)  # a 1x1 conv is a matmul
+    assert op_time_s(k3, _hw(), "fp32", launch_s=0) == pytest.approx(0.02)  # datasheet profile: unchanged
+
+
+def test_stagewise_bubble_equals_spec_for_equal_stages_and_hides_an_early_straggler():
+    from impl.common.parallel.cost import HybridCostModel, iteration_cost
+    from impl.common.parallel.plan import uniform_plan
+    from impl.common.workloads.hybrid import HybridWorkload
+
+    wl = HybridWorkload(dtype="fp32", dp=1, pp=2, tp=1, num_gpus=2, gpus_per_node=2, global_batch_size=8, micro_batch_size=1,
+                        sim_layer_time_s=0.03)
+    hw = _hw(intra_node_bw_bytes_per_s=1e12, inter_node_bw_bytes_per_s=1e12)
+    plan = uniform_plan(2, 2, 1, 1, 2, wl.model.num_layers, wl.num_microbatches)
+    spec = HybridCostModel.build(wl, hw)
+    stw = HybridCostModel.build(HybridWorkload(**{**vars(wl), "pipeline_bubble": "stagewise"}), hw)
+    assert iteration_cost(plan, [1, 1], stw).iteration_time_s == pytest.approx(iteration_cost(plan, [1, 1], spec).iteration_time_s)
+    layers = wl.model.num_layers // 2
+    slow, fast = 3 * layers * 0.03, layers * 0.03
+    p2p = iteration_cost(plan, [1, 1], spec).iteration_time_s - 9 * fast
+    assert iteration_cost(plan, [3, 1], spec).iteration_time_s == pytest.approx(9 * slow + p2p)
+    assert iteration_cost(plan, [3, 1], stw).iteration_time_s == pytest.approx(8 * slow + p2p)
+    assert iteration_cost(plan, [1, 3], stw).iteration_time_s == pytest.approx(8 * slow + fast + p2p)
+
+
+def test_local_thread_profile_must_match_the_runs_threads(tmp_path):
+    rc, last = inprocess_runner([sys.executable, "-m", "bench", "experiment=fidelity/diffusion",
+                                 "workload.torch_threads=2", f"results_dir={tmp_path}"], tmp_path)
+    assert rc == 1 and "system.sim_hardware: local-t1 is calibrated with 1 thread(s) but workload.torch_threads is 2" in last

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -35,6 +36,12 @@ def _conf_file(group: str, name: str) -> pathlib.Path:
         if path.is_file():
             return path
     raise ConfigError(f"{group}={name}: no conf/{group}/{name}.yaml")
+
+
+def _local_threads(name: str) -> int:
+    """N of a ``local-t<N>`` profile name (calibrated with N torch threads); 0 for any other."""
+    m = re.fullmatch(r"local-t(\d+)", name or "")
+    return int(m.group(1)) if m else 0
 
 
 def build_system(name: str, knobs: dict) -> System:
@@ -56,7 +63,9 @@ class FidelityConfig:
     # Knobs for the sim side only (a modelled piece the real run does for itself, e.g. when
     # Malleus's plan takes effect); never a fitted constant.
     sim_knobs: Dict[str, Any] = field(default_factory=dict)
-    # A conf/hardware name, or a path to a profile yaml (tests use a fixture).
+    # A conf/hardware name, or a path to a profile yaml (tests use a fixture). ``local`` is
+    # calibrated with torch's default threads (every core), ``local-t<N>`` with N threads: the
+    # profile for a run that pins workload.torch_threads=N (measured first when missing).
     sim_hardware: str = "local"
     calibrate_if_missing: bool = True
 
@@ -75,6 +84,11 @@ class Fidelity(System):
                               f"{getattr(workload, 'kind', None)!r} (family {kind_family!r})")
         for name in (self.cfg.real_system, self.cfg.sim_system or self.cfg.real_system):
             _conf_file("system", name)
+        n = _local_threads(self.cfg.sim_hardware)
+        wt = getattr(workload, "torch_threads", None)
+        if n and wt and int(wt) != n:
+            raise ConfigError(f"system.sim_hardware: {self.cfg.sim_hardware} is calibrated with {n} thread(s) but "
+                              f"workload.torch_threads is {wt}; use local-t{wt}")
 
     # ---- hardware ---------------------------------------------------------------------------
     def sim_profile(self, job: JobContext):
@@ -86,15 +100,16 @@ class Fidelity(System):
             try:
                 path = _conf_file("hardware", name)
             except ConfigError:
-                if name != "local" or not self.cfg.calibrate_if_missing:
+                if not (name == "local" or _local_threads(name)) or not self.cfg.calibrate_if_missing:
                     raise
-                path = self._calibrate(job)
+                path = self._calibrate(job, name)
         if not path.is_file():
             raise ConfigError(f"system.sim_hardware: no profile at {path}")
         return typed_hardware(OmegaConf.load(path)), (path.stem if path.parent.name == "hardware" else str(path))
 
-    def _calibrate(self, job: JobContext) -> pathlib.Path:
-        cal = build_system("calibrate", {})
+    def _calibrate(self, job: JobContext, name: str = "local") -> pathlib.Path:
+        knobs = {"threads": _local_threads(name), "output": f"conf/hardware/{name}.yaml"} if _local_threads(name) else {}
+        cal = build_system("calibrate", knobs)
         res = cal.run(dataclasses.replace(job, out_dir=job.out_dir / "calibrate"))
         if res.status != "ok":
             raise ConfigError(f"system.sim_hardware: calibration failed ({'; '.join(res.invalid_reasons)})")
@@ -115,10 +130,10 @@ class Fidelity(System):
         real = real_sys.run(dataclasses.replace(job, mode="real", hardware=hw, hardware_name=hw_name,
                                                 out_dir=job.out_dir / "real"))
 
-        prof = fam.profile(real, job.workload)
+        prof = fam.profile(real, job.workload, hw)
         wl_node = OmegaConf.merge(OmegaConf.structured(job.workload), prof.workload)
         sim_wl = typed_workload(wl_node)
-        sim_sys = build_system(sim_name, {**self.cfg.system_knobs, **self.cfg.sim_knobs})
+        sim_sys = build_system(sim_name, OmegaConf.merge(self.cfg.system_knobs, self.cfg.sim_knobs, prof.system))
         sim_sys.check("sim", sim_wl, hw, job.fault)
         (job.out_dir / "sim").mkdir(parents=True, exist_ok=True)
         sim = sim_sys.run(dataclasses.replace(job, mode="sim", workload=sim_wl, hardware=hw, hardware_name=hw_name,

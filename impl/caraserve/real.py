@@ -121,7 +121,10 @@ def run_real(system, job: JobContext) -> RunResult:
     check_conservation(result, sum(s.arrived for s in st), len(recs), sum(s.arrived - len(s.records) for s in st))
     info = {"policy": c.policy, "device": device, "interleaved": policies, "rounds": wl.repeats,
             "isolated_prefill_s": t_prefill, "isolated_tpot_s": t_tpot, "slo_tpot_s": slo,
+            "isolated_prompt_len": len((prompts[0] * 4)[:med]), "isolated_rank": int(ranks[name0]),
             "load_rho": wl.load_rho if emulate else None,
+            # The emulated copy time of one adapter per rank (what a load-timing pass measures).
+            "emulated_load_s_by_rank": ({int(r): seconds_for(a) for a, r in sorted(ranks.items())} if emulate else None),
             "a10_profile_load_s_mean_adapter": a10_load,
             "per_round_ttft_mean_s": {p: [float(np.mean([r.ttft_s for r in s.records])) for s in runs[p]] for p in policies},
             "cpu_layers": sum(s.cpu_layers for s in st), "device_layers": sum(s.device_layers for s in st)}

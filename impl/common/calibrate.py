@@ -77,6 +77,10 @@ class CalibrateConfig:
     # Rendezvous and every collective time out after this; the whole phase after twice this.
     comm_timeout_s: float = 60.0
     device: str = "auto"  # auto | cpu | cuda
+    # torch intra-op threads for the matmul and memory measurements; 0 = torch's default (every
+    # core). A run that pins workload.torch_threads=1 gets a fraction of an all-core profile's
+    # FLOP/s: price it with a profile measured at its thread count (conf/hardware/local-t1.yaml).
+    threads: int = 0
     # Relative paths resolve against the current working directory (the harness keeps the
     # original cwd); absolute paths are used as given.
     output: str = "conf/hardware/local.yaml"
@@ -108,6 +112,8 @@ class CalibrateConfig:
         _positive_ints("allreduce_sizes_bytes", self.allreduce_sizes_bytes)
         if not self.comm_timeout_s > 0:
             raise ConfigError(f"system.comm_timeout_s: must be > 0, got {self.comm_timeout_s}")
+        if self.threads < 0:
+            raise ConfigError(f"system.threads: must be >= 0 (0 = torch's default), got {self.threads}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"system.device: unknown device {self.device!r} (one of: auto, cpu, cuda)")
         if not str(self.output).strip():
@@ -133,6 +139,25 @@ def _timed_samples(fn: Callable[[], Any], sync: Callable[[], None], cfg: Calibra
         if len(samples) >= cfg.min_repeats and time.perf_counter() > budget_end:
             break
     return samples
+
+
+# The 3x3 convolutions calibrate times (batch, channels, spatial): UNet/ResNet block shapes at
+# three resolutions (a conv library's rate moves with the shape: 110-260 GFLOP/s on one core).
+CONV_SHAPES = {"cpu": [(2, 128, 48), (2, 256, 24), (2, 256, 12)], "cuda": [(8, 320, 64), (8, 640, 32), (8, 1280, 16)]}
+
+
+def measure_conv(dtype: str, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """FLOP/s of 3x3, stride-1, same-padded convs, FLOPs = 2 B C^2 9 H W (the direct conv's):
+    per sample round, total FLOPs over total time of the shapes (the rate a mix of them sees)."""
+    per_shape = []
+    for b, c, hw in CONV_SHAPES[device.type]:
+        conv = torch.nn.Conv2d(c, c, 3, padding=1, bias=False).to(device=device, dtype=_TORCH_DTYPE[dtype]).eval()
+        x = torch.randn(b, c, hw, hw, device=device, dtype=_TORCH_DTYPE[dtype])
+        with torch.no_grad():
+            per_shape.append((2.0 * b * c * c * 9 * hw * hw, _timed_samples(lambda: conv(x), sync, cfg)))
+    n = min(len(secs) for _, secs in per_shape)
+    total = sum(f for f, _ in per_shape)
+    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
 
 
 def measure_matmul(dtype: str, sizes: List[int], device: torch.device, sync: Callable[[], None],
@@ -282,6 +307,7 @@ class Calibrate(System):
         info: Dict[str, Any] = {"output": str(out_path), "device": kind}
         emulated: List[str] = []
         peak: Dict[str, float] = {}
+        conv: Dict[str, float] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
 
@@ -301,6 +327,10 @@ class Calibrate(System):
             bar.update(1)
 
         info["phase_s"] = phase_s
+        keep_threads = torch.get_num_threads()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        info["threads"] = torch.get_num_threads()
         try:
             matmul_n: Dict[str, int] = {}
             for d in dtypes:
@@ -309,6 +339,8 @@ class Calibrate(System):
                 metrics[f"matmul_{d}_flops"] = Metric.from_samples(flops, "FLOP/s", "higher")
                 peak[d] = metrics[f"matmul_{d}_flops"].value
                 matmul_n[d] = n
+                metrics[f"conv_{d}_flops"] = Metric.from_samples(measure_conv(d, device, sync, cfg), "FLOP/s", "higher")
+                conv[d] = metrics[f"conv_{d}_flops"].value
                 done()
             info["matmul_best_n"] = matmul_n
 
@@ -336,6 +368,7 @@ class Calibrate(System):
             metrics["host_link_bw_bytes_per_s"] = Metric.from_samples(link, "B/s", "higher")
             done()
 
+            torch.set_num_threads(keep_threads)
             start("gloo")
             comm = measure_comm(cfg)
             p2p, ar = comm["p2p"], comm["allreduce"]
@@ -370,10 +403,11 @@ class Calibrate(System):
                 return float(f"{v:.4g}")
 
             profile = HardwareProfile(
-                name="local",
+                name=out_path.stem if out_path.stem.startswith("local") else "local",
                 source=f"measured by system=calibrate on {host} at {when}",
                 measured=True,
                 peak_flops={d: r4(v) for d, v in peak.items()},
+                conv_flops={d: r4(v) for d, v in conv.items()},
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -393,9 +427,11 @@ class Calibrate(System):
                 "# Written by system=calibrate (impl/common/calibrate.py); regenerate, do not edit.\n"
                 f"# Host {host}, device {kind} ({dev_name}), torch {torch.__version__}, {when}.\n"
                 f"# Load average (1/5/15 min) {load} on {os.cpu_count()} CPUs: a busy host measures low.\n"
+                f"# Matmul and memory measured with {info['threads']} torch thread(s) (system.threads).\n"
                 "# These are MEASURED ACHIEVABLE figures, not datasheet peaks: mfu and comm_efficiency\n"
                 "# are therefore 1.0. Definitions (see the module docstring):\n"
-                f"#   peak_flops: median 2n^3/t of the best n in {sizes}; memory bandwidths count bytes\n"
+                f"#   peak_flops: median 2n^3/t of the best n in {sizes}; conv_flops: median 2BC^2*9HW/t of a\n"
+                f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"
                 f"#   intra_node: gloo loopback ping-pong between 2 local processes, one-way = RTT/2,\n"
@@ -405,6 +441,7 @@ class Calibrate(System):
             write_profile_atomic(profile, out_path, header)
             done()
         finally:
+            torch.set_num_threads(keep_threads)
             bar.close()
 
         plot_path = job.out_dir / PLOT_NAME

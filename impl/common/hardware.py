@@ -16,6 +16,10 @@ class HardwareProfile:
     measured: bool = False
     # Peak dense FLOP/s per dtype (keys: fp32, tf32, fp16, bf16, fp8 as applicable).
     peak_flops: Dict[str, float] = field(default_factory=dict)
+    # Achievable FLOP/s of a 3x3 convolution per dtype, FLOPs counted as the direct conv's
+    # (2 B Ci Co k^2 Ho Wo): measured by calibrate, where conv libraries (oneDNN, cuDNN) run
+    # well off the matmul rate; absent (datasheet profiles) = the matmul peak prices convs.
+    conv_flops: Dict[str, float] = field(default_factory=dict)
     memory_bytes: float = 0.0
     memory_bw_bytes_per_s: float = 0.0
     gpus_per_node: int = 8
@@ -41,3 +45,9 @@ class HardwareProfile:
             known = ", ".join(sorted(self.peak_flops)) or "none"
             raise ValueError(f"hardware.peak_flops has no entry for dtype {dtype!r} (profile {self.name}: {known})")
         return self.peak_flops[dtype] * self.mfu
+
+    def conv_flops_per_s(self, dtype: str) -> float:
+        """Achievable FLOP/s of a k>1 convolution: the measured conv rate, else :meth:`flops`."""
+        if dtype in self.conv_flops:
+            return self.conv_flops[dtype] * self.mfu
+        return self.flops(dtype)

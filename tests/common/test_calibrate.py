@@ -49,6 +49,7 @@ def test_profile_written_and_valid(calibrated):
     assert hw.source.startswith("measured by system=calibrate on ")
     assert hw.mfu == 1.0 and hw.comm_efficiency == 1.0
     assert set(hw.peak_flops) == {"fp32", "bf16"}
+    assert set(hw.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.conv_flops.values())
     for value in [*hw.peak_flops.values(), hw.memory_bytes, hw.memory_bw_bytes_per_s,
                   hw.intra_node_bw_bytes_per_s, hw.intra_node_latency_s, hw.inter_node_bw_bytes_per_s,
                   hw.inter_node_latency_s, hw.host_link_bw_bytes_per_s, hw.host_mem_bw_bytes_per_s,
@@ -126,6 +127,7 @@ def test_system_yaml_validates_against_config():
                                         ({"comm_procs": 1}, "system.comm_procs"),
                                         ({"p2p_sizes_bytes": []}, "system.p2p_sizes_bytes"),
                                         ({"device": "tpu"}, "system.device"),
+                                        ({"threads": -1}, "system.threads"),
                                         ({"repeats": 1, "min_repeats": 3}, "system.repeats")])
 def test_bad_knobs_fail_with_one_line_naming_the_field(bad, field):
     with pytest.raises(ConfigError) as err:

@@ -14,7 +14,7 @@ from impl.common.hardware import HardwareProfile
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HW_DIR = REPO / "conf" / "hardware"
-PROFILE_PATHS = sorted(p for p in HW_DIR.glob("*.yaml") if p.name != "local.yaml")
+PROFILE_PATHS = sorted(p for p in HW_DIR.glob("*.yaml") if not p.name.startswith("local"))  # local*: calibrated
 GPU_PROFILES = ["a100-40g", "a100-80g", "a800-80g", "a10", "h100-sxm", "h800", "h200", "titan-rtx"]
 KNOWN_DTYPES = {"fp32", "tf32", "fp16", "bf16", "fp8"}
 POSITIVE = ["memory_bytes", "memory_bw_bytes_per_s", "gpus_per_node", "intra_node_bw_bytes_per_s",

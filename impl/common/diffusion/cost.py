@@ -3,7 +3,9 @@
 :func:`trace_unet_ops` builds the real ``UNet2DConditionModel`` on the ``meta`` device (no
 memory, no weights) and runs one forward with hooks; every Conv2d, Linear, GroupNorm,
 LayerNorm and attention core becomes an :class:`Op` with its shapes, FLOPs and bytes.
-:func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``.
+:func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``,
+with a k>1 convolution at the profile's measured conv rate where it has one (``conv_flops``:
+oneDNN runs a 3x3 conv at ~2x the sgemm rate on this CPU) and a 1x1 conv at the matmul rate.
 :func:`stream_time_s` puts a sequence of kernels on one CUDA stream: the host issues each
 launch in ``launch_s`` and the GPU runs the kernels back to back, so launch cost is exposed
 only where kernels are shorter than their launches (CUDA kernel launches are asynchronous to
@@ -144,7 +146,8 @@ def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1
               launch_s: float = 5e-6) -> float:
     b = BYTES[dtype]
     mem = (op.bytes_in + op.bytes_out) * bytes_scale * b + op.weight_elems * b
-    return max(op.flops * flops_scale / hw.flops(dtype), mem / hw.memory_bw_bytes_per_s) + launch_s
+    rate = hw.conv_flops_per_s(dtype) if op.kind == "conv" and op.kernel > 1 else hw.flops(dtype)
+    return max(op.flops * flops_scale / rate, mem / hw.memory_bw_bytes_per_s) + launch_s
 
 
 def stream_time_s(kernels, launch_s: float) -> float:

@@ -7,7 +7,9 @@
   (fwd + bwd) over NVLink (a TP group never leaves its node).
 - alpha_k = t_layer(tp/2^k) / t_layer(tp).
 - A stage's time per micro-batch = (max x over its GPUs) * layers * t_layer(group size).
-- Pipeline i: T_i = (m_i + S_i - 1) * max_j stage_ij + 2 (S_i - 1) P2P messages (fill + drain).
+- Pipeline i: T_i = (m_i + S_i - 1) * max_j stage_ij + 2 (S_i - 1) P2P messages (fill + drain);
+  ``workload.pipeline_bubble=stagewise``: max_j (m_i stage_ij + sum_{k<j} stage_ik) instead
+  (the same for equal stages; what the 1F1B runtime pays with a heterogeneous pipeline).
 - Iteration = max_i T_i + gradient synchronisation: ZeRO reduce-scatter + all-gather (ring,
   2(n-1)/n * shard bytes) per layer over its n holders, the GPU with most bytes gating, at the
   inter-node bandwidth when the holders span nodes.
@@ -26,6 +28,7 @@ from impl.common.cost.transformer import bytes_per_elem, layer_fwd_flops, layer_
 from .plan import Plan
 
 MB = 1024.0 * 1024.0
+PIPELINE_BUBBLES = ("spec", "stagewise")
 
 
 @dataclass(frozen=True)
@@ -44,17 +47,21 @@ class HybridCostModel:
     inter_lat_s: float
     # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the FLOP estimate).
     measured_layer_s: Optional[float] = None
+    pipeline_bubble: str = "spec"  # spec | stagewise (workload.pipeline_bubble)
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
         if wl.dtype not in hw.peak_flops:
             raise ConfigError(f"hardware.peak_flops: profile {hw.name} has no {wl.dtype!r} entry")
         mfu = wl.mfu if getattr(wl, "mfu", None) else hw.mfu
+        bubble = getattr(wl, "pipeline_bubble", "spec")
+        if bubble not in PIPELINE_BUBBLES:
+            raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
         eff = hw.comm_efficiency
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, float(hw.peak_flops[wl.dtype]), float(mfu),
                    hw.intra_node_bw_bytes_per_s * eff, hw.intra_node_latency_s,
                    hw.inter_node_bw_bytes_per_s * eff, hw.inter_node_latency_s,
-                   getattr(wl, "sim_layer_time_s", None))
+                   getattr(wl, "sim_layer_time_s", None), bubble)
 
     @property
     def act_bytes(self) -> float:
@@ -171,7 +178,11 @@ def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> Itera
         for j in range(p.num_stages - 1):
             same = plan.groups[p.groups[j]].node == plan.groups[p.groups[j + 1]].node
             p2p += 2.0 * cm.p2p_s(same)
-        pipes.append((p.micro_batches + p.num_stages - 1) * slow + p2p)
+        if cm.pipeline_bubble == "stagewise":
+            fill = max(p.micro_batches * t + sum(stage_s[:j]) for j, t in enumerate(stage_s))
+        else:
+            fill = (p.micro_batches + p.num_stages - 1) * slow
+        pipes.append(fill + p2p)
         zsec = max(zsec, p.micro_batches * slow)
     sync = grad_sync_s(plan, cm)
     return IterationCost(max(pipes) + sync, tuple(pipes), zsec, sync, gpu_compute)

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from impl.common.api import ConfigError
 from impl.common.cost.transformer import layer_matrix_params
 from impl.common.servesim.load_profile import LOAD_MODELS, MeasuredLoadProfile, measured_profile
 from impl.common.workloads.serving import PaperModel
+
+# Bytes per weight element -> the peak_flops entry that prices it.
+MODEL_DTYPES = {2: "fp16", 4: "fp32"}
 
 
 @dataclass
@@ -58,8 +61,16 @@ class ServingCostConfig:
     # S-LoRA's code copies the full A+B tensor once for A and once for B (spec 9), so its loads
     # move twice the adapter's bytes; False prices them like everyone else's.
     slora_copies_ab_twice: bool = True
+    # A load-time table profiled on the target machine for this model's adapters (rank ->
+    # seconds, e.g. the fidelity job's profile of the real run's copies): it replaces the
+    # hardware profile's table (load_model auto/measured). Empty = none.
+    load_table_ranks: List[int] = field(default_factory=list)
+    load_table_times_s: List[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if len(self.load_table_ranks) != len(self.load_table_times_s) or len(self.load_table_ranks) == 1:
+            raise ConfigError(f"system.cost.load_table_ranks ({len(self.load_table_ranks)}) and load_table_times_s "
+                              f"({len(self.load_table_times_s)}) must have the same length, 0 or >= 2")
         if self.load_model not in LOAD_MODELS:
             raise ConfigError(f"system.cost.load_model: unknown {self.load_model!r} (one of: {', '.join(LOAD_MODELS)})")
         for f in fields(self):
@@ -90,6 +101,13 @@ class ServingCost(ServingCostConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.load_model != "roofline" and self.measured_load is None and self.load_table_ranks:
+            order = sorted(range(len(self.load_table_ranks)), key=lambda i: self.load_table_ranks[i])
+            self.measured_load = MeasuredLoadProfile(
+                name="profiled", source="system.cost.load_table_* (profiled on the target machine)",
+                layers=self.model.num_layers, hidden=self.model.hidden, sites=self.lora_sites,
+                dtype_bytes=self.model.dtype_bytes, ranks=tuple(int(self.load_table_ranks[i]) for i in order),
+                times_s=tuple(float(self.load_table_times_s[i]) for i in order))
         if self.load_model != "roofline" and self.measured_load is None:
             self.measured_load = measured_profile(self.hardware_name)
             if self.load_model == "measured" and self.measured_load is None:
@@ -101,7 +119,14 @@ class ServingCost(ServingCostConfig):
 
     @classmethod
     def from_profile(cls, model, hardware, config: ServingCostConfig | None = None, tp: int = 1,
-                     dtype: str = "fp16") -> "ServingCost":
+                     dtype: Optional[str] = None) -> "ServingCost":
+        """``dtype``: the FLOP/s entry of ``hardware.peak_flops``; default the model's own
+        (``model.dtype_bytes``: 2 -> fp16, the papers' serving precision; 4 -> fp32)."""
+        if dtype is None:
+            if model.dtype_bytes not in MODEL_DTYPES:
+                raise ConfigError(f"workload.paper_model.dtype_bytes: {model.dtype_bytes} has no serving dtype "
+                                  f"(one of: {', '.join(map(str, MODEL_DTYPES))})")
+            dtype = MODEL_DTYPES[model.dtype_bytes]
         knobs = {f.name: getattr(config, f.name) for f in fields(ServingCostConfig)} if config else {}
         return cls(model=model, tp=tp, flops_per_s=hardware.flops(dtype),
                    mem_bw_bytes_per_s=hardware.memory_bw_bytes_per_s,

@@ -58,6 +58,11 @@ class HybridWorkload:
     # Sim: a profiled forward + backward time of one layer per micro-batch at the nominal TP
     # degree (a fidelity job's per-layer profile); null = FLOPs / (peak x mfu).
     sim_layer_time_s: Optional[float] = None
+    # Sim: a pipeline's fill + drain. "spec" (malleus 6, every paper figure): (m + S - 1) x the
+    # slowest stage; "stagewise": max over stages j of m t_j + sum_{k<j} t_k, the 1F1B critical
+    # path through the bottleneck stage (equal to "spec" when stages are equal; lower when the
+    # bottleneck is early, e.g. a straggler on stage 0 whose bubble the later stages hide).
+    pipeline_bubble: str = "spec"
     optimizer: str = "adam"
     lr: float = 1e-3
     torch_threads: int = 1
