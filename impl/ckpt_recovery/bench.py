@@ -44,14 +44,15 @@ class BenchSpec:
     dcp_grid_new: tuple = ((0, 1),)
 
 
-def full_state(shape: ModelShape, seed: int, steps: int = 1):
+def full_state(shape: ModelShape, seed: int, steps: int = 1, tokens: int = 64):
+    """Model + Adam state after ``steps`` seeded steps on one ``tokens``-long sequence, flat."""
     torch.manual_seed(seed)
     model = VarlenGPT(shape, seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        tok = torch.randint(0, shape.vocab, (64,), generator=g)
-        loss = model(tok, tok.roll(-1), torch.tensor([0, 64], dtype=torch.int32))
+        tok = torch.randint(0, shape.vocab, (tokens,), generator=g)
+        loss = model(tok, tok.roll(-1), torch.tensor([0, tokens], dtype=torch.int32))
         opt.zero_grad()
         loss.backward()
         opt.step()

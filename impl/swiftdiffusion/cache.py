@@ -32,11 +32,14 @@ class LRUCache:
         if self.capacity == 0:
             return value
         while len(self.items) >= self.capacity:
-            self.items.popitem(last=False)
+            del self.items[self._victim()]
             self.evictions += 1
         self.items[key] = value
         assert len(self.items) <= self.capacity
         return value
+
+    def _victim(self):
+        return next(iter(self.items))  # least recently used
 
 
 class LFUCache(LRUCache):
@@ -49,14 +52,10 @@ class LFUCache(LRUCache):
 
     def get(self, key, load: Callable[[], Any]):
         self.counts[key] = self.counts.get(key, 0) + 1
-        if key in self.items:
-            self.hits += 1
-            self.items.move_to_end(key)
-            return self.items[key]
-        self.misses += 1
-        value = load()
-        if self.capacity == 0:
-            return value
+        return super().get(key, load)
+
+    def _victim(self):
+        return min(self.items, key=lambda k: self.counts[k])  # OrderedDict order: LRU first on ties
         while len(self.items) >= self.capacity:
             victim = min(self.items, key=lambda k: self.counts[k])  # OrderedDict order: LRU first on ties
             del self.items[victim]

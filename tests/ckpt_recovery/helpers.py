@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import functools
 
-import torch
-
+from impl.ckpt_recovery.bench import full_state
 from impl.common.checkpoint.layout import StagePlan, pipeline_layout
-from impl.common.checkpoint.model_state import flat_state, state_metas
-from impl.common.models.varlen_gpt import VarlenGPT
 from impl.common.workloads.pipeline import ModelShape
 
 SHAPE = ModelShape(name="ckpt-test", num_layers=4, hidden=64, heads=4, ffn_hidden=128, vocab=256, seq_len=32)
@@ -20,17 +17,7 @@ def trained_state(seed: int = 0, steps: int = 1):
 
 @functools.lru_cache(maxsize=8)
 def _trained(seed: int, steps: int):
-    model = VarlenGPT(SHAPE, seed)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        tok = torch.randint(0, SHAPE.vocab, (16,), generator=g)
-        loss = model(tok, tok.roll(-1), torch.tensor([0, 16], dtype=torch.int32))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    state = {k: v.clone() for k, v in flat_state(model, opt).items()}
-    return state, state_metas(state)
+    return full_state(SHAPE, seed, steps, tokens=16)
 
 
 def tp2pp2(metas):

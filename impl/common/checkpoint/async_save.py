@@ -125,13 +125,7 @@ class AsyncCheckpointer:
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
         all_ready, all_written, due = (int(x) for x in flags)
         if self._pending is not None and all_written:
-            if self.rank == 0:
-                self.state[0] = _COMMITTING
-                self.conn.send(("commit", self._pending, self._pending_extra))
-            else:
-                self.state[0] = _IDLE
-            self.log.committed.append(self._pending)
-            self._pending = None
+            self._commit_pending()
         if not due:
             return False
         if not all_ready:
@@ -149,26 +143,30 @@ class AsyncCheckpointer:
         self.log.saves += 1
         return True
 
+    def _commit_pending(self) -> None:
+        """Every rank's shard of the pending step is written: rank 0's saver commits it."""
+        if self.rank == 0:
+            self.state[0] = _COMMITTING
+            self.conn.send(("commit", self._pending, self._pending_extra))
+        else:
+            self.state[0] = _IDLE
+        self.log.committed.append(self._pending)
+        self._pending = None
+
     def finish(self, timeout_s: float = 120.0) -> dict:
         """Drain: let the pending save commit (collective: every rank calls it), stop the saver."""
         end = time.monotonic() + timeout_s
         while True:
             self._check()
             phase = int(self.state[0])
-            busy = torch.tensor([0 if (phase == _IDLE and self._pending is None) else 1,
-                                 1 if (self._pending is not None and phase == _WRITTEN) or self._pending is None else 0],
-                                dtype=torch.int32)
-            flags = torch.tensor([int(busy[0]), -int(busy[1])], dtype=torch.int32)
+            busy = 0 if (phase == _IDLE and self._pending is None) else 1
+            written = 1 if self._pending is None or phase == _WRITTEN else 0
+            # One MAX all-reduce: any rank busy; written negated so MAX gives "all written".
+            flags = torch.tensor([busy, -written], dtype=torch.int32)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
             any_busy, all_written = int(flags[0]), -int(flags[1]) == 1
             if self._pending is not None and all_written:
-                if self.rank == 0:
-                    self.state[0] = _COMMITTING
-                    self.conn.send(("commit", self._pending, self._pending_extra))
-                else:
-                    self.state[0] = _IDLE
-                self.log.committed.append(self._pending)
-                self._pending = None
+                self._commit_pending()
             elif not any_busy:
                 break
             if time.monotonic() > end:
