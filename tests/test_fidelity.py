@@ -144,6 +144,33 @@ def test_serving_profile_takes_the_real_model_loads_and_decode_overhead():
     assert 0 < cost["iteration_overhead_s"] < 0.006  # the decode step less its roofline
 
 
+def test_serving_profile_prices_prefill_at_the_isolated_prefill_rate():
+    import dataclasses
+
+    from bench.fidelity.families import _serving
+    from impl.common.api import RunResult
+    from impl.common.servesim.cost import ServingCost, ServingCostConfig
+    from impl.common.workloads.serving import LlamaShape, PaperModel, ServingWorkload
+
+    wl = ServingWorkload(model=LlamaShape(hidden=512, ffn_hidden=1376, heads=8, kv_heads=8))
+    info = {"isolated_tpot_s": 0.006, "isolated_prompt_len": 128, "isolated_rank": 8, "isolated_prefill_s": 0.05}
+    prof = _serving(RunResult(metrics={}, info=info), wl, _hw())
+    cost = prof.system["cost"]
+    shape = {k: v for k, v in prof.workload["paper_model"].items()}
+    c = ServingCost.from_profile(PaperModel(**shape), _hw(), ServingCostConfig(
+        load_model="roofline", iteration_overhead_s=cost["iteration_overhead_s"],
+        prefill_flops_per_s=cost["prefill_flops_per_s"]))
+    # The profiled rate reproduces the measurement it came from, and only prefill moves.
+    assert c.prefill_s([128], [8]) == pytest.approx(0.05)
+    plain = dataclasses.replace(c, prefill_flops_per_s=0.0)
+    assert c.decode_s([129], [8]) == plain.decode_s([129], [8])
+    assert c.prefill_s([256], [8]) > plain.prefill_s([256], [8])  # slower than the calibrated rate here
+    # No isolated prefill (or one under the per-iteration overhead): no rate, the roofline stays.
+    for t in (None, 0.001):
+        p2 = _serving(RunResult(metrics={}, info={**info, "isolated_prefill_s": t}), wl, _hw())
+        assert "prefill_flops_per_s" not in p2.system["cost"]
+
+
 def test_conv_rate_prices_k3_convs_only_and_is_optional():
     from impl.common.diffusion.cost import Op, op_time_s
 

@@ -73,6 +73,21 @@ def _hybrid(real: RunResult, wl: Any, hw: Any = None) -> Profile:
                    {"sim_layer_time_s": f"layer_fwd_pad_s + layer_bwd_pad_s = {lt:g} s per layer per micro-batch"})
 
 
+def _prefill_rate(cost: Any, prompt_len: int, rank: int, t_prefill: Any, overhead_s: float) -> float:
+    """The FLOP/s at which ``cost.prefill_s([prompt_len], [rank])`` equals the measured isolated
+    prefill ``t_prefill`` (with ``overhead_s`` per iteration); 0 when it cannot be derived (no
+    measurement, a weight-read-bound prefill, or a measurement below the overhead)."""
+    import dataclasses as dc
+
+    if not t_prefill or float(t_prefill) <= overhead_s:
+        return 0.0
+    c = dc.replace(cost, iteration_overhead_s=0.0, prefill_flops_per_s=0.0)
+    if c.prefill_s([prompt_len], [rank], lora=False) <= c.weight_bytes / c.mem_bw_bytes_per_s:
+        return 0.0  # weight-read bound: the FLOP rate does not set its time
+    t_roof = c.prefill_s([prompt_len], [rank])
+    return c.flops_per_s * t_roof / (float(t_prefill) - overhead_s)
+
+
 def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
     # The sim prices the model the real run executes (its shape at fp32, the CPU run's dtype),
     # not the paper-scale one; prefill and decode come from the calibrated FLOP/s and memory
@@ -97,9 +112,20 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
         c0 = ServingCost.from_profile(PaperModel(**shape, dtype_bytes=4), hw,
                                       ServingCostConfig(load_model="roofline", iteration_overhead_s=0.0))
         roof = c0.decode_s([L + 1], [r])
-        prof.system = {"cost": {"iteration_overhead_s": max(0.0, float(t_tpot) - roof)}}
+        overhead = max(0.0, float(t_tpot) - roof)
+        prof.system = {"cost": {"iteration_overhead_s": overhead}}
         prof.sources["cost.iteration_overhead_s"] = (f"isolated decode step {float(t_tpot) * 1e3:.2f} ms - its "
                                                      f"roofline {roof * 1e3:.2f} ms")
+        # The same profiling pass times one isolated prefill at the median prompt: its achieved
+        # FLOP/s prices prefill (the calibrated rate is square matmuls; a CPU prefill's skinny
+        # matmuls and per-token norm/rotary/softmax work run slower). Only where the roofline's
+        # prefill is FLOP-bound, so the rate is what the measurement scales.
+        rate = _prefill_rate(c0, L, r, real.info.get("isolated_prefill_s"), overhead)
+        if rate:
+            prof.system["cost"]["prefill_flops_per_s"] = rate
+            prof.sources["cost.prefill_flops_per_s"] = (
+                f"isolated prefill of {L} tokens {float(real.info['isolated_prefill_s']) * 1e3:.2f} ms: "
+                f"{rate / 1e9:.1f} GFLOP/s achieved vs {c0.flops_per_s / 1e9:.1f} calibrated")
     loads = real.info.get("emulated_load_s_by_rank")
     if loads:
         rk = sorted(int(r) for r in loads)

@@ -66,6 +66,11 @@ class ServingCostConfig:
     # hardware profile's table (load_model auto/measured). Empty = none.
     load_table_ranks: List[int] = field(default_factory=list)
     load_table_times_s: List[float] = field(default_factory=list)
+    # Achieved prefill FLOP/s profiled on the target machine (e.g. one isolated prefill of the
+    # served model, the fidelity job's profile); 0 = the hardware profile's rate. A CPU prefill
+    # runs skinny matmuls plus per-token norm/rotary/softmax/SiLU work that a square-matmul
+    # calibration does not see.
+    prefill_flops_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.load_table_ranks) != len(self.load_table_times_s) or len(self.load_table_ranks) == 1:
@@ -184,11 +189,12 @@ class ServingCost(ServingCostConfig):
         T = sum(lens)
         flops = 2 * (self.num_layers * self.layer_params + self.model.vocab * self.hidden) * T / self.tp
         flops += 2 * self.num_layers * self.hidden * sum(n * n for n in lens) / self.tp  # attention
-        t = max(flops / self.flops_per_s, self.weight_bytes / self.mem_bw_bytes_per_s)
+        rate = self.prefill_flops_per_s or self.flops_per_s
+        t = max(flops / rate, self.weight_bytes / self.mem_bw_bytes_per_s)
         if lora:
             eff = self.mbgmv_efficiency if kernel == "mbgmv" else self.bgmv_efficiency
             lf = 4 * self.num_layers * self.lora_sites * self.hidden * sum(n * r for n, r in zip(lens, ranks)) / self.tp
-            t += lf / (self.flops_per_s * eff)
+            t += lf / (rate * eff)
         return t + self._allreduce_s(T) + self.iteration_overhead_s
 
     def decode_s(self, ctx: Sequence[int], ranks: Sequence[int], kernel: str = "bgmv", lora: bool = True) -> float:
