@@ -39,5 +39,9 @@ def test_bal_k0_bit_identical_patch_step_and_pristine():
         k = int(v[1:])
         for p, first in zip(steps, r["first_done"][v]):
             assert p == expected_patch_step(first, k)
-    assert r["diffusers_vs_sync_max_rel"] and max(r["diffusers_vs_sync_max_rel"]) < 1e-2
+    # fp16 LoRA files: both Diffusers paths see the values our fp16 buffers hold (fp32 tolerance;
+    # their unfuse-by-subtraction drift is the remainder)
+    for v in ("diffusers_model", "diffusers_pipeline"):
+        assert len(r[f"{v}_vs_sync_max_rel"]) == wl.requests and max(r[f"{v}_vs_sync_max_rel"]) <= 1e-5
+    assert r["pipeline"] == "StableDiffusionControlNetPipeline (ControlNetModel)"
     assert sum(r["loads"]) == 2 * (wl.requests + 1) * len(r["patch"])
