@@ -17,7 +17,7 @@ from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.varlen.sampling import LengthStream
 
 from .planner import plan_groups
-from .presets import load_presets
+from .presets import PRESET_GROUPINGS, load_presets
 from .pricing import Env, best_static, check_fits, price_grouped_step, price_static_step
 from .strategy import GroupPlan, make_group_plan, parse_strategy
 
@@ -40,7 +40,7 @@ def _batches(wl, seed: int, steps: int):
 def group_plan(system, env: Env, wl, seed: int) -> tuple[GroupPlan, dict]:
     """The boundaries and strategies a HotSPa-engine policy runs at ``wl.context``."""
     cfg, info = system.cfg, {}
-    if cfg.grouping in ("c1", "c2"):
+    if cfg.grouping in PRESET_GROUPINGS:
         gp = load_presets().group_plan(cfg.grouping, wl.model.name, wl.num_gpus, wl.context)
     elif cfg.grouping == "explicit":
         gp = make_group_plan(cfg.boundaries, cfg.strategies, wl.num_gpus)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import copy
 import math
 import pathlib
+import contextlib
+import logging
 import time
-import warnings
 from typing import Sequence
 
 import torch
@@ -80,6 +81,18 @@ def run_pipeline(pipe, wl, inp: dict, scales: Sequence[float] = ()) -> torch.Ten
     return pipe(**kw).images
 
 
+@contextlib.contextmanager
+def _quiet_text_encoder_notice():
+    """The files hold UNet LoRAs only: diffusers' notice that the text encoder gets none, per load, is noise."""
+    log = logging.getLogger("diffusers.loaders.lora_base")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def pipeline_request(pipe, storage, paths, idx, wl, inp: dict, scales, cache_dir, timings: dict) -> torch.Tensor:
     """The Diffusers server's request: fetch each LoRA (emulated store) to the local cache,
     ``load_lora_weights``, ``set_adapters``, ``fuse_lora``; denoise; ``unfuse_lora``,
@@ -91,8 +104,7 @@ def pipeline_request(pipe, storage, paths, idx, wl, inp: dict, scales, cache_dir
         local.mkdir(parents=True, exist_ok=True)
         (local / WEIGHT_NAME).write_bytes(storage.read_file(paths[i], wl.lora_paper_bytes))
         name = f"a{i}"
-        with warnings.catch_warnings():  # the files hold UNet LoRAs only; the text encoder gets none
-            warnings.filterwarnings("ignore", message="No LoRA keys associated to CLIPTextModel")
+        with _quiet_text_encoder_notice():
             pipe.load_lora_weights(str(local), weight_name=WEIGHT_NAME, adapter_name=name)
         names.append(name)
     if names:
