@@ -143,7 +143,7 @@ def run_sim(system, job) -> RunResult:
     per_ctx = {}
     for ctx in system.cfg.sim.contexts:
         m, i = simulate(system, at_context(wl, ctx), job.hardware, job.seed)
-        for name in ("step_time_s", "switch_time_s", "throughput_tokens_per_s"):
+        for name in ("step_time_s", "switch_time_s", "throughput_tokens_per_s", "peak_memory_gib"):
             metrics[f"{name}@ctx{ctx}"] = m[name]
         for pol in system.cfg.sim.report_policies:
             metrics[f"switch_time_s@{pol}@ctx{ctx}"] = m[f"switch_time_s@{pol}"]

@@ -215,3 +215,39 @@ def test_megatron_static_strategy_fits_the_context():
     assert info["maxlen"][0] >= wl.context and m["step_time_s"].value > 0
     s = Strategy(*(int(x) for x in info["strategies"][0].strip("()").split(",")))
     assert s.tp <= 8 and wl.model.num_layers % s.pp == 0 and s.gpus == 32
+
+
+def test_ablation_knobs_replicas_and_buffer_fusion():
+    """Spec 3's ablations as priced: replicas drop the parameter switches but refresh every
+    replica after the update and keep the other strategies' bf16 params resident; unfused
+    switches pay one latency per slice, so they are never cheaper than fused ones."""
+    wl = dataclasses.replace(_wl("hotspa_32b_32gpu_cc"), steps=1)
+    arms = {(r, f): simulate(_system(grouping="c2", sim=SimKnobs(replicas=r, buffer_fusion=f)), wl, _hw(), 0)[0]
+            for r in (False, True) for f in (True, False)}
+    for r in (False, True):
+        assert arms[(r, False)]["switch_time_s"].value >= arms[(r, True)]["switch_time_s"].value
+        assert arms[(r, False)]["compute_time_s"].value == arms[(r, True)]["compute_time_s"].value
+    assert arms[(True, True)]["peak_memory_gib"].value > arms[(False, True)]["peak_memory_gib"].value
+    assert arms[(True, True)]["switch_time_s"].value != arms[(False, True)]["switch_time_s"].value
+    # one group (4K): no other strategy, so no replica, no switch: every arm prices the same
+    one = {(r, f): simulate(_system(sim=SimKnobs(replicas=r, buffer_fusion=f)), at_context(wl, 4096), _hw(), 0)[0]
+           for r in (False, True) for f in (True, False)}
+    assert len({(m["step_time_s"].value, m["peak_memory_gib"].value) for m in one.values()}) == 1
+
+
+def test_ablation_figure_reads_each_records_own_knobs(tmp_path):
+    from impl.hotspa.figures import ablation, ablation_table
+
+    def rec(replicas, fusion, step):
+        return {"system": "hotspa", "workload": "hotspa_7b_8gpu_gh", "status": "ok", "mode": "sim",
+                "config": {"system": {"sim": {"replicas": replicas, "buffer_fusion": fusion}}},
+                "info": {"context": 32768, "memory_capacity_gib": 76.0},
+                "metrics": {"step_time_s": {"value": step}, "switch_time_s": {"value": step / 100},
+                            "peak_memory_gib": {"value": 60.0}, "step_time_s@ctx16384": {"value": step / 2}}}
+
+    recs = [rec(False, True, 10.0), rec(True, True, 11.0), rec(False, False, 12.0)]
+    t = ablation_table(recs)
+    assert t[("7b_8gpu_gh", "hotspa", 32768)][(True, True)]["step_time_s"] == 11.0
+    assert t[("7b_8gpu_gh", "hotspa", 16384)][(False, False)]["step_time_s"] == 6.0
+    assert (True, False) not in t[("7b_8gpu_gh", "hotspa", 32768)]
+    assert ablation(recs, tmp_path)[0].exists()
