@@ -21,9 +21,9 @@ def _lat(samples, better="lower") -> Metric:
 # A distributed path whose output strays from its one-process reference by more than this
 # (relative to the reference's magnitude) is not the same computation: its timing is invalid.
 EQUAL_RTOL = 1e-5
-# The in-process loops that take the channels_last flag (UNet converted, NHWC inputs); the
-# ControlNet-service and CFG-parallel loops keep the default layout (their tensors cross gloo).
-CHANNELS_LAST_SCENARIOS = ("bal", "quality")
+# The loops that take the channels_last flag (UNet and ControlNets converted, NHWC inputs); in
+# the multi-process ones tensors cross gloo in the default layout. lora_api times API calls only.
+CHANNELS_LAST_SCENARIOS = ("controlnet", "cfg", "bal", "quality")
 
 
 def run_real(system, job: JobContext) -> RunResult:
@@ -40,7 +40,7 @@ def run_real(system, job: JobContext) -> RunResult:
         from .controlnet_service import run_service
 
         k = wl.num_controlnets
-        r = run_service(wl, job.seed, k, list(wl.cn_scales[:k]), cfg.aggregation, cfg.cn_cache)
+        r = run_service(wl, job.seed, k, list(wl.cn_scales[:k]), cfg.aggregation, cfg.cn_cache, channels_last=applied)
         svc, loc = r["service_s"], r["local_s"]
         m["latency_s"] = _lat(svc)
         m["throughput_rps"] = Metric.scalar(1.0 / _mean(svc), "req/s", "higher")
@@ -57,7 +57,7 @@ def run_real(system, job: JobContext) -> RunResult:
     elif wl.scenario == "cfg":
         from .cfg_parallel import run_cfg
 
-        r = run_cfg(wl, job.seed)
+        r = run_cfg(wl, job.seed, channels_last=applied)
         m["latency_s"] = _lat(r["parallel_s"])
         m["throughput_rps"] = Metric.scalar(1.0 / _mean(r["parallel_s"]), "req/s", "higher")
         m["latency_batched_s"] = _lat(r["batched_s"])
