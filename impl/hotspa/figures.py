@@ -1,4 +1,4 @@
-"""HotSPa figures, drawn from a sweep's records (sim_matrix, sim_switch_policies)."""
+"""HotSPa figures, drawn from a sweep's records (sim_matrix, sim_switch_policies, sim_ablation)."""
 from __future__ import annotations
 
 import pathlib
@@ -91,4 +91,49 @@ def switch_time_by_policy(records, out_dir) -> list[pathlib.Path]:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     path = save_png(fig, pathlib.Path(out_dir) / "switch_time_by_policy.png")
+    return [path]
+
+
+ABLATION_ARMS = (((False, True), "HotSPa (switch params, fused)"), ((True, True), "param replicas"),
+                 ((False, False), "no buffer fusion"), ((True, False), "replicas, no fusion"))
+
+
+def ablation_table(records) -> dict:
+    """(workload, system, context) -> {(replicas, buffer_fusion): {metric: value}} (spec 3's
+    "two replicas" and buffer-fusion ablations, read from each record's own ``system.sim``)."""
+    out: dict = {}
+    for r in plottable(records, "step_time_s"):
+        if not r["system"].startswith("hotspa"):
+            continue
+        knobs = r["config"]["system"]["sim"]
+        arm = (bool(knobs["replicas"]), bool(knobs["buffer_fusion"]))
+        for metric in ("step_time_s", "switch_time_s", "peak_memory_gib"):
+            for ctx, v in _context_values(r, metric).items():
+                key = (r["workload"].replace("hotspa_", ""), r["system"], ctx)
+                out.setdefault(key, {}).setdefault(arm, {})[metric] = v
+    return out
+
+
+def ablation(records, out_dir) -> list[pathlib.Path]:
+    """Step time, switch time and peak memory per ablation arm, one bar group per case."""
+    table = ablation_table(records)
+    keys = sorted(table, key=lambda k: (k[0], k[1], -k[2]))
+    panels = (("step_time_s", "step time (s, sim)"), ("switch_time_s", "switch time per step (s, sim)"),
+              ("peak_memory_gib", "peak memory per GPU (GiB, sim)"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 1.1 * len(keys) + 2), 9), sharex=True)
+    w = 0.8 / len(ABLATION_ARMS)
+    for ax, (metric, label) in zip(axes, panels):
+        for ai, (arm, name) in enumerate(ABLATION_ARMS):
+            ax.bar([i + ai * w for i in range(len(keys))],
+                   [table[k].get(arm, {}).get(metric, float("nan")) for k in keys], w, label=name)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    for cap in sorted({r["info"]["memory_capacity_gib"] for r in plottable(records, "step_time_s")
+                       if "memory_capacity_gib" in r.get("info", {})}):
+        axes[-1].axhline(cap, color="k", lw=0.8, ls="--")
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("HotSPa ablations (spec 3): parameter replicas, buffer fusion; same batches", fontsize=9)
+    axes[-1].set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
+    axes[-1].set_xticklabels([f"{k[0]}\n{k[1]}\n{k[2] // 1024}K" for k in keys], fontsize=6)
+    path = save_png(fig, pathlib.Path(out_dir) / "ablation.png")
     return [path]

@@ -16,6 +16,10 @@ from impl.common.varlen.packing import check_boundaries
 from .strategy import GroupPlan, Strategy, parse_strategy
 
 
+# The named groupings of conf/data/hotspa_presets.yaml (spec 2.1): c1, c2 and the A100 preset.
+PRESET_GROUPINGS = ("c1", "c2", "a100")
+
+
 def default_path() -> pathlib.Path:
     return pathlib.Path(str(resources.files("conf").joinpath("data", "hotspa_presets.yaml")))
 

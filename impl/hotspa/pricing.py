@@ -59,6 +59,12 @@ class Env:
     def switch_peak_bytes(self, a: Strategy, b: Strategy) -> float:
         return self.mem.switch_peak_bytes(self.model, self.layout(a), self.layout(b), self.N)
 
+    def replica_bytes(self, strategies: Sequence[Strategy], running: Strategy) -> float:
+        """The "two replicas" ablation's extra memory while ``running`` computes: the bf16
+        parameter copies of every other strategy stay resident."""
+        return sum(self.mem.state_bytes(self.model, self.layout(s), self.N)["params_bytes"]
+                   for s in set(strategies) - {running})
+
     def plan(self, s: Strategy) -> Plan:
         if s not in self._plans:
             self._plans[s] = uniform_plan(self.N, self.gpn, s.dp, s.tp, s.pp, self.model.num_layers, s.dp * s.pp,
@@ -204,7 +210,9 @@ def price_grouped_step(env: Env, ids, lengths, gp: GroupPlan, *, pad: str, align
         out.group_compute_s.append(t)
         out.group_micro_batches.append(len(mbs))
         out.compute_s += t
-        out.peak_memory_bytes = max(out.peak_memory_bytes, env.memory_bytes(g, max(mb.padded_len for mb in mbs)))
+        extra = env.replica_bytes(gp.strategies, g) if replicas else 0.0
+        out.peak_memory_bytes = max(out.peak_memory_bytes,
+                                    env.memory_bytes(g, max(mb.padded_len for mb in mbs)) + extra)
     layouts = _schedule(gp, [not grp.is_empty for grp in groups])
     out.order = [str(s) for s in layouts[1:]]
     out.switch_s = switches_s(env, layouts, policy, fused, replicas)

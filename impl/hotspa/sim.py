@@ -17,7 +17,7 @@ from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.varlen.sampling import LengthStream
 
 from .planner import plan_groups
-from .presets import load_presets
+from .presets import PRESET_GROUPINGS, load_presets
 from .pricing import Env, best_static, check_fits, price_grouped_step, price_static_step
 from .strategy import GroupPlan, make_group_plan, parse_strategy
 
@@ -40,7 +40,7 @@ def _batches(wl, seed: int, steps: int):
 def group_plan(system, env: Env, wl, seed: int) -> tuple[GroupPlan, dict]:
     """The boundaries and strategies a HotSPa-engine policy runs at ``wl.context``."""
     cfg, info = system.cfg, {}
-    if cfg.grouping in ("c1", "c2"):
+    if cfg.grouping in PRESET_GROUPINGS:
         gp = load_presets().group_plan(cfg.grouping, wl.model.name, wl.num_gpus, wl.context)
     elif cfg.grouping == "explicit":
         gp = make_group_plan(cfg.boundaries, cfg.strategies, wl.num_gpus)
@@ -143,7 +143,7 @@ def run_sim(system, job) -> RunResult:
     per_ctx = {}
     for ctx in system.cfg.sim.contexts:
         m, i = simulate(system, at_context(wl, ctx), job.hardware, job.seed)
-        for name in ("step_time_s", "switch_time_s", "throughput_tokens_per_s"):
+        for name in ("step_time_s", "switch_time_s", "throughput_tokens_per_s", "peak_memory_gib"):
             metrics[f"{name}@ctx{ctx}"] = m[name]
         for pol in system.cfg.sim.report_policies:
             metrics[f"switch_time_s@{pol}@ctx{ctx}"] = m[f"switch_time_s@{pol}"]

@@ -17,12 +17,13 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
+from .presets import PRESET_GROUPINGS
 from .real_config import RealKnobs
 from .sim_config import SimKnobs
 
 POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static")
 SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
-GROUPINGS = ("c1", "c2", "planned", "explicit")
+GROUPINGS = (*PRESET_GROUPINGS, "planned", "explicit")
 
 
 class HotSPa(System):

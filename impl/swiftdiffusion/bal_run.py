@@ -1,10 +1,14 @@
 """Real experiment B: BAL (patch at min(first all-loaded step, K)) against a synchronous direct
-merge and against diffusers' own ``load_lora_adapter`` + ``fuse_lora`` on CPU.
+merge and against two Diffusers baselines on CPU: ``diffusers_pipeline``, the full pipeline API
+(``StableDiffusionControlNetPipeline`` + ``load_lora_weights`` / ``set_adapters`` / ``fuse_lora``
+per request, :mod:`.diffusers_pipeline`), and ``diffusers_model``, the model-level
+``unet.load_lora_adapter`` + ``fuse_lora`` that spec 5B names.
 
 One launch: rank 0 is the base worker, ranks 1..n the loader processes (one per LoRA slot) over
 preallocated shared-memory buffers. Every LoRA read (BAL's loaders, the synchronous merge and
 diffusers alike) goes through the same storage emulator (labelled emulated); variants rotate
-order per request. Latents of every patch-at-k run are compared with the synchronous run."""
+order per request. Every request runs ``workload.num_controlnets`` ControlNets (serial, local).
+Latents of every other variant are compared with the synchronous run."""
 from __future__ import annotations
 
 import copy
@@ -21,6 +25,7 @@ from impl.common.storage.emulator import Storage, StorageProfile
 
 from .bal import LoaderClient, SharedSlots, bal_request, check_file, check_k, loader_loop
 from .denoise import denoise, to_channels_last
+from .diffusers_pipeline import build_pipeline, pipeline_request, weight_drift
 from .lora import TargetTable, load_direct, make_lora, merge, restore
 from .models import build_bundle, request_inputs
 
@@ -35,7 +40,8 @@ def make_lora_files(wl, seed: int, unet, root) -> list[str]:
     paths = []
     for j in range(2):
         for i, r in enumerate(wl.lora_ranks):
-            paths.append(str(make_lora(unet, r, seed + 10 * j + i, f"{root}/lora-{j}-{i}", alpha=2.0 * r)))
+            paths.append(str(make_lora(unet, r, seed + 10 * j + i, f"{root}/lora-{j}-{i}", alpha=2.0 * r,
+                                       dtype=torch.float16)))
     return paths
 
 
@@ -77,15 +83,20 @@ def diffusers_request(unet, storage, paths, idx, run, emulated_bytes, timings: d
 @torch.no_grad()
 def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
     torch.set_num_threads(max(1, wl.torch_threads))
-    b = build_bundle(wl, seed, num_controlnets=0)
+    n_cn = wl.num_controlnets
+    b = build_bundle(wl, seed, num_controlnets=n_cn)
+    cns, scales = list(b.controlnets.values()), list(wl.cn_scales[:n_cn])
     diff_unet = copy.deepcopy(b.unet)
+    pipe = build_pipeline(b, wl, seed, list(b.controlnets))
     if channels_last:
-        to_channels_last(b.unet, diff_unet)
+        to_channels_last(b.unet, diff_unet, pipe.unet, *cns)
+    pipe_pristine = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
+    cache = tempfile.TemporaryDirectory(prefix="mlsys-lora-cache-")  # the Diffusers server's local LoRA dir
     table = TargetTable.build(b.unet)
     storage = storage_for(wl)
     client = LoaderClient(slots, table, paths, slots.max_rank)
     n_l = len(wl.lora_ranks)
-    variants = ["sync", "diffusers"] + [f"k{k}" for k in k_grid]
+    variants = ["sync", "diffusers_model", "diffusers_pipeline"] + [f"k{k}" for k in k_grid]
     times = {v: [] for v in variants}
     patch = {f"k{k}": [] for k in k_grid}
     first_done = {f"k{k}": [] for k in k_grid}
@@ -94,11 +105,12 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
     try:  # the loaders stop however the requests end
         for r in range(wl.requests + 1):  # request 0 = warm-up
             idx = list(range((r % 2) * n_l, (r % 2) * n_l + n_l))
-            inp = request_inputs(wl, seed * 1000 + r, 0, b)
+            inp = request_inputs(wl, seed * 1000 + r, n_cn, b)
 
             def run(hook, unet=b.unet):
-                return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, before_step=hook,
-                               channels_last=channels_last)
+                return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, controlnets=cns, scales=scales,
+                               guidance_start=wl.control_guidance_start, guidance_end=wl.control_guidance_end,
+                               before_step=hook, channels_last=channels_last)
 
             out = {}
             order = variants[r % len(variants):] + variants[:r % len(variants)]
@@ -106,9 +118,11 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
                 t0 = time.perf_counter()
                 if v == "sync":
                     out[v] = sync_request(table, storage, paths, idx, run, wl.lora_paper_bytes)
-                elif v == "diffusers":
+                elif v == "diffusers_model":
                     out[v] = diffusers_request(diff_unet, storage, paths, idx, lambda h: run(h, diff_unet),
                                                wl.lora_paper_bytes, extra)
+                elif v == "diffusers_pipeline":
+                    out[v] = pipeline_request(pipe, storage, paths, idx, wl, inp, scales, cache.name, extra)
                 else:
                     k = int(v[1:])
                     out[v], pol = bal_request(client, idx, k, run)
@@ -123,12 +137,19 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
                     quality[v].append((psnr(ref, out[v]), ssim(ref[0], out[v][0])))
                 if "k0" in out:
                     k0_equal.append(bool(torch.equal(out["k0"], ref)))
-                extra.setdefault("diffusers_vs_sync_max_rel", []).append(
-                    float((out["diffusers"] - ref).abs().max() / ref.abs().max()))
-            # after every request the base weights are pristine again
+                for v in ("diffusers_model", "diffusers_pipeline"):
+                    extra.setdefault(f"{v}_vs_sync_max_rel", []).append(float((out[v] - ref).abs().max() / ref.abs().max()))
+            # after every request our base weights are pristine again (restored by copy); diffusers'
+            # unfuse subtracts the delta back, so its weights drift (spec 8): measured, not required
             extra.setdefault("pristine_after", []).append(all(torch.equal(s.weight, s.pristine) for s in table.sites.values()))
+            extra.setdefault("pipeline_weight_drift", []).append(weight_drift(pipe.unet, pipe_pristine))
     finally:
         client.stop()
+        cache.cleanup()
+    for key in ("load_fuse_s", "unfuse_unload_s", "pipeline_load_fuse_s", "pipeline_unfuse_unload_s"):
+        extra[key] = extra[key][1:]  # request 0 is the warm-up
+    cn = getattr(pipe, "controlnet", None)
+    extra["pipeline"] = type(pipe).__name__ + (f" ({type(cn).__name__})" if cn is not None else "")
     return dict(times=times, patch=patch, first_done=first_done, quality=quality, k0_equal=k0_equal, **extra)
 
 
@@ -141,7 +162,7 @@ def _main(ctx: RankContext, wl, seed, paths, slots, k_grid, storage, channels_la
 def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0, channels_last: bool = False) -> dict:
     for k in k_grid:
         check_k(k, wl.num_steps)
-    b = build_bundle(wl, seed, num_controlnets=0)
+    b = build_bundle(wl, seed, num_controlnets=0)  # the LoRA files need the UNet only
     table = TargetTable.build(b.unet)
     with tempfile.TemporaryDirectory(prefix="mlsys-lora-") as d:
         paths = make_lora_files(wl, seed, b.unet, d)

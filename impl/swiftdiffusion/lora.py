@@ -30,8 +30,9 @@ def lora_file(directory) -> pathlib.Path:
 
 
 def make_lora(unet, rank: int, seed: int, directory, alpha: Optional[float] = None,
-              target_modules: Sequence[str] = TARGET_MODULES) -> pathlib.Path:
-    """A random LoRA made by PEFT on a copy of ``unet`` and saved the diffusers way."""
+              target_modules: Sequence[str] = TARGET_MODULES, dtype: torch.dtype = torch.float32) -> pathlib.Path:
+    """A random LoRA made by PEFT on a copy of ``unet`` and saved the diffusers way, its tensors
+    stored as ``dtype`` (fp16: as SD LoRAs ship, and as Katz' loader buffers hold them)."""
     from diffusers import StableDiffusionPipeline
     from peft import LoraConfig
     from peft.utils import get_peft_model_state_dict
@@ -43,7 +44,7 @@ def make_lora(unet, rank: int, seed: int, directory, alpha: Optional[float] = No
     cfg = LoraConfig(r=rank, lora_alpha=float(alpha if alpha is not None else rank), target_modules=list(target_modules),
                      init_lora_weights=False)
     u.add_adapter(cfg)
-    sd = get_peft_model_state_dict(u)
+    sd = {k: v.to(dtype) for k, v in get_peft_model_state_dict(u).items()}
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     StableDiffusionPipeline.save_lora_weights(directory, unet_lora_layers=sd, unet_lora_adapter_metadata=cfg.to_dict(),

@@ -9,7 +9,8 @@
 | swiftdiffusion_distrifusion | -                                                | E1: patch-parallel steps      |
 
 Real scenarios (``workload.scenario``): ``controlnet`` (ControlNet service vs one-process
-diffusers loop), ``bal`` (BAL per K vs synchronous merge vs diffusers load+fuse), ``cfg``
+diffusers loop), ``bal`` (BAL per K vs synchronous merge vs the Diffusers pipeline API and the model-level
+load+fuse), ``cfg``
 (latent parallelism vs batch-2 CFG), ``lora_api`` (diffusers LoRA API costs vs direct merge),
 ``quality`` (latents of patch-at-K, Nirvana-K and NoLoRA against the synchronous-merge reference).
 Every record carries ``latency_s`` (mean per request of the system's own path) and
@@ -126,6 +127,9 @@ class SwiftDiffusionSystem(System):
         check_guidance(workload.control_guidance_start, workload.control_guidance_end)
         if workload.scenario == "controlnet" and not 1 <= workload.num_controlnets <= workload.num_controlnets_built:
             raise ConfigError(f"workload.num_controlnets must be in 1..{workload.num_controlnets_built} "
+                              f"(num_controlnets_built), got {workload.num_controlnets}")
+        if workload.scenario == "bal" and not 0 <= workload.num_controlnets <= workload.num_controlnets_built:
+            raise ConfigError(f"workload.num_controlnets must be in 0..{workload.num_controlnets_built} "
                               f"(num_controlnets_built), got {workload.num_controlnets}")
         if len(workload.cn_scales) < workload.num_controlnets:
             raise ConfigError(f"workload.cn_scales: {len(workload.cn_scales)} scales for "

@@ -23,8 +23,8 @@ from impl.hotspa.strategy import GroupPlan, Strategy, make_group_plan
 from impl.hotspa.system import HotSPa
 
 
-def _hw() -> HardwareProfile:
-    d = OmegaConf.to_container(OmegaConf.load("conf/hardware/a800-80g.yaml"))
+def _hw(name: str = "a800-80g") -> HardwareProfile:
+    d = OmegaConf.to_container(OmegaConf.load(f"conf/hardware/{name}.yaml"))
     return HardwareProfile(**d)
 
 
@@ -47,6 +47,28 @@ def test_presets_load_and_drop_top_boundaries():
     gp = p.group_plan("c1", "llama2-7b", 8, 16384)  # spec 2.2: (2,2,2) + (8,1,1)
     assert gp.strategies == (Strategy(2, 2, 2), Strategy(8, 1, 1))
     assert p.group_plan("c2", "llama-32b", 32, 32768).home == Strategy(1, 16, 2)
+
+
+def test_a100_preset_groups_and_strategies():
+    """Spec 2.1's A100 preset: {<=2K, 2-4K, 4-8K} at 8K; the 3B strategies of the artifact's
+    A100 script under c1 ({<=4K (8,1,1), 4-8K/4-16K (2,2,2), 16-32K (1,4,2)})."""
+    p = load_presets()
+    assert p.boundaries("a100", 8192) == [8192, 4096, 2048, 0]
+    assert p.boundaries("a100", 4096) == [4096, 2048, 0]
+    gp = p.group_plan("a100", "llama-3b", 8, 8192)
+    assert gp.strategies == (Strategy(2, 2, 2), Strategy(4, 2, 1), Strategy(8, 1, 1)) and gp.home == Strategy(2, 2, 2)
+    assert p.group_plan("a100", "llama-3b", 8, 4096).strategies == (Strategy(4, 2, 1), Strategy(8, 1, 1))
+    assert p.group_plan("c1", "llama-3b", 8, 8192).strategies == (Strategy(2, 2, 2), Strategy(8, 1, 1))
+    assert p.group_plan("c1", "llama-3b", 8, 16384).strategies == (Strategy(2, 2, 2), Strategy(8, 1, 1))
+    assert p.group_plan("c1", "llama-3b", 8, 32768).strategies == (Strategy(1, 4, 2), Strategy(2, 2, 2),
+                                                                   Strategy(8, 1, 1))
+    with pytest.raises(ConfigError, match=r"workload.context: 16384 is above preset a100's top boundary 8192"):
+        p.group_plan("a100", "llama-3b", 8, 16384)
+    # the sim runs the preset: each sequence in the group its length names, one strategy per group
+    wl = dataclasses.replace(_wl("hotspa_3b_8gpu_cc"), steps=1)
+    m, info = simulate(_system(grouping="a100"), wl, _hw("a100-40g"), 0)
+    assert info["boundaries"] == [8192, 4096, 2048, 0] and info["strategies"] == ["(2,2,2)", "(4,2,1)", "(8,1,1)"]
+    assert len(info["group_micro_batches_step0"]) == 3 and m["switch_time_s"].value > 0
 
 
 def test_bad_preset_file_is_one_line(tmp_path):
@@ -155,10 +177,10 @@ def test_switch_time_orders_greedy_rr_fcfs_on_preset_switches(name, grouping):
 
 
 def test_memory_within_capacity_for_every_preset_strategy_and_switch():
-    hw = _hw()
     p = load_presets()
-    names = {"llama2-7b": "7b", "llama2-13b": "13b", "llama-32b": "32b"}
+    names = {"llama2-7b": "7b", "llama2-13b": "13b", "llama-32b": "32b", "llama-3b": "3b"}
     for (model, n), table in p.strategies.items():
+        hw = _hw("a100-40g" if model == "llama-3b" else "a800-80g")  # 3B: the artifact's A100-40G check
         env = Env(_wl(f"hotspa_{names[model]}_{n}gpu_cc"), hw, SimKnobs())
         for (lo, hi), s in table.items():
             assert env.memory_bytes(s, hi) <= env.mem.capacity_bytes, (model, n, s, hi)
@@ -193,3 +215,39 @@ def test_megatron_static_strategy_fits_the_context():
     assert info["maxlen"][0] >= wl.context and m["step_time_s"].value > 0
     s = Strategy(*(int(x) for x in info["strategies"][0].strip("()").split(",")))
     assert s.tp <= 8 and wl.model.num_layers % s.pp == 0 and s.gpus == 32
+
+
+def test_ablation_knobs_replicas_and_buffer_fusion():
+    """Spec 3's ablations as priced: replicas drop the parameter switches but refresh every
+    replica after the update and keep the other strategies' bf16 params resident; unfused
+    switches pay one latency per slice, so they are never cheaper than fused ones."""
+    wl = dataclasses.replace(_wl("hotspa_32b_32gpu_cc"), steps=1)
+    arms = {(r, f): simulate(_system(grouping="c2", sim=SimKnobs(replicas=r, buffer_fusion=f)), wl, _hw(), 0)[0]
+            for r in (False, True) for f in (True, False)}
+    for r in (False, True):
+        assert arms[(r, False)]["switch_time_s"].value >= arms[(r, True)]["switch_time_s"].value
+        assert arms[(r, False)]["compute_time_s"].value == arms[(r, True)]["compute_time_s"].value
+    assert arms[(True, True)]["peak_memory_gib"].value > arms[(False, True)]["peak_memory_gib"].value
+    assert arms[(True, True)]["switch_time_s"].value != arms[(False, True)]["switch_time_s"].value
+    # one group (4K): no other strategy, so no replica, no switch: every arm prices the same
+    one = {(r, f): simulate(_system(sim=SimKnobs(replicas=r, buffer_fusion=f)), at_context(wl, 4096), _hw(), 0)[0]
+           for r in (False, True) for f in (True, False)}
+    assert len({(m["step_time_s"].value, m["peak_memory_gib"].value) for m in one.values()}) == 1
+
+
+def test_ablation_figure_reads_each_records_own_knobs(tmp_path):
+    from impl.hotspa.figures import ablation, ablation_table
+
+    def rec(replicas, fusion, step):
+        return {"system": "hotspa", "workload": "hotspa_7b_8gpu_gh", "status": "ok", "mode": "sim",
+                "config": {"system": {"sim": {"replicas": replicas, "buffer_fusion": fusion}}},
+                "info": {"context": 32768, "memory_capacity_gib": 76.0},
+                "metrics": {"step_time_s": {"value": step}, "switch_time_s": {"value": step / 100},
+                            "peak_memory_gib": {"value": 60.0}, "step_time_s@ctx16384": {"value": step / 2}}}
+
+    recs = [rec(False, True, 10.0), rec(True, True, 11.0), rec(False, False, 12.0)]
+    t = ablation_table(recs)
+    assert t[("7b_8gpu_gh", "hotspa", 32768)][(True, True)]["step_time_s"] == 11.0
+    assert t[("7b_8gpu_gh", "hotspa", 16384)][(False, False)]["step_time_s"] == 6.0
+    assert (True, False) not in t[("7b_8gpu_gh", "hotspa", 32768)]
+    assert ablation(recs, tmp_path)[0].exists()
