@@ -12,8 +12,6 @@ Latents of every other variant are compared with the synchronous run."""
 from __future__ import annotations
 
 import copy
-import math
-import statistics
 import tempfile
 import time
 

@@ -24,24 +24,18 @@ from typing import Sequence
 import torch
 
 from impl.common.api import ConfigError
-from impl.common.diffusion.pipelines import build_text_encoder, build_tokenizer
+from impl.common.diffusion.pipelines import build_text_encoder, build_tokenizer, build_vae
 
 from .lora import WEIGHT_NAME
 from .models import Bundle, controlnet_factor
 
 
-def build_vae(seed: int, latent_channels: int, factor: int, width: int = 16):
-    """A tiny ``AutoencoderKL`` whose down-sampling is ``factor`` (log2(factor) + 1 blocks)."""
-    from diffusers import AutoencoderKL
-
+def vae_for(seed: int, latent_channels: int, factor: int, width: int = 16):
+    """The tiny VAE whose down-sampling is the ControlNet's ``factor`` (log2(factor) + 1 blocks)."""
     blocks = int(round(math.log2(factor))) + 1
     if 2 ** (blocks - 1) != factor:
         raise ConfigError(f"workload.cond_channels: the ControlNet's down-sampling {factor} is not a power of 2")
-    torch.manual_seed(seed)
-    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=latent_channels,
-                         down_block_types=("DownEncoderBlock2D",) * blocks, up_block_types=("UpDecoderBlock2D",) * blocks,
-                         block_out_channels=(width,) * blocks, layers_per_block=1, norm_num_groups=min(8, width),
-                         sample_size=64).eval().requires_grad_(False)
+    return build_vae(seed, latent_channels, width, blocks=blocks).requires_grad_(False)
 
 
 def build_pipeline(bundle: Bundle, wl, seed: int, cn_ids: Sequence[str] = ()):
@@ -53,7 +47,7 @@ def build_pipeline(bundle: Bundle, wl, seed: int, cn_ids: Sequence[str] = ()):
     cns = [bundle.controlnets[k] for k in cn_ids]
     factor = controlnet_factor(cns[0]) if cns else 8
     tok = build_tokenizer()
-    kw = dict(vae=build_vae(seed + 2, wl.unet.in_channels, factor),
+    kw = dict(vae=vae_for(seed + 2, wl.unet.in_channels, factor),
               text_encoder=build_text_encoder(wl.unet.cross_attention_dim, len(tok), seed + 1).requires_grad_(False),
               tokenizer=tok, unet=unet, scheduler=copy.deepcopy(bundle.scheduler), safety_checker=None,
               feature_extractor=None, requires_safety_checker=False)

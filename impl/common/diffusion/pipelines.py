@@ -113,14 +113,14 @@ def build_unet(shape: UNetShape, seed: int, attention_head_dim=None):
         raise ConfigError(f"workload.unet: diffusers rejected the UNet shape ({' '.join(str(exc).split())})") from None
 
 
-def build_vae(seed: int, latent_channels: int = 4, width: int = 16):
-    """A tiny ``AutoencoderKL`` with SD's 8x down-sampling (4 blocks)."""
+def build_vae(seed: int, latent_channels: int = 4, width: int = 16, blocks: int = 4):
+    """A tiny ``AutoencoderKL`` with ``blocks`` blocks: 2**(blocks - 1) down-sampling (SD's 8x at 4)."""
     from diffusers import AutoencoderKL
 
     torch.manual_seed(seed)
     return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=latent_channels,
-                         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                         block_out_channels=(width,) * 4, layers_per_block=1, norm_num_groups=min(8, width),
+                         down_block_types=("DownEncoderBlock2D",) * blocks, up_block_types=("UpDecoderBlock2D",) * blocks,
+                         block_out_channels=(width,) * blocks, layers_per_block=1, norm_num_groups=min(8, width),
                          sample_size=64).eval()
 
 
