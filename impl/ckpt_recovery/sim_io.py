@@ -250,8 +250,18 @@ class CheckpointIO:
                             nbytes += m.nbytes / (1 if m.dim is None else c[1])
                 out.append((RankIO(calls, nbytes, _need_bytes(self.metas, own, self.S)), n))
             else:
-                hit = [fb for fo, fb in files.values() if any(k in fo and _overlap(tg, fo[k], self._by[k]) for k, tg in own.items())]
-                out.append((RankIO(len(hit), float(sum(hit)), _need_bytes(self.metas, own, self.S)), n))
+                hit: set = set()
+                replicated = []
+                for k, tg in own.items():
+                    holders = [fr for fr, (fo, _) in sorted(files.items()) if k in fo]
+                    if self._by[k].dim is None:
+                        replicated.append(holders)
+                    else:
+                        hit.update(fr for fr in holders if _overlap(tg, files[fr][0][k], self._by[k]))
+                for holders in replicated:  # from a file read anyway, else the first holding it
+                    if not hit.intersection(holders):
+                        hit.add(holders[0])
+                out.append((RankIO(len(hit), float(sum(files[fr][1] for fr in hit)), _need_bytes(self.metas, own, self.S)), n))
         self._cache[key] = LoadIO(tuple(out))
         return self._cache[key]
 
