@@ -109,6 +109,7 @@ class Scenario:
         self.mtbf_s = HOUR / (knobs.failure_rate_per_gpu_h * wl.num_gpus)
         self.rank_state = self.io.state_bytes / (wl.tp * wl.pp)
         self._plans: dict = {}
+        self._memo: dict = {}
 
     # ---- layouts --------------------------------------------------------------------------
     def plan_after(self, lost) -> Optional[Plan]:
@@ -137,6 +138,12 @@ class Scenario:
 
     def save(self, prof: StorageProfile) -> SaveCost:
         """The persistent tier's checkpoints on ``prof`` (nominal layout)."""
+        key = ("save", prof)
+        if key not in self._memo:
+            self._memo[key] = self._save(prof)
+        return self._memo[key]
+
+    def _save(self, prof: StorageProfile) -> SaveCost:
         staging = self.rank_state / self.k.d2h_bytes_per_s
         write = write_time_s(prof, self._save_io(self.pm.fmt, self.base), self.base)
         return save_cost(self.pm.save, staging, write, self.k.commit_calls * prof.latency_s, self.base_step_s,
@@ -186,6 +193,12 @@ class Scenario:
     # ---- one failure ------------------------------------------------------------------------
     def failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool = False) -> dict:
         """Costs of one loss of ``lost`` GPUs from the full layout (seconds)."""
+        key = ("failure", prof, tuple(sorted(lost)), mid_save, repair_s, ram_lost)
+        if key not in self._memo:
+            self._memo[key] = self._failure(prof, lost, mid_save, repair_s, ram_lost)
+        return dict(self._memo[key])
+
+    def _failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool) -> dict:
         k = self.k
         new = self.plan_after(lost)
         ram = self.pm.ram_tier and not ram_lost

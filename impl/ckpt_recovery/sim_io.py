@@ -159,9 +159,12 @@ class CheckpointIO:
         return files, manifest
 
     def save_ours(self, saved: Plan) -> SaveIO:
-        files, manifest = self._files(saved)
-        rb = {m["rank"]: float(HEADER_BYTES + sum(e.length for e in files[f].values())) for f, m in manifest.items()}
-        return SaveIO(rb, {r: 1 for r in rb})
+        key = ("save_ours", saved.signature())
+        if key not in self._cache:
+            files, manifest = self._files(saved)
+            rb = {m["rank"]: float(HEADER_BYTES + sum(e.length for e in files[f].values())) for f, m in manifest.items()}
+            self._cache[key] = SaveIO(rb, {r: 1 for r in rb})
+        return self._cache[key]
 
     def load_ours(self, saved: Plan, new: Plan) -> LoadIO:
         key = ("load_ours", saved.signature(), new.signature())
@@ -203,9 +206,12 @@ class CheckpointIO:
 
     # ---- legacy per-rank files (restart_all) ------------------------------------------------
     def save_legacy(self, saved: Plan) -> SaveIO:
-        lay = self.layout(saved, writers_only=True)
-        rb = {r: _need_bytes(self.metas, own, self.S) for r, own in lay.ranks.items()}
-        return SaveIO(rb, {r: 1 for r in rb})
+        key = ("save_legacy", saved.signature())
+        if key not in self._cache:
+            lay = self.layout(saved, writers_only=True)
+            rb = {r: _need_bytes(self.metas, own, self.S) for r, own in lay.ranks.items()}
+            self._cache[key] = SaveIO(rb, {r: 1 for r in rb})
+        return self._cache[key]
 
     def load_legacy(self, saved: Plan, new: Plan) -> LoadIO:
         return self._load_overlap(saved, new, "legacy")

@@ -94,7 +94,11 @@ def after_loss(granularity: str, cfg: PlannerConfig, cm: HybridCostModel, lost: 
 def describe(p: Optional[Plan]) -> str:
     if p is None:
         return "idle until repair (no layout fits)"
-    pipes = []
+    pipes: list[list] = []  # [text, count] of runs of identical pipelines
     for pl in p.pipelines:
-        pipes.append("[" + " | ".join(f"TP{p.groups[g].size}x{n}L" for g, n in zip(pl.groups, pl.layers)) + f"] m={pl.micro_batches}")
-    return f"{len(p.active_gpus)} GPUs: " + " ".join(pipes)
+        text = "[" + " | ".join(f"TP{p.groups[g].size}x{n}L" for g, n in zip(pl.groups, pl.layers)) + f"] m={pl.micro_batches}"
+        if pipes and pipes[-1][0] == text:
+            pipes[-1][1] += 1
+        else:
+            pipes.append([text, 1])
+    return f"{len(p.active_gpus)} GPUs: " + " ".join(t if n == 1 else f"{n}x {t}" for t, n in pipes)
