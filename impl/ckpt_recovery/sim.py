@@ -183,12 +183,19 @@ class Scenario:
         calls = len(saved.rank_bytes) + self.io.ucp_universal_files()
         return calls * prof.latency_s + ((self.io.state_bytes + fp32) / bw if bw else 0.0)
 
+    def converts(self, saved: Plan, new: Plan) -> bool:
+        """UCP-like converts only to change layout (same layout: DeepSpeed's own files)."""
+        return self.pm.fmt == "ucp" and saved.signature() != new.signature()
+
     def load(self, prof: StorageProfile, saved: Plan, new: Plan, from_ram: bool = False) -> tuple[float, LoadIO]:
         if from_ram:
             io = self.io.load_dcp(saved, new)
             return read_time_s(RAM, io, new), io
+        if self.pm.fmt == "ucp" and not self.converts(saved, new):
+            io = self.io.load_legacy(saved, new)
+            return read_time_s(prof, io, new), io
         io = self.load_io(self.pm.fmt, saved, new)
-        return self.convert_s(prof) + read_time_s(prof, io, new), io
+        return (self.convert_s(prof) if self.converts(saved, new) else 0.0) + read_time_s(prof, io, new), io
 
     # ---- one failure ------------------------------------------------------------------------
     def failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool = False) -> dict:
@@ -204,9 +211,9 @@ class Scenario:
         ram = self.pm.ram_tier and not ram_lost
         sv = self.ram_save() if ram else self.save(prof)
         plan_s = getattr(k, self.pm.plan_knob)
-        out = {"t_detect_s": k.detect_s, "t_restart_s": k.restart_s, "t_plan_s": plan_s,
-               "t_rework_s": sv.rework_s(mid_save), "t_convert_s": self.convert_s(prof) if not ram else 0.0}
         target = new if new is not None else self.base  # idle: reload the same layout after repair
+        out = {"t_detect_s": k.detect_s, "t_restart_s": k.restart_s, "t_plan_s": plan_s, "t_rework_s": sv.rework_s(mid_save),
+               "t_convert_s": self.convert_s(prof) if not ram and self.converts(self.base, target) else 0.0}
         t_load, io = self.load(prof, self.base, target, from_ram=ram)
         out["t_load_s"] = t_load - out["t_convert_s"]
         out["read_calls"] = float(io.max_calls())
