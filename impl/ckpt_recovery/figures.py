@@ -37,12 +37,21 @@ def _systems(by, exp) -> list[str]:
     return [s for s in SYSTEMS if (exp, s) in by] + sorted(s for e, s in by if e == exp and s not in SYSTEMS)
 
 
+def _grid(n: int, per_row: int = 3):
+    rows, cols = -(-max(n, 1) // per_row), min(max(n, 1), per_row)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.9 * rows), squeeze=False)
+    flat = [a for row in axes for a in row]
+    for a in flat[n:]:
+        a.axis("off")
+    return fig, flat
+
+
 def t_lost_by_storage(records, out_dir) -> pathlib.Path:
     by = _latest(records, "t_lost_s")
     exps = _scenarios(by)
-    fig, axes = plt.subplots(1, max(len(exps), 1), figsize=(4.2 * max(len(exps), 1), 3.8), squeeze=False)
+    fig, axes = _grid(len(exps))
     style = mode_style(by.values())
-    for ax, exp in zip(axes[0], exps):
+    for ax, exp in zip(axes, exps):
         systems = _systems(by, exp)
         w = 0.8 / len(PROFILES)
         for k, prof in enumerate(PROFILES):
@@ -55,17 +64,17 @@ def t_lost_by_storage(records, out_dir) -> pathlib.Path:
         ax.set_ylabel(f"time lost per failure (min, {style['word']})", fontsize=8)
         ax.set_title(exp, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    mode_legend_entry(axes[0][0], by.values())
-    axes[0][0].legend(fontsize=6)
+    mode_legend_entry(axes[0], by.values())
+    axes[0].legend(fontsize=6)
     return save_png(fig, pathlib.Path(out_dir) / "t_lost_by_storage.png")
 
 
 def ettr_by_system(records, out_dir) -> pathlib.Path:
     by = _latest(records, "ettr")
     exps = _scenarios(by)
-    fig, axes = plt.subplots(1, max(len(exps), 1), figsize=(4.2 * max(len(exps), 1), 3.8), squeeze=False)
+    fig, axes = _grid(len(exps))
     style = mode_style(by.values())
-    for ax, exp in zip(axes[0], exps):
+    for ax, exp in zip(axes, exps):
         systems = _systems(by, exp)
         w = 0.8 / len(PROFILES)
         lo_all = 1.0
@@ -84,8 +93,8 @@ def ettr_by_system(records, out_dir) -> pathlib.Path:
         ax.set_ylabel("ETTR" + (" over 7 days (mean, p10-p90)" if poisson else " (at the failure rate)"), fontsize=8)
         ax.set_title(exp, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    mode_legend_entry(axes[0][0], by.values())
-    axes[0][0].legend(fontsize=6)
+    mode_legend_entry(axes[0], by.values())
+    axes[0].legend(fontsize=6)
     return save_png(fig, pathlib.Path(out_dir) / "ettr_by_system.png")
 
 
