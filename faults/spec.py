@@ -110,6 +110,31 @@ class RankKill:
     at_iter: int = 0
 
 
+@dataclass
+class GpuLoss:
+    """GPUs (global ids = ranks of the nominal layout) die at a step (spec ckpt_recovery 2.1, 5,
+    6). ``mid_save``: the loss lands while a checkpoint save is in flight (real: during the
+    write; sim: the in-flight save never commits). ``seed`` picks what the spec leaves to
+    chance (real: the kill instant inside the step)."""
+
+    kind: str = "gpu_loss"
+    ranks: List[int] = field(default_factory=lambda: [0])
+    at_step: int = 0
+    mid_save: bool = False
+    seed: int = 0
+
+
+@dataclass
+class NodeLoss:
+    """Every GPU of node ``node`` dies at a step (fields as :class:`GpuLoss`)."""
+
+    kind: str = "node_loss"
+    node: int = 0
+    at_step: int = 0
+    mid_save: bool = False
+    seed: int = 0
+
+
 KINDS = {
     "none": NoFault,
     "link_delay": LinkDelay,
@@ -117,4 +142,6 @@ KINDS = {
     "varying_link_delay": VaryingLinkDelay,
     "compute_slowdown": ComputeSlowdown,
     "rank_kill": RankKill,
+    "gpu_loss": GpuLoss,
+    "node_loss": NodeLoss,
 }

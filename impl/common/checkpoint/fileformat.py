@@ -41,9 +41,15 @@ class Item:
     tensor: torch.Tensor
 
 
+def file_order(dtype: torch.dtype, split: Optional[int], model_pos: int) -> tuple:
+    """Where a key goes in its file: by dtype, then split index (whole tensors first), then
+    model order (what :func:`serialize` sorts by; the sim lays out paper-scale files with it)."""
+    return (str(dtype), -1 if split is None else split, model_pos)
+
+
 def serialize(items: Sequence[Item], order: dict[str, int]) -> tuple[bytes, dict[str, list]]:
     """safetensors bytes and ``key -> [name, split]``; ``order`` is the model order of names."""
-    ranked = sorted(items, key=lambda it: (str(it.tensor.dtype), -1 if it.split is None else it.split, order[it.name]))
+    ranked = sorted(items, key=lambda it: file_order(it.tensor.dtype, it.split, order[it.name]))
     tensors, keys = {}, {}
     for seq, it in enumerate(ranked):
         k = split_key(seq, it.name, it.split)

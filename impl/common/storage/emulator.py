@@ -34,11 +34,29 @@ class StorageProfile:
     # Emulated seconds -> wall seconds: shrinks a paper-scale store's times to fit a CPU run
     # (SwiftDiffusion's LoRA store); 1 for the checkpoint paths.
     time_scale: float = 1.0
+    # Who shares ``bandwidth_bytes_per_s``: "rank" (each rank has it: the emulator's cap),
+    # "node" (the ranks of a node share it: local NVMe, a node's NICs) or "aggregate" (every
+    # rank of the job shares it: a NAS). Only the sim prices "node" / "aggregate".
+    scope: str = "rank"
+    # Node-local stores lose a dead node's files; a checkpoint there is also written to a
+    # buddy node (``write_copies`` = 2), whose copy the recovery reads.
+    node_local: bool = False
+    write_copies: int = 1
 
     def __post_init__(self) -> None:
         if self.latency_s < 0 or self.bandwidth_bytes_per_s < 0 or self.time_scale < 0:
             raise ConfigError(f"storage.{self.name}: latency_s ({self.latency_s}), bandwidth_bytes_per_s "
                               f"({self.bandwidth_bytes_per_s}) and time_scale ({self.time_scale}) must be >= 0")
+        if self.scope not in SCOPES:
+            raise ConfigError(f"storage.{self.name}.scope: unknown {self.scope!r} (one of: {', '.join(SCOPES)})")
+        if self.write_copies < 1:
+            raise ConfigError(f"storage.{self.name}.write_copies must be >= 1, got {self.write_copies}")
+
+    def rank_bandwidth(self, ranks: int, ranks_per_node: int) -> float:
+        """Bytes/s one rank gets when ``ranks`` ranks (``ranks_per_node`` per node) use the
+        store at once; 0 = uncapped."""
+        share = {"rank": 1, "node": ranks_per_node, "aggregate": ranks}[self.scope]
+        return self.bandwidth_bytes_per_s / max(share, 1)
 
     @property
     def emulated(self) -> bool:
@@ -55,10 +73,31 @@ class StorageProfile:
                 + (f", x{self.time_scale:g} time scale" if self.time_scale != 1 else "") + " (emulated)")
 
 
+SCOPES = ("rank", "node", "aggregate")
+
 PROFILES = {
     "local": StorageProfile("local"),
     "nas": StorageProfile("nas", latency_s=5e-3, bandwidth_bytes_per_s=200e6),
 }
+
+
+# The sim's paper-scale stores (spec ckpt_recovery 6): NAS by aggregate bandwidth and per-call
+# latency, local NVMe per node (with a buddy copy), peer CPU memory over a node's 400 GB/s of
+# NICs (latency per call [R] 20 us: an RDMA round trip plus a memory registration).
+PAPER_PROFILES = {
+    "nas5": StorageProfile("nas5", latency_s=5e-3, bandwidth_bytes_per_s=5e9, scope="aggregate"),
+    "nas20": StorageProfile("nas20", latency_s=2e-3, bandwidth_bytes_per_s=20e9, scope="aggregate"),
+    "nvme": StorageProfile("nvme", latency_s=1e-4, bandwidth_bytes_per_s=4e9, scope="node", node_local=True,
+                           write_copies=2),
+    "network": StorageProfile("network", latency_s=2e-5, bandwidth_bytes_per_s=400e9, scope="node",
+                              node_local=True, write_copies=1),
+}
+
+
+def paper_profile(name: str) -> StorageProfile:
+    if name not in PAPER_PROFILES:
+        raise ConfigError(f"storage: unknown profile {name!r} (one of: {', '.join(PAPER_PROFILES)})")
+    return PAPER_PROFILES[name]
 
 
 def profile(name: str) -> StorageProfile:

@@ -1,0 +1,30 @@
+"""Sim-only knobs of the checkpoint-recovery systems (spec ckpt_recovery 6). [R] = a
+reconstructed input, its choice argued in README_sim.md."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass
+class SimKnobs:
+    storage: str = "nas5"  # headline profile (impl.common.storage.emulator.PAPER_PROFILES)
+    # Profiles priced in the same job as <metric>@<profile> (storage changes no layout).
+    storage_profiles: List[str] = field(default_factory=lambda: ["nas5", "nas20", "nvme", "network"])
+    splits: int = 32  # S (spec 2.3)
+    d2h_bytes_per_s: float = 25.0e9  # pinned device-to-host snapshot copy (spec 6)
+    detect_s: float = 10.0  # heartbeat timeout (spec 2.1: silent > 10 s = dead)
+    restart_s: float = 60.0  # [R] stop survivors, relaunch processes, NCCL init, build the model
+    plan_s: float = 10.0  # [R] ours: heterogeneous planner (ILPs) on the critical path
+    mesh_plan_s: float = 1.0  # [R] rectangular baselines: pick a (dp, tp, pp)
+    min_interval_s: float = 20.0  # async saves: at most one per min_interval (spec 2.4)
+    commit_calls: int = 4  # barrier-side requests of a commit: manifest, rename, pointer tmp, rename
+    # Failure model (spec 6: Llama 3 405B, 419 interruptions / 54 days / 16,384 GPUs).
+    failure_rate_per_gpu_h: float = 2.0e-5
+    single_gpu_frac: float = 0.587
+    repair_h: List[float] = field(default_factory=lambda: [2.0, 6.0])  # U(lo, hi); one-failure runs use the mean
+    # "fault": the job's gpu_loss / node_loss, recurring at the failure model's rate (S1-S4);
+    # "poisson": seeded Poisson failures over ``days`` in ``trials`` replicas (S5, S6).
+    failures: str = "fault"
+    days: float = 7.0
+    trials: int = 64
