@@ -44,6 +44,16 @@ def latest_step(root: str) -> int:
     return max(steps)
 
 
+def clear_uncommitted(root: str) -> None:
+    """Rank 0 at a (re)start: step dirs of interrupted saves (no ``.metadata``) go, so no save
+    writes into a directory holding another attempt's files."""
+    import shutil
+
+    for d in os.listdir(root) if os.path.isdir(root) else ():
+        if _STEP.match(d) and not os.path.exists(os.path.join(root, d, ".metadata")):
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+
+
 def load_into(local: Mapping[str, torch.Tensor], metas, own: Ownership, mesh, path: str, storage: Storage) -> dict:
     """``dcp.load`` into DTensors shaped like ``local``, then copied into it in place."""
     dstate = D.empty_dtensors(metas, own, mesh, local)

@@ -161,6 +161,7 @@ class Outcome:
     t_plan_s: float = 0.0
     t_relaunch: float = 0.0
     world_before: int = 0
+    committed_on_disk: tuple = ()  # committed steps found when the survivors relaunched
 
     def losses(self) -> dict:
         """The run's loss curve: steps before the resume point from the first launch, the rest
@@ -185,13 +186,24 @@ def run(spec: TrainSpec, relayout: Optional[Callable[[list], object]] = None, hb
     if relayout is None:
         raise RuntimeError(f"train: {w1.detected} and no relayout given")
     lost = [w1.kill["rank"]] if w1.kill else [int(w1.detected.split()[1])]
+    on_disk = committed_steps(os.path.join(spec.root, spec.backend))
     lay = relayout(lost)
     spec2 = dataclasses.replace(spec, stages=lay.stages, micro_batches=lay.micro_batches, resume=True, kill=None)
     t_rel = time.time()
     w2, res2 = _run_launch(spec2, lay.world, hb_timeout_s, timeout_s, "recovered")
     if res2 is None:
         raise RuntimeError(f"recovered: {w2.detected}")
-    return Outcome(w1, w2, res2, lay, time.time() - t0, lay.t_plan_s, t_rel, world)
+    return Outcome(w1, w2, res2, lay, time.time() - t0, lay.t_plan_s, t_rel, world, on_disk)
+
+
+def committed_steps(root: str) -> tuple:
+    """Steps committed under ``root`` by either format (our manifest, DCP's .metadata)."""
+    out = []
+    for d in os.listdir(root) if os.path.isdir(root) else ():
+        if d.startswith("step") and d[4:].isdigit() and any(
+                os.path.exists(os.path.join(root, d, f)) for f in ("manifest.json", ".metadata")):
+            out.append(int(d[4:]))
+    return tuple(sorted(out))
 
 
 def timeline(o: Outcome) -> dict:

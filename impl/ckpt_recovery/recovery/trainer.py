@@ -374,6 +374,14 @@ def train_rank(ctx, spec: TrainSpec) -> dict:
         from . import dcp_io
 
         mesh = dcp_io.stage_mesh(spec.stages, rank)
+    if rank == 0 and spec.backend == "elastor":
+        from impl.common.checkpoint.store import CheckpointStore
+
+        CheckpointStore(os.path.join(spec.root, "elastor")).clear_stale()
+    elif rank == 0:
+        from . import dcp_io
+
+        dcp_io.clear_uncommitted(os.path.join(spec.root, spec.backend))
     dist.barrier()
     out: dict = {"rank": rank, "t_up": time.time()}
     ctx.report(("up", rank, out["t_up"]))

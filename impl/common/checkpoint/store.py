@@ -118,11 +118,17 @@ class CheckpointStore:
         final = os.path.join(self.root, step_name(step))
         if os.path.exists(final):
             raise CheckpointError(f"{final}: already exists; a checkpoint is never saved into an existing directory")
-        for d in os.listdir(self.root):
-            if d.startswith(".tmp-"):
-                shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
+        self.clear_stale()
         os.makedirs(self.tmp_dir(step))
         fsync_dir(self.root)
+
+    def clear_stale(self) -> None:
+        """Remove the temp dirs of crashed saves (rank 0, while no save is in flight: at a
+        begin, or when a job restarts before its savers' first write; a stale temp dir may
+        hold a half-written manifest that a later save of the same step must not meet)."""
+        for d in os.listdir(self.root) if os.path.isdir(self.root) else ():
+            if d.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
 
     def write_rank(self, step: int, rank: int, items: Sequence[Item], order: dict[str, int]) -> dict:
         """This rank's file and sidecar in the temp dir, both fsynced; returns the file record."""
