@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from omegaconf import OmegaConf
 
 from impl.common.api import JobContext
+from impl.common.workloads.hybrid import HybridWorkload
 
 from .real import REAL_POLICIES, check_real, run_real
 from .real_config import RealKnobs
@@ -21,10 +22,9 @@ from .real_config import RealKnobs
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def workload():
-    from bench.validate import typed_workload
-
-    return typed_workload(OmegaConf.to_container(OmegaConf.load(ROOT / "conf/workload/ckpt_cpu_tp2pp2.yaml")))
+def workload() -> HybridWorkload:
+    node = OmegaConf.load(ROOT / "conf/workload/ckpt_cpu_tp2pp2.yaml")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HybridWorkload), node))
 
 
 def job(seed: int, wl, fault, out: str) -> JobContext:

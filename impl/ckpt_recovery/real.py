@@ -106,16 +106,15 @@ def run_real(system, job: JobContext) -> RunResult:
     prof = profile(k.storage)
     c = cluster(wl, k)
     metas = full_metas(wl.model, job.seed)
-    kill = _kill(job, wl, k)
-    root = tempfile.mkdtemp(prefix="ckpt-real-", dir=str(job.out_dir) if job.out_dir else None)
-    spec = TrainSpec(wl.model, job.seed, R.uniform_stages(wl.tp, wl.pp, wl.model.num_layers), steps=wl.iterations,
-                     global_batch=wl.global_batch_size, micro_batches=wl.num_microbatches, root=root, backend=backend,
-                     lr=wl.lr, dropout=k.dropout, ckpt_every=k.ckpt_every, splits=k.splits, keep=k.keep, prof=prof,
-                     kill=kill, threads=k.threads)
     fns = {"replan": lambda lost: R.replan(c, lost, metas),
            "homogeneous": lambda lost: R.homogeneous(c, lost, metas, wl.model.heads),
            "same": lambda lost: R.same(c, metas)}
-    o = run(spec, fns[relayout], hb_timeout_s=k.hb_timeout_s, timeout_s=k.timeout_s)
+    with tempfile.TemporaryDirectory(prefix="ckpt-real-") as root:  # checkpoints are scratch, not results
+        spec = TrainSpec(wl.model, job.seed, R.uniform_stages(wl.tp, wl.pp, wl.model.num_layers),
+                         steps=wl.iterations, global_batch=wl.global_batch_size, micro_batches=wl.num_microbatches,
+                         root=root, backend=backend, lr=wl.lr, dropout=k.dropout, ckpt_every=k.ckpt_every,
+                         splits=k.splits, keep=k.keep, prof=prof, kill=_kill(job, wl, k), threads=k.threads)
+        o = run(spec, fns[relayout], hb_timeout_s=k.hb_timeout_s, timeout_s=k.timeout_s)
     return result(o, spec, prof, relayout)
 
 

@@ -3,6 +3,7 @@ the baselines' homogeneous fit, a kill in the middle of a save, bad input to the
 from __future__ import annotations
 
 import dataclasses
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -106,3 +107,33 @@ def test_kill_in_the_middle_of_a_save_recovers_from_the_previous_commit(tmp_path
     assert sorted(o.losses()) == list(range(8))
     # ours trains on the 3 survivors, the DCP baseline on the 2 of its rectangular mesh
     assert timeline(o)["ranks_after"] == (3 if backend == "elastor" else 2)
+
+
+@pytest.mark.parametrize("point", ["after_manifest", "after_rename", "mid_pointer"])
+def test_a_restart_after_a_crashed_commit_saves_that_step_again(tmp_path, point):
+    from impl.common.checkpoint.layout import cut_state
+    from impl.common.checkpoint.save import save_serial
+    from impl.common.checkpoint.store import CheckpointStore
+
+    from .helpers import tp2pp2, trained_state
+
+    class Killed(BaseException):
+        pass
+
+    state, metas = trained_state(seed=0)
+    lay = tp2pp2(metas)
+    locs = {r: cut_state(state, metas, own) for r, own in lay.ranks.items()}
+    save_serial(CheckpointStore(tmp_path), 2, metas, lay, 8, locs, {"consumed_samples": 2})
+
+    def kill(p):
+        if p == point:
+            raise Killed(p)
+
+    with pytest.raises(Killed):
+        save_serial(CheckpointStore(tmp_path, kill=kill), 4, metas, lay, 8, locs, {"consumed_samples": 4})
+    fresh = CheckpointStore(tmp_path)  # what the relaunched rank 0 does before any save
+    fresh.clear_stale()
+    assert fresh.drop_unpointed() == ([4] if point != "after_manifest" else [])
+    assert fresh.open().step == 2 and not any(d.startswith(".tmp-") for d in os.listdir(tmp_path))
+    save_serial(fresh, 4, metas, lay, 8, locs, {"consumed_samples": 4})  # the resumed job reaches step 4 again
+    assert fresh.latest() == 4

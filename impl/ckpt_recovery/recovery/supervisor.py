@@ -197,12 +197,19 @@ def run(spec: TrainSpec, relayout: Optional[Callable[[list], object]] = None, hb
 
 
 def committed_steps(root: str) -> tuple:
-    """Steps committed under ``root`` by either format (our manifest, DCP's .metadata)."""
+    """Steps committed under ``root``: DCP's dirs with ``.metadata``; ours up to the pointer
+    (a dir renamed into place by a commit killed before its pointer write does not count)."""
+    from impl.common.checkpoint.store import POINTER
+
     out = []
     for d in os.listdir(root) if os.path.isdir(root) else ():
         if d.startswith("step") and d[4:].isdigit() and any(
                 os.path.exists(os.path.join(root, d, f)) for f in ("manifest.json", ".metadata")):
             out.append(int(d[4:]))
+    ptr = os.path.join(root, POINTER)
+    if any(os.path.exists(os.path.join(root, f"step{s:08d}", "manifest.json")) for s in out):
+        pointed = int(open(ptr).read().strip()[4:]) if os.path.exists(ptr) else -1
+        out = [s for s in out if s <= pointed]
     return tuple(sorted(out))
 
 

@@ -377,7 +377,10 @@ def train_rank(ctx, spec: TrainSpec) -> dict:
     if rank == 0 and spec.backend == "elastor":
         from impl.common.checkpoint.store import CheckpointStore
 
-        CheckpointStore(os.path.join(spec.root, "elastor")).clear_stale()
+        store = CheckpointStore(os.path.join(spec.root, "elastor"))
+        store.clear_stale()
+        if spec.resume_step is None:
+            store.drop_unpointed()
     elif rank == 0:
         from . import dcp_io
 

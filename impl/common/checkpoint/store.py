@@ -225,6 +225,20 @@ class CheckpointStore:
                 out.append(int(m.group(1)))
         return sorted(out)
 
+    def drop_unpointed(self) -> list[int]:
+        """Remove committed dirs newer than the pointer (rank 0, at a restart, before any save):
+        a commit killed between its rename and its pointer write left them; the pointer is the
+        truth, and a resumed job will save those steps again. Returns the steps removed."""
+        pointed = self.latest()
+        gone = [s for s in self.committed_steps() if pointed is None or s > pointed]
+        for s in gone:
+            d = os.path.join(self.root, step_name(s))
+            os.unlink(os.path.join(d, "manifest.json"))  # first: a half-deleted dir is never taken as committed
+            shutil.rmtree(d)
+        if gone:
+            fsync_dir(self.root)
+        return gone
+
     def latest(self) -> Optional[int]:
         p = os.path.join(self.root, POINTER)
         if not os.path.exists(p):
