@@ -80,7 +80,7 @@ def test_real_mode_bad_input_one_line_each():
              (_system(splits=3), _wl(), fault, r"S=3 is not divisible by TP degree 2"),
              (_system(storage="s3"), _wl(), fault, r"real.storage: unknown 's3'"),
              (_system(), _wl(), SimpleNamespace(kind="node_loss", node=1), r"fault.kind: real mode injects gpu_loss"),
-             (_system(), _wl(), dataclasses.replace(fault) if False else SimpleNamespace(**{**vars(fault), "ranks": [4]}),
+             (_system(), _wl(), SimpleNamespace(**{**vars(fault), "ranks": [4]}),
               r"fault.ranks: real mode kills one rank of 0..3, got \[4\]"),
              (_system(ckpt_every=3), _wl(), SimpleNamespace(**{**vars(fault), "at_step": 2}),
               r"fault.at_step: 2 must lie after the first save \(step 3\)")]
