@@ -137,3 +137,24 @@ def test_a_restart_after_a_crashed_commit_saves_that_step_again(tmp_path, point)
     assert fresh.open().step == 2 and not any(d.startswith(".tmp-") for d in os.listdir(tmp_path))
     save_serial(fresh, 4, metas, lay, 8, locs, {"consumed_samples": 4})  # the resumed job reaches step 4 again
     assert fresh.latest() == 4
+
+
+def test_watchdog_sees_a_gone_process_and_a_silent_one():
+    import subprocess
+    import time
+
+    from impl.ckpt_recovery.recovery.supervisor import Watch
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    w = Watch(hb_timeout_s=0.5, target_steps=10)
+    w.on_report(0, ("pid", os.getpid(), 0.0))
+    w.on_report(1, ("pid", gone.pid, 0.0))
+    assert w.check() == f"rank 1 process gone (pid {gone.pid})"
+    w.on_report(1, ("done", 1))  # a rank that finished is not a loss
+    w.on_report(0, ("hb", 0, 3, 0.0, 0.1))
+    assert w.check() is None
+    w.hb[0] = (3, time.monotonic() - 2.0)  # no heartbeat for 2 s
+    assert w.check().startswith("rank 0 silent for 2.0 s (heartbeat timeout 0.5 s)")
+    w.hb[0] = (10, time.monotonic() - 2.0)  # past its last step: finishing, not failing
+    assert w.check() is None
