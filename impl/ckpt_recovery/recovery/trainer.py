@@ -193,7 +193,7 @@ def _peers(spec: TrainSpec, si: int, ti: int):
     return src_in, to_next, src_grad, to_prev
 
 
-def train_step(sm: StageModel, step: int, rank: int) -> Optional[float]:
+def train_step(sm: StageModel, step: int) -> Optional[float]:
     """One GPipe step; returns the step's loss on last-stage ranks (None elsewhere)."""
     sp = sm.spec
     src_in, to_next, src_grad, to_prev = _peers(sp, sm.si, sm.ti)
@@ -257,12 +257,10 @@ class ElastorCkpt:
 
     def step(self, sm: StageModel, done: int) -> tuple[bool, float]:
         extra = {"consumed_samples": done * self.spec.global_batch, "scheduler": {"last_epoch": done}}
-        t0 = time.perf_counter()
         started = self.ck.step(done, sm.local, extra, due=(done % self.spec.ckpt_every == 0))
-        stall = time.perf_counter() - t0 if started else 0.0
+        stall = self.ck.log.stall_s[-1] if started else 0.0  # the snapshot copy
         if started:
             self.started[done] = time.time()
-            stall = self.ck.log.stall_s[-1]
         t_c = self.ck.last_commit_time()
         if t_c and t_c != self._seen_commit:
             self._seen_commit = t_c
@@ -407,7 +405,7 @@ def train_rank(ctx, spec: TrainSpec) -> dict:
     kill = spec.kill if spec.kill is not None and spec.kill.rank == rank else None
     for step in range(start, spec.steps):
         t0 = time.perf_counter()
-        loss = train_step(sm, step, rank)
+        loss = train_step(sm, step)
         done = step + 1
         started, stall = ck.step(sm, done)
         step_s[done] = time.perf_counter() - t0
