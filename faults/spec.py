@@ -114,8 +114,9 @@ class RankKill:
 class GpuLoss:
     """GPUs (global ids = ranks of the nominal layout) die at a step (spec ckpt_recovery 2.1, 5,
     6). ``mid_save``: the loss lands while a checkpoint save is in flight (real: during the
-    write; sim: the in-flight save never commits). ``seed`` picks what the spec leaves to
-    chance (real: the kill instant inside the step)."""
+    write; sim: the in-flight save never commits). ``seed`` (with the job seed) draws what is
+    left open: real mode reads ``ranks: []`` as a seeded rank of the last stage and
+    ``at_step < 0`` as a seeded step; the kill lands at that step's boundary."""
 
     kind: str = "gpu_loss"
     ranks: List[int] = field(default_factory=lambda: [0])

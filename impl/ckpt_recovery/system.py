@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .real_config import RealKnobs
+from .real_config import REAL_POLICIES, RealKnobs
 from .sim_config import SimKnobs
 
 POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async", "restart_all", "ucp_like", "gemini_like")
-REAL_POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async")
 
 
 class CkptRecovery(System):

@@ -49,6 +49,7 @@ def _saver_main(root: str, prof: StorageProfile, keep: int, rank: int, world: in
     layout = Layout.from_dict(layout_d)
     store = CheckpointStore(root, Storage(prof), keep=keep)
     order = model_order(metas)
+    conn.send(("ready",))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
@@ -104,23 +105,57 @@ class AsyncCheckpointer:
                                 args=(root, prof or StorageProfile(), keep, rank, world, self.metas, layout.to_dict(),
                                       S, duplicate, self.buffers, self.state, child))
         self.proc.start()
+        self._up = False
         self.log = SaveLog()
         self._pending: Optional[int] = None
         self._pending_extra: dict = {}
         self._last_save_t = time.monotonic() - min_interval_s
 
+    def _recv(self, timeout_s: Optional[float] = None):
+        """The saver's next message other than its start-up "ready" (None on timeout)."""
+        while timeout_s is None or self.conn.poll(timeout_s):
+            msg = self.conn.recv()
+            if msg[0] == "ready":
+                self._up = True
+                continue
+            return msg
+        return None
+
     def _check(self) -> None:
         if self.state[0] == -1 or not self.proc.is_alive():
-            why = self.conn.recv()[1] if self.conn.poll() else f"saver exited with code {self.proc.exitcode}"
+            msg = self._recv(0.0)
+            why = msg[1] if msg else f"saver exited with code {self.proc.exitcode}"
             raise RuntimeError(f"checkpoint saver of rank {self.rank}: {why}")
 
-    def step(self, step: int, local: Mapping[str, torch.Tensor], extra: dict) -> bool:
-        """Call at a step boundary (after the optimizer update). Returns True if a save started."""
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until the saver process is up (a restart that must be able to save at once;
+        otherwise the first save waits in the saver's queue meanwhile)."""
+        end = time.monotonic() + timeout_s
+        while not self._up:
+            self._check()
+            if time.monotonic() > end:
+                raise RuntimeError(f"checkpoint saver of rank {self.rank}: not up within {timeout_s:.0f} s")
+            if self.conn.poll(0.01):
+                msg = self._recv(0.0)
+                if msg is not None:
+                    raise RuntimeError(f"checkpoint saver of rank {self.rank}: {msg[-1]}")
+
+    @property
+    def saver_pid(self) -> Optional[int]:
+        return self.proc.pid
+
+    def step(self, step: int, local: Mapping[str, torch.Tensor], extra: dict, due: Optional[bool] = None) -> bool:
+        """Call at a step boundary (after the optimizer update). Returns True if a save started.
+        ``due`` (the same on every rank, e.g. "every k steps") replaces the ``min_interval_s``
+        clock; a due save is still skipped while the last one is in flight."""
         self._check()
         phase = int(self.state[0])
         ready = 1 if phase == _IDLE and self._pending is None else 0
         written = 1 if self._pending is None or phase == _WRITTEN else 0
-        interval_ok = 1 if self.rank != 0 else int(time.monotonic() - self._last_save_t >= self.min_interval_s)
+        if due is not None:
+            interval_ok = int(due)
+        else:
+            interval_ok = 1 if self.rank != 0 else int(time.monotonic() - self._last_save_t >= self.min_interval_s)
         flags = torch.tensor([ready, written, interval_ok], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
         all_ready, all_written, due = (int(x) for x in flags)
@@ -174,7 +209,7 @@ class AsyncCheckpointer:
             time.sleep(0.01)
         self.log.last_commit_time = float(self.state[2]) if self.rank == 0 else 0.0
         self.conn.send(("stop",))
-        stats = self.conn.recv()[1]
+        stats = self._recv(30.0)[1]
         self.proc.join(timeout=10)
         return {**self.log.to_dict(), "io": stats}
 

@@ -118,11 +118,17 @@ class CheckpointStore:
         final = os.path.join(self.root, step_name(step))
         if os.path.exists(final):
             raise CheckpointError(f"{final}: already exists; a checkpoint is never saved into an existing directory")
-        for d in os.listdir(self.root):
-            if d.startswith(".tmp-"):
-                shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
+        self.clear_stale()
         os.makedirs(self.tmp_dir(step))
         fsync_dir(self.root)
+
+    def clear_stale(self) -> None:
+        """Remove the temp dirs of crashed saves (rank 0, while no save is in flight: at a
+        begin, or when a job restarts before its savers' first write; a stale temp dir may
+        hold a half-written manifest that a later save of the same step must not meet)."""
+        for d in os.listdir(self.root) if os.path.isdir(self.root) else ():
+            if d.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
 
     def write_rank(self, step: int, rank: int, items: Sequence[Item], order: dict[str, int]) -> dict:
         """This rank's file and sidecar in the temp dir, both fsynced; returns the file record."""
@@ -218,6 +224,20 @@ class CheckpointStore:
             if m and os.path.exists(os.path.join(self.root, d, "manifest.json")):
                 out.append(int(m.group(1)))
         return sorted(out)
+
+    def drop_unpointed(self) -> list[int]:
+        """Remove committed dirs newer than the pointer (rank 0, at a restart, before any save):
+        a commit killed between its rename and its pointer write left them; the pointer is the
+        truth, and a resumed job will save those steps again. Returns the steps removed."""
+        pointed = self.latest()
+        gone = [s for s in self.committed_steps() if pointed is None or s > pointed]
+        for s in gone:
+            d = os.path.join(self.root, step_name(s))
+            os.unlink(os.path.join(d, "manifest.json"))  # first: a half-deleted dir is never taken as committed
+            shutil.rmtree(d)
+        if gone:
+            fsync_dir(self.root)
+        return gone
 
     def latest(self) -> Optional[int]:
         p = os.path.join(self.root, POINTER)
