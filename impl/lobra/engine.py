@@ -50,9 +50,11 @@ class StepPlan:
 
 
 def boundaries_for(samples: Sequence[Sample], kind: str, *, num_buckets: int, fixed: Sequence[int],
-                   align: int = 16, min_len: int = 0) -> list[int]:
+                   align: int = 16, min_len: int = 0, groups: Sequence[Group] = ()) -> list[int]:
+    """The step's bucket boundaries; dynamic buckets never straddle a deployed replica's max_tokens."""
     if kind == "dynamic":
-        return bucketing.dynamic_buckets([s.length for s in samples], num_buckets, align, min_len)
+        cuts = [g.scheme.max_tokens for g in groups]
+        return bucketing.dynamic_buckets([s.length for s in samples], num_buckets, align, min_len, cuts=cuts)
     if kind == "fixed":
         top = max(s.length for s in samples)
         bs = sorted(int(b) for b in fixed)

@@ -161,7 +161,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         for _ in range(wl.steps):
             samples = streams.step()
             bs = boundaries_for(samples, bucketing_kind, num_buckets=cfg.num_buckets, fixed=_fixed(system, wl),
-                                min_len=cfg.min_bucket_len)
+                                min_len=cfg.min_bucket_len, groups=groups)
             sp = plan_step(groups, samples, bs, dispatcher, exec_mode=cfg.exec_mode, min_len=cfg.min_bucket_len,
                            task_order=names, **solver)
             steps.append(step_time(groups, sp) + sync)

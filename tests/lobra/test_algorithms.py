@@ -30,12 +30,16 @@ def test_fit_tp_cost_recovers_coefficients():
         fit_tp_cost([(1, s, true.f(1, s)) for s in (1, 2, 3, 4, 5, 6)])
 
 
-def brute_padding(lengths, B, align=16):
-    cand = list(bucketing.candidates(lengths, align))
+def brute_padding(lengths, B, align=16, cuts=()):
+    cand = sorted(set(bucketing.candidates(lengths, align)) | {f for f in cuts if min(lengths) < f < max(lengths)})
     best = None
     for k in range(1, min(B, len(cand)) + 1):
         for sub in itertools.combinations(cand[:-1], k - 1):
-            p = bucketing.padding(lengths, list(sub) + [cand[-1]])
+            bs = list(sub) + [cand[-1]]
+            lo = [0] + bs[:-1]
+            if any(a < f < b for a, b in zip(lo, bs) for f in cuts):
+                continue  # a bucket straddles a cut
+            p = bucketing.padding(lengths, bs)
             best = p if best is None else min(best, p)
     return best
 
@@ -49,6 +53,23 @@ def test_dynamic_buckets_equal_brute_force(seed):
         assert len(bs) <= B and bs == sorted(set(bs))
         assert all(x <= b for x, b in zip(lengths, bucketing.assign(lengths, bs)))
         assert bucketing.padding(lengths, bs) == brute_padding(lengths, B)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dynamic_buckets_with_cuts_equal_brute_force(seed):
+    # A replica's max_tokens is a cut: no bucket spans it, so every sequence that fits the
+    # smaller replica stays in a bucket that fits it too.
+    rng = np.random.default_rng(100 + seed)
+    lengths = list(rng.integers(1, 400, size=int(rng.integers(4, 12))))
+    cuts = [100, 250]
+    for B in (3, 4, 6):
+        bs = bucketing.dynamic_buckets(lengths, B, cuts=cuts)
+        assert len(bs) <= B and bs == sorted(set(bs))
+        for x, b in zip(lengths, bucketing.assign(lengths, bs)):
+            assert x <= b and all(not (x <= f < b) for f in cuts)
+        assert bucketing.padding(lengths, bs) == brute_padding(lengths, B, cuts=cuts)
+    with pytest.raises(ConfigError, match="system.num_buckets: 2 buckets cannot keep the 2 replica max_tokens cuts"):
+        bucketing.dynamic_buckets([50, 200, 390], 2, cuts=cuts)
 
 
 def test_padding_falls_with_more_buckets_and_fixed_set():
