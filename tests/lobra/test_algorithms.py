@@ -72,6 +72,25 @@ def test_dynamic_buckets_with_cuts_equal_brute_force(seed):
         bucketing.dynamic_buckets([50, 200, 390], 2, cuts=cuts)
 
 
+def test_bucket_cuts_let_the_small_replica_take_what_fits_and_auto_keeps_the_better_plan():
+    from impl.lobra.engine import plan_bucketed
+
+    rng = np.random.default_rng(5)
+    samples = [Sample("a", i, int(x)) for i, x in enumerate(rng.integers(16, 2048, size=40))]
+    groups = [Group(scheme(2, 1, 2048, k=1.4), 1), Group(scheme(1, 1, 512), 1)]
+    kw = dict(num_buckets=4, fixed=(), task_order=["a"])
+    plans = {c: plan_bucketed(groups, samples, "dynamic", "balanced", cuts=c, **kw) for c in ("off", "on", "auto")}
+    assert 512 in plans["on"].boundaries and plans["on"].info["bucket_cuts"] == [512, 2048]
+    # with the cut, every sequence <= 512 sits in a bucket the 512-token replica can hold
+    small = {(s.task, s.seq_id) for s in samples if s.length <= 512}
+    assert all(b <= 512 for b, x in zip(bucketing.assign([s.length for s in samples], plans["on"].boundaries),
+                                         samples) if (x.task, x.seq_id) in small)
+    best = min(plans["off"].dispatch.objective_s, plans["on"].dispatch.objective_s)
+    assert plans["auto"].dispatch.objective_s == pytest.approx(best)
+    with pytest.raises(ConfigError, match="system.bucket_cuts: unknown 'both'"):
+        plan_bucketed(groups, samples, "dynamic", "balanced", cuts="both", **kw)
+
+
 def test_padding_falls_with_more_buckets_and_fixed_set():
     lengths = np.random.default_rng(0).lognormal(np.log(300), 1.0, 500).astype(int) + 1
     pads = [bucketing.padding(lengths, bucketing.dynamic_buckets(lengths, B)) for B in (4, 8, 16, 32)]
