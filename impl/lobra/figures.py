@@ -4,7 +4,7 @@ results directory::
     python -m impl.lobra.figures RESULTS_DIR [OUT_DIR]   # every LobRA preset found -> OUT_DIR
 
 - :func:`gpu_seconds_by_system`: GPU-seconds per system, one bar group per case (workload x
-  GPU count), the label of each bar its reduction against Task-Fused (e2e_*, ablation,
+  GPU count), the label of each bar its GPU-seconds change against Task-Fused (e2e_*, ablation,
   task_scaling);
 - :func:`buckets_sweep`: padding ratio and step time against the bucket count B (buckets);
 - :func:`gpu_scaling`: GPU-seconds by system per GPU count, and planner time against GPUs.
@@ -67,14 +67,14 @@ def gpu_seconds_by_system(records, out_dir, name: str = "gpu_seconds_by_system.p
             base = val.get((BASELINE, g, wl))
             xs.append(ci + si * w)
             ys.append(v)
-            labels.append("" if s == BASELINE or not base else f"{100 * (1 - v / base):+.0f}%")
+            labels.append("" if s == BASELINE or not base else f"{100 * (v / base - 1):+.0f}%")
         bars = ax.bar(xs, ys, w, label=s, hatch=style["hatch"], edgecolor="0.3")
         ax.bar_label(bars, labels, fontsize=6, padding=1)
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(cases))])
     ax.set_xticklabels([f"{wl.split('[')[0].replace('lobra_', '')}\n{g} GPUs" for g, wl in cases], fontsize=7)
     unit = recs[0]["metrics"]["gpu_seconds"].get("unit", "GPU-s")
     ax.set_ylabel(f"{unit} over the run ({style['word']})")
-    ax.set_title(f"{recs[0]['experiment']}: GPU-seconds by system (bar labels: reduction vs {BASELINE})", fontsize=9)
+    ax.set_title(f"{recs[0]['experiment']}: GPU-seconds by system (bar labels: change vs {BASELINE})", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     mode_legend_entry(ax, recs)
     ax.legend(fontsize=7)
