@@ -70,6 +70,8 @@ def gpu_seconds_by_system(records, out_dir, name: str = "gpu_seconds_by_system.p
             labels.append("" if s == BASELINE or not base else f"{100 * (v / base - 1):+.0f}%")
         bars = ax.bar(xs, ys, w, label=s, hatch=style["hatch"], edgecolor="0.3")
         ax.bar_label(bars, labels, fontsize=6, padding=1)
+    if max(val.values()) > 10 * min(val.values()):
+        ax.set_yscale("log")  # one baseline an order of magnitude off would flatten the rest
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(cases))])
     ax.set_xticklabels([f"{wl.split('[')[0].replace('lobra_', '')}\n{g} GPUs" for g, wl in cases], fontsize=7)
     unit = recs[0]["metrics"]["gpu_seconds"].get("unit", "GPU-s")
