@@ -11,6 +11,7 @@ results directory::
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import sys
@@ -149,9 +150,13 @@ def draw_all(records, out_dir) -> list[pathlib.Path]:
     return out
 
 
-def main(argv=None) -> int:
-    from bench.record import load_records
+def load_records(results_dir) -> list[dict]:
+    """Every ``<results_dir>/<run_id>/record.json`` (the harness's layout; impl may not import
+    bench, so this reads the files itself)."""
+    return [json.loads(p.read_text()) for p in sorted(pathlib.Path(results_dir).glob("*/record.json"))]
 
+
+def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not 1 <= len(argv) <= 2:
         print("usage: python -m impl.lobra.figures RESULTS_DIR [OUT_DIR]", file=sys.stderr)
