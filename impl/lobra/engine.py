@@ -101,7 +101,7 @@ def plan_bucketed(groups: Sequence[Group], samples: Sequence[Sample], kind: str,
     maxes = sorted({g.scheme.max_tokens for g in groups})
     variants = [()] if kind != "dynamic" or cuts == "off" or len(maxes) < 2 else \
         [maxes] if cuts == "on" else [(), maxes]
-    best = None
+    best, seen = None, []
     for cut in variants:
         try:
             bs = boundaries_for(samples, kind, num_buckets=num_buckets, fixed=fixed, min_len=min_len, cuts=cut)
@@ -109,6 +109,9 @@ def plan_bucketed(groups: Sequence[Group], samples: Sequence[Sample], kind: str,
             if cuts == "on" or not cut:
                 raise
             continue  # auto: too few buckets for the cuts, keep the plain DP
+        if bs in seen:
+            continue  # the plain DP already respects the cuts: same plan
+        seen.append(bs)
         sp = plan_step(groups, samples, bs, dispatcher, exec_mode=exec_mode, min_len=min_len, task_order=task_order,
                        **solver)
         sp.info["bucket_cuts"] = list(cut)
