@@ -9,7 +9,11 @@
 
   (cnt, sum: prefix count and prefix token sum of the lengths up to candidate i). B is a
   maximum, not an exact count. ``min_len`` (the original code's 256 floor, off by default,
-  spec 9) raises every bucket to at least that many tokens.
+  spec 9) raises every bucket to at least that many tokens. ``cuts`` (the deployment's
+  max_tokens, :func:`impl.lobra.engine.plan_bucketed`) are boundaries no bucket may straddle:
+  a bucket spanning a replica's max_tokens would pad sequences that fit the smaller replica
+  past its limit, so only the larger replicas could take them (the dispatcher never sees that
+  they fit).
 - :func:`fixed_buckets`: the baselines' static set, e.g. {256, 512, ..., 16384} (7 buckets).
 - :func:`assign`: the bucket of every length (the smallest boundary >= it).
 """
@@ -45,8 +49,9 @@ def assign(lengths: Sequence[int], boundaries: Sequence[int]) -> list[int]:
 
 
 def dynamic_buckets(lengths: Sequence[int], max_buckets: int = 16, align: int = 16,
-                    min_len: int = 0) -> list[int]:
-    """Boundaries (ascending, at most ``max_buckets``) minimising total padding; see the module doc."""
+                    min_len: int = 0, cuts: Sequence[int] = ()) -> list[int]:
+    """Boundaries (ascending, at most ``max_buckets``) minimising total padding, no bucket
+    straddling a value of ``cuts``; see the module doc."""
     if max_buckets < 1:
         raise ConfigError(f"system.num_buckets: must be >= 1, got {max_buckets}")
     if align < 1:
@@ -57,6 +62,12 @@ def dynamic_buckets(lengths: Sequence[int], max_buckets: int = 16, align: int = 
     cand = candidates(x, align)
     if min_len:
         cand = np.unique(np.maximum(cand, min_len))
+    # Only cuts with lengths on both sides bind; each becomes a candidate a bucket may end at.
+    cuts = sorted({int(f) for f in cuts if cand[0] < int(f) < cand[-1]})
+    if len(cuts) + 1 > max_buckets:
+        raise ConfigError(f"system.num_buckets: {max_buckets} buckets cannot keep the {len(cuts)} replica "
+                          f"max_tokens cuts {cuts} apart (need >= {len(cuts) + 1})")
+    cand = np.unique(np.concatenate([cand, np.asarray(cuts, dtype=np.int64)]))
     # Prefix count and token sum of the lengths <= each candidate (index 0 = nothing).
     pos = np.searchsorted(x, cand, side="right")
     csum = np.concatenate([[0], np.cumsum(x)])
@@ -69,7 +80,10 @@ def dynamic_buckets(lengths: Sequence[int], max_buckets: int = 16, align: int = 
     k_idx = np.arange(n + 1)[:, None]
     i_idx = np.arange(n + 1)[None, :]
     cost = c[None, :] * (cnt[None, :] - cnt[:, None]) - (tok[None, :] - tok[:, None])
-    cost = np.where(k_idx < i_idx, cost, INF)
+    ok = k_idx < i_idx
+    for f in cuts:  # (c_k, c_i] must not hold f strictly inside
+        ok &= ~((c[:, None] < f) & (c[None, :] > f))
+    cost = np.where(ok, cost, INF)
     pad = np.full(n + 1, INF)
     pad[0] = 0.0
     back = []
@@ -85,7 +99,9 @@ def dynamic_buckets(lengths: Sequence[int], max_buckets: int = 16, align: int = 
     for j in range(best_j, 0, -1):
         bounds.append(int(c[i]))
         i = int(back[j - 1][i])
-    return sorted(bounds)
+    # A cut with no lengths between it and the boundary below is an empty bucket: drop it.
+    bounds = sorted(bounds)
+    return [b for k, b in enumerate(bounds) if np.any((x > (bounds[k - 1] if k else 0)) & (x <= b))]
 
 
 def fixed_buckets(max_len: int, smallest: int = 256, count: int = 7) -> list[int]:

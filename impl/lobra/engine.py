@@ -17,6 +17,7 @@ from . import bucketing
 from .dispatch import Dispatch, Group, dispatch, micro_batches, split_samples
 
 BUCKETINGS = ("dynamic", "fixed")
+BUCKET_CUTS = ("auto", "on", "off")
 
 
 class TaskStreams:
@@ -50,9 +51,10 @@ class StepPlan:
 
 
 def boundaries_for(samples: Sequence[Sample], kind: str, *, num_buckets: int, fixed: Sequence[int],
-                   align: int = 16, min_len: int = 0) -> list[int]:
+                   align: int = 16, min_len: int = 0, cuts: Sequence[int] = ()) -> list[int]:
+    """The step's bucket boundaries; dynamic buckets never straddle a value of ``cuts``."""
     if kind == "dynamic":
-        return bucketing.dynamic_buckets([s.length for s in samples], num_buckets, align, min_len)
+        return bucketing.dynamic_buckets([s.length for s in samples], num_buckets, align, min_len, cuts=cuts)
     if kind == "fixed":
         top = max(s.length for s in samples)
         bs = sorted(int(b) for b in fixed)
@@ -83,3 +85,40 @@ def plan_step(groups: Sequence[Group], samples: Sequence[Sample], boundaries: Se
     real = sum(s.length for s in samples)
     padded = sum(bucket_of[s.task, s.seq_id] for s in samples)
     return StepPlan(bs, d, replicas, real, padded)
+
+
+def plan_bucketed(groups: Sequence[Group], samples: Sequence[Sample], kind: str, dispatcher: str, *,
+                  num_buckets: int, fixed: Sequence[int], cuts: str = "auto", min_len: int = 0,
+                  exec_mode: str = "fused", task_order: Sequence[str] = (), **solver) -> StepPlan:
+    """Bucket one step (:func:`boundaries_for`) and plan it (:func:`plan_step`).
+
+    ``cuts`` (dynamic buckets only): ``on`` keeps every bucket on one side of each deployed
+    replica's max_tokens, so the sequences that fit a smaller replica can be dispatched to it; a
+    cut spends one of the B buckets, so it can cost padding elsewhere. ``off`` is the plain DP.
+    ``auto`` plans both and keeps the lower planned makespan (``dispatch.objective_s``)."""
+    if cuts not in BUCKET_CUTS:
+        raise ConfigError(f"system.bucket_cuts: unknown {cuts!r} (one of: {', '.join(BUCKET_CUTS)})")
+    maxes = sorted({g.scheme.max_tokens for g in groups})
+    variants = [()] if kind != "dynamic" or cuts == "off" or len(maxes) < 2 else \
+        [maxes] if cuts == "on" else [(), maxes]
+    best, seen = None, []
+    for cut in variants:
+        try:
+            bs = boundaries_for(samples, kind, num_buckets=num_buckets, fixed=fixed, min_len=min_len, cuts=cut)
+        except ConfigError:
+            if cuts == "on" or not cut:
+                raise
+            continue  # auto: too few buckets for the cuts, keep the plain DP
+        if bs in seen:
+            continue  # the plain DP already respects the cuts: same plan
+        seen.append(bs)
+        sp = plan_step(groups, samples, bs, dispatcher, exec_mode=exec_mode, min_len=min_len, task_order=task_order,
+                       **solver)
+        sp.info["bucket_cuts"] = list(cut)
+        if best is None or sp.dispatch.objective_s < best.dispatch.objective_s - 1e-12:
+            if best is not None:
+                sp.dispatch.solve_s += best.dispatch.solve_s
+            best = sp
+        else:
+            best.dispatch.solve_s += sp.dispatch.solve_s
+    return best

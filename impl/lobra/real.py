@@ -36,9 +36,9 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.llm.lora_train import MultiTaskLoRA, Sample, task_token_counts
 from impl.common.runtime.launch import launch
 
-from .cost import Scheme, TpCost, fit_tp_cost
+from .cost import Scheme, TpCost, fit_tp_cost, replica_time
 from .dispatch import Group
-from .engine import TaskStreams, boundaries_for, plan_step
+from .engine import TaskStreams, plan_bucketed
 
 KINDS = ("R_L", "R_S")
 PROFILE_TASK_ID0 = 1 << 40  # profile sequences' ids: far from any task stream's
@@ -88,6 +88,7 @@ class RealJob:
     max_tokens: dict  # kind -> max_tokens
     num_buckets: int
     fixed_buckets: tuple[int, ...]
+    bucket_cuts: str
     dispatch: str
     exec_mode: str
     ilp_time_limit_s: float
@@ -159,21 +160,24 @@ def phases_of(job: RealJob, policy: str, samples: list, schemes: dict, fits: dic
     facts (planner seconds, padding, dispatch status)."""
     t0 = time.perf_counter()
     names = job.task_names
-    phases, real, padded, status = [], 0, 0, []
+    phases, real, padded, status, cuts = [], 0, 0, [], []
+    predicted = [0.0, 0.0]  # per rank: the fitted cost of its micro-batches, summed over phases
 
     def one(groups, mine, bucketing, dispatcher, tasks):
         nonlocal real, padded
-        bs = boundaries_for(mine, bucketing, num_buckets=job.num_buckets, fixed=job.fixed_buckets)
         solver = dict(time_limit_s=job.ilp_time_limit_s, mip_gap=job.ilp_gap) if dispatcher == "balanced" else {}
-        sp = plan_step(groups, mine, bs, dispatcher, exec_mode=job.exec_mode, task_order=names, **solver)
+        sp = plan_bucketed(groups, mine, bucketing, dispatcher, num_buckets=job.num_buckets, fixed=job.fixed_buckets,
+                           cuts=job.bucket_cuts, exec_mode=job.exec_mode, task_order=names, **solver)
         per_rank, kinds = [], []
         for j, g in enumerate(groups):
             for r in sp.replicas[j]:
                 per_rank.append([(s, list(mb)) for s, mb in r])
                 kinds.append(g.scheme.name.split("(")[0])
+                predicted[len(per_rank) - 1] += replica_time(g.scheme, [(len(mb), s) for s, mb in r])
         real += sp.real_tokens
         padded += sp.padded_tokens
         status.append(sp.dispatch.status)
+        cuts.append(sp.info.get("bucket_cuts", []))
         phases.append((tasks, kinds, per_rank))
 
     if policy == "lobra":
@@ -186,7 +190,8 @@ def phases_of(job: RealJob, policy: str, samples: list, schemes: dict, fits: dic
         for t in job.tasks:
             kind = "R_S" if t.lengths.max_len <= job.max_tokens["R_S"] else "R_L"
             one([Group(schemes[kind], 2)], [s for s in samples if s.task == t.name], "fixed", "even", [t.name])
-    info = {"planner_s": time.perf_counter() - t0, "real_tokens": real, "padded_tokens": padded, "status": status}
+    info = {"planner_s": time.perf_counter() - t0, "real_tokens": real, "padded_tokens": padded, "status": status,
+            "predicted_s": predicted, "bucket_cuts": cuts}
     return phases, info
 
 
@@ -276,7 +281,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 def make_job(system, wl, seed: int) -> RealJob:
     c, rk = system.cfg, system.cfg.real
     return RealJob(wl.model, tuple(wl.tasks), seed, tuple(policies(system)), max_tokens_of(rk), c.num_buckets,
-                   tuple(c.fixed_buckets), c.dispatch, c.exec_mode, c.ilp_time_limit_s, c.ilp_gap,
+                   tuple(c.fixed_buckets), c.bucket_cuts, c.dispatch, c.exec_mode, c.ilp_time_limit_s, c.ilp_gap,
                    tuple(rk.profile_mbs), tuple(rk.profile_lengths), rk.profile_reps,
                    wl.warmup_steps + wl.steps, rk.check_steps, rk.init_b_zero, wl.lora_rank, wl.lora_alpha, wl.lr,
                    wl.torch_threads)
@@ -301,6 +306,9 @@ def summarise(results: list, job: RealJob, warmup: int, main: str, rtol: float) 
                           "pad_ratio": (plan["padded_tokens"] - plan["real_tokens"]) / plan["padded_tokens"],
                           "status": plan["status"],
                           "compute_s": [[p["compute_s"] for p in r["phases"]] for r in (r0, r1)],
+                          # planned (the fits) vs measured per rank, and each rank's idle share
+                          "predicted_s": plan["predicted_s"],
+                          "idle_frac": [1.0 - sum(p["compute_s"] for p in r["phases"]) / step for r in (r0, r1)],
                           "loss": sum(p["loss_part"] for r in (r0, r1) for p in r["phases"])})
         per[pol] = [s for s in steps if s["round"] >= warmup]
         timed = per[pol]
@@ -308,6 +316,8 @@ def summarise(results: list, job: RealJob, warmup: int, main: str, rtol: float) 
         m[f"step_time_s__{pol}"] = Metric.from_samples([s["step_s"] for s in timed], "s", "lower")
         m[f"padding_ratio__{pol}"] = Metric.from_samples([s["pad_ratio"] for s in timed], "ratio", "lower")
         m[f"planner_time_s__{pol}"] = Metric.from_samples([s["planner_s"] for s in timed], "s", "lower")
+        # The less busy rank's idle share of the step: the imbalance a dispatcher leaves.
+        m[f"idle_frac__{pol}"] = Metric.from_samples([max(s["idle_frac"]) for s in timed], "fraction", "lower")
     cpu = {p: m[f"cpu_seconds__{p}"].value for p in job.policies}
     m["cpu_seconds"] = m[f"cpu_seconds__{main}"]
     # The harness's cross-system metric: here CPU processes stand in for GPUs (see emulated).

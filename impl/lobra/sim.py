@@ -23,7 +23,7 @@ from impl.common.cost.comm import ring_allreduce_time_s
 
 from .cost import Scheme, pow2_ceil, replica_time
 from .dispatch import Group
-from .engine import TaskStreams, boundaries_for, plan_step
+from .engine import TaskStreams, boundaries_for, plan_bucketed, plan_step
 from .plan import plan
 from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
 
@@ -103,6 +103,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     solver = dict(time_limit_s=cfg.ilp_time_limit_s, mip_gap=cfg.ilp_gap) if cfg.dispatch == "balanced" else {}
     streams = TaskStreams(wl.tasks, seed)
     steps, pads, solve, statuses = [], [], [], []
+    cut_steps = 0
     planner_s = 0.0
     if cfg.policy == "task_sequential":
         per_task = {}
@@ -160,16 +161,17 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         sync = sync_time_s(wl, hw, groups, len(wl.tasks))
         for _ in range(wl.steps):
             samples = streams.step()
-            bs = boundaries_for(samples, bucketing_kind, num_buckets=cfg.num_buckets, fixed=_fixed(system, wl),
-                                min_len=cfg.min_bucket_len)
-            sp = plan_step(groups, samples, bs, dispatcher, exec_mode=cfg.exec_mode, min_len=cfg.min_bucket_len,
-                           task_order=names, **solver)
+            sp = plan_bucketed(groups, samples, bucketing_kind, dispatcher, num_buckets=cfg.num_buckets,
+                               fixed=_fixed(system, wl), cuts=cfg.bucket_cuts, min_len=cfg.min_bucket_len,
+                               exec_mode=cfg.exec_mode, task_order=names, **solver)
             steps.append(step_time(groups, sp) + sync)
             pads.append(sp.pad_ratio)
             solve.append(sp.dispatch.solve_s)
             statuses.append(sp.dispatch.status)
+            cut_steps += bool(sp.info.get("bucket_cuts"))
         info["sync_time_s"] = sync
         info["dispatch_status"] = sorted(set(statuses))
+        info["steps_with_bucket_cuts"] = cut_steps
     gpu_s = [wl.num_gpus * s for s in steps]
     m = {
         "gpu_seconds": Metric.scalar(sum(gpu_s), "GPU-s"),

@@ -17,7 +17,7 @@ from typing import List
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from .dispatch import DISPATCHERS
-from .engine import BUCKETINGS
+from .engine import BUCKET_CUTS, BUCKETINGS
 from .plan import PLANNERS
 
 POLICIES = ("lobra", "task_fused", "task_sequential")
@@ -69,6 +69,8 @@ class LobRA(System):
         plan_time_limit_s: float = 2.0  # ILP limit per candidate while planning
         dispatch: str = "balanced"  # balanced | length | even
         bucketing: str = "dynamic"  # dynamic | fixed
+        # dynamic buckets vs the deployed replicas' max_tokens: auto | on | off (engine.plan_bucketed)
+        bucket_cuts: str = "auto"
         num_buckets: int = 16
         fixed_buckets: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192, 16384])
         min_bucket_len: int = 0  # the original code's 256 floor (off by default, spec 9)
@@ -81,7 +83,8 @@ class LobRA(System):
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
         for fld, allowed in (("policy", POLICIES), ("deployment", DEPLOYMENTS), ("planner", PLANNERS),
-                             ("dispatch", DISPATCHERS), ("bucketing", BUCKETINGS), ("exec_mode", EXEC_MODES)):
+                             ("dispatch", DISPATCHERS), ("bucketing", BUCKETINGS), ("exec_mode", EXEC_MODES),
+                             ("bucket_cuts", BUCKET_CUTS)):
             if getattr(cfg, fld) not in allowed:
                 raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
         if cfg.num_buckets < 1:

@@ -30,12 +30,16 @@ def test_fit_tp_cost_recovers_coefficients():
         fit_tp_cost([(1, s, true.f(1, s)) for s in (1, 2, 3, 4, 5, 6)])
 
 
-def brute_padding(lengths, B, align=16):
-    cand = list(bucketing.candidates(lengths, align))
+def brute_padding(lengths, B, align=16, cuts=()):
+    cand = sorted(set(bucketing.candidates(lengths, align)) | {f for f in cuts if min(lengths) < f < max(lengths)})
     best = None
     for k in range(1, min(B, len(cand)) + 1):
         for sub in itertools.combinations(cand[:-1], k - 1):
-            p = bucketing.padding(lengths, list(sub) + [cand[-1]])
+            bs = list(sub) + [cand[-1]]
+            lo = [0] + bs[:-1]
+            if any(a < f < b for a, b in zip(lo, bs) for f in cuts):
+                continue  # a bucket straddles a cut
+            p = bucketing.padding(lengths, bs)
             best = p if best is None else min(best, p)
     return best
 
@@ -49,6 +53,42 @@ def test_dynamic_buckets_equal_brute_force(seed):
         assert len(bs) <= B and bs == sorted(set(bs))
         assert all(x <= b for x, b in zip(lengths, bucketing.assign(lengths, bs)))
         assert bucketing.padding(lengths, bs) == brute_padding(lengths, B)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dynamic_buckets_with_cuts_equal_brute_force(seed):
+    # A replica's max_tokens is a cut: no bucket spans it, so every sequence that fits the
+    # smaller replica stays in a bucket that fits it too.
+    rng = np.random.default_rng(100 + seed)
+    lengths = list(rng.integers(1, 400, size=int(rng.integers(4, 12))))
+    cuts = [100, 250]
+    for B in (3, 4, 6):
+        bs = bucketing.dynamic_buckets(lengths, B, cuts=cuts)
+        assert len(bs) <= B and bs == sorted(set(bs))
+        for x, b in zip(lengths, bucketing.assign(lengths, bs)):
+            assert x <= b and all(not (x <= f < b) for f in cuts)
+        assert bucketing.padding(lengths, bs) == brute_padding(lengths, B, cuts=cuts)
+    with pytest.raises(ConfigError, match="system.num_buckets: 2 buckets cannot keep the 2 replica max_tokens cuts"):
+        bucketing.dynamic_buckets([50, 200, 390], 2, cuts=cuts)
+
+
+def test_bucket_cuts_let_the_small_replica_take_what_fits_and_auto_keeps_the_better_plan():
+    from impl.lobra.engine import plan_bucketed
+
+    rng = np.random.default_rng(5)
+    samples = [Sample("a", i, int(x)) for i, x in enumerate(rng.integers(16, 2048, size=40))]
+    groups = [Group(scheme(2, 1, 2048, k=1.4), 1), Group(scheme(1, 1, 512), 1)]
+    kw = dict(num_buckets=4, fixed=(), task_order=["a"])
+    plans = {c: plan_bucketed(groups, samples, "dynamic", "balanced", cuts=c, **kw) for c in ("off", "on", "auto")}
+    assert 512 in plans["on"].boundaries and plans["on"].info["bucket_cuts"] == [512, 2048]
+    # with the cut, every sequence <= 512 sits in a bucket the 512-token replica can hold
+    small = {(s.task, s.seq_id) for s in samples if s.length <= 512}
+    assert all(b <= 512 for b, x in zip(bucketing.assign([s.length for s in samples], plans["on"].boundaries),
+                                         samples) if (x.task, x.seq_id) in small)
+    best = min(plans["off"].dispatch.objective_s, plans["on"].dispatch.objective_s)
+    assert plans["auto"].dispatch.objective_s == pytest.approx(best)
+    with pytest.raises(ConfigError, match="system.bucket_cuts: unknown 'both'"):
+        plan_bucketed(groups, samples, "dynamic", "balanced", cuts="both", **kw)
 
 
 def test_padding_falls_with_more_buckets_and_fixed_set():
