@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp  # imported here: not inside a timed plan
+from scipy.sparse import lil_matrix
 
 from impl.common.api import ConfigError
 
@@ -77,9 +79,6 @@ def _lpt(costs: np.ndarray, toks: np.ndarray, v: int, cap: int) -> Optional[list
 def _ilp(costs: np.ndarray, toks: np.ndarray, v: int, cap: int, time_limit_s: float,
          node_limit: Optional[int], z_upper: float, mip_rel_gap: float) -> tuple[Optional[list[int]], float, str]:
     """(bins or None, dual bound on z, 'optimal' | 'limit' | 'infeasible')."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
-
     n = len(costs)
     # variables: o_ij for j <= i (symmetry breaking), then z
     pairs = [(i, j) for i in range(n) for j in range(min(i + 1, v))]

@@ -11,9 +11,14 @@ cost objects, so a ratio between two policies comes from their plans alone.
   replica of ``g = tp·pp`` GPUs receives its bf16 parameter shard (2 B/param) and returns its
   fp32 gradient shard (4 B/param): ``6·|θ|/g·(R − 1)/R`` bytes over the per-GPU inter-node link
   (intra-node when the job fits in one node), ``R`` = replicas (the ring factor of the
-  reduce-scatter / all-gather; 0 for a single replica). The slowest replica sets the time;
-  no overlap with compute (spec 2.2: the overlap is unknown). The optimizer update itself is
-  the same for every policy and left out.
+  reduce-scatter / all-gather; 0 for a single replica).
+- Overlap [R] (spec 2.2: the exact overlap is unknown), one rule for every policy:
+  communication hides behind the compute of the micro-batch it accompanies. The exchange
+  overlaps one micro-batch per replica (gradients with the last backward, parameters with the
+  first forward, as Megatron's distributed optimizer does): a replica's exposed exchange is
+  ``max(0, exchange − max_j T_mb,j)``; ZeRO-3's per-micro-batch gathers overlap their own
+  micro-batch (``max(T_mb, gather)``). The step is the slowest replica's compute + exposed
+  exchange. The optimizer update itself is the same for every policy and left out.
 """
 from __future__ import annotations
 
@@ -61,13 +66,30 @@ def aligned(lengths: Sequence[int], align: int) -> tuple[tuple[int, ...], int]:
     return tuple(int(x) for x in lengths), (-tok) % align
 
 
-def exchange_s(model, hw, num_gpus: int, replicas: Sequence[ReplicaCost]) -> float:
-    R = len(replicas)
+def exchange_one_s(model, hw, num_gpus: int, r: ReplicaCost, R: int) -> float:
     if R <= 1:
         return 0.0
-    p = float(model_params(model))
-    bw = link_bw(hw, num_gpus)
-    return max(6.0 * p / r.gpus * (R - 1) / R / bw for r in replicas)
+    return 6.0 * float(model_params(model)) / r.gpus * (R - 1) / R / link_bw(hw, num_gpus)
+
+
+def exchange_s(model, hw, num_gpus: int, replicas: Sequence[ReplicaCost]) -> float:
+    """The un-overlapped exchange of the slowest replica (s)."""
+    return max(exchange_one_s(model, hw, num_gpus, r, len(replicas)) for r in replicas)
+
+
+def finish(model, hw, num_gpus: int, replicas: Sequence[ReplicaCost],
+           per_replica: Sequence[Sequence[tuple[Sequence[int], int]]]) -> tuple[float, float]:
+    """(compute s, exposed exchange s) of a step: compute = the slowest replica's 1F1B time;
+    exposed = step − compute with each replica's exchange overlapping its largest micro-batch."""
+    R = len(replicas)
+    comp, step = 0.0, 0.0
+    for r, mbs in zip(replicas, per_replica):
+        t = rank_time_ms(r, mbs) / 1e3
+        ts = [mb_time_ms(r, ls, pad) for ls, pad in mbs if len(ls)]
+        window = max(ts) / 1e3 if ts else 0.0
+        comp = max(comp, t)
+        step = max(step, t + max(0.0, exchange_one_s(model, hw, num_gpus, r, R) - window))
+    return comp, step - comp
 
 
 def switch_s(model, hw, num_gpus: int, dst: ReplicaCost) -> float:

@@ -30,7 +30,7 @@ from .cost import (CAP_ROUND, GIB, CostSpec, MemoryModel, OptLayout, ReplicaCost
                    load_cost_data, published_c_per_layer_ms, strategy_cost, strategy_costs)
 from .dispatch import dispatch
 from .generator import Histogram, generate_pool
-from .pricing import StepPrice, aligned, exchange_s, from_micro_batches, link_bw, rank_time_ms, switch_s
+from .pricing import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
 from .step_plan import plan_step
 
 HOMO_MODES = ("hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static")
@@ -68,13 +68,14 @@ class Env:
 
 
 def price_homo_greedy(env: Env, r: ReplicaCost, dp: int, lengths: Sequence[int], capacity: int,
-                      pad: str = "align") -> tuple[float, int]:
+                      pad: str = "align") -> StepPrice:
     """Greedy packing of the whole step to ``capacity``, micro-batch i to DP rank i mod dp
-    (equal counts), the slowest rank's 1F1B time (ms) and the micro-batch count."""
+    (equal packed micro-batch counts per rank, spec 3), 1F1B per rank, the exchange."""
     ids = list(range(len(lengths)))
     mbs = greedy_pack(ids, lengths, capacity, pad=pad, align=env.system.cfg.align)
-    ranks = assign_dp(mbs, dp)
-    return max(rank_time_ms(r, from_micro_batches(rk)) for rk in ranks), len(mbs)
+    ranks = [from_micro_batches(rk) for rk in assign_dp(mbs, dp)]
+    comp, ex = finish(env.wl.model, env.hw, env.n, [r] * dp, ranks)
+    return StepPrice(comp, ex, candidate=fmt_strategy([r] * dp), micro_batches=len(mbs))
 
 
 def megatron_grid(env: Env, sample) -> tuple[ReplicaCost, int, dict]:
@@ -89,8 +90,7 @@ def megatron_grid(env: Env, sample) -> tuple[ReplicaCost, int, dict]:
             r = strategy_cost(wl.model, env.hw, env.mem(OptLayout(dp, tp, pp)), env.spec, tp, pp, env.data)
             if r is None or r.cap < wl.context:
                 continue
-            ts = [price_homo_greedy(env, r, dp, b.lengths.tolist(), wl.context)[0] / 1e3
-                  + exchange_s(wl.model, env.hw, env.n, [r] * dp) for b in sample]
+            ts = [price_homo_greedy(env, r, dp, b.lengths.tolist(), wl.context).step_s for b in sample]
             scores[f"({dp},{tp},{pp})"] = statistics.fmean(ts)
             if best is None or scores[f"({dp},{tp},{pp})"] < best[0]:
                 best = (scores[f"({dp},{tp},{pp})"], r, dp)
@@ -136,16 +136,18 @@ def price_deepspeed(env: Env, r: ReplicaCost, gather_ms: float, zero: int, lengt
     dp = env.n // r.tp
     ids = list(range(len(lengths)))
     mbs = greedy_pack(ids, lengths, min(r.cap, env.wl.context), pad="align", align=env.system.cfg.align)
-    worst = 0.0
-    for rank in assign_dp(mbs, dp):
-        t = sum(max(r.mb_time(ls) + r.b * pad, gather_ms) for ls, pad in from_micro_batches(rank) if ls)
-        worst = max(worst, t)
     from impl.common.cost.transformer import model_params
 
-    ex = 0.0
-    if zero == 1:  # grads reduce-scattered, params all-gathered once per step over all GPUs
-        ex = 6.0 * model_params(env.wl.model) * (env.n - 1) / env.n / link_bw(env.hw, env.n)
-    return StepPrice(worst / 1e3, ex, micro_batches=len(mbs))
+    # ZeRO-1: grads reduce-scattered and params all-gathered once per step over all GPUs
+    # (Ulysses replicates parameters over sp), overlapping one micro-batch like the others.
+    ex = 6.0 * model_params(env.wl.model) * (env.n - 1) / env.n / link_bw(env.hw, env.n) if zero == 1 else 0.0
+    comp, step = 0.0, 0.0
+    for rank in assign_dp(mbs, dp):
+        ts = [max(r.mb_time(ls) + r.b * pad, gather_ms) for ls, pad in from_micro_batches(rank) if ls]
+        t = sum(ts) / 1e3
+        comp = max(comp, t)
+        step = max(step, t + max(0.0, ex - (max(ts) / 1e3 if ts else 0.0)))
+    return StepPrice(comp, step - comp, candidate=f"zero{zero} sp{r.tp} dp{dp}", micro_batches=len(mbs))
 
 
 def deepspeed_grid(env: Env, sample):
@@ -187,11 +189,8 @@ def hotspa_boundaries(env: Env) -> list[int]:
     return b + [0]
 
 
-def price_hotspa(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[int], lengths: Sequence[int]) -> StepPrice:
-    """Groups by length bucket, each run under the homogeneous strategy that is fastest for
-    it (an oracle choice per step: favourable to the baseline), hot switches between them."""
-    homo = [r for r in strategies if env.n % r.gpus == 0]
-    total, chosen, nmb = 0.0, [], 0
+def _price_groups(env: Env, homo: Sequence[ReplicaCost], bounds: Sequence[int], lengths: Sequence[int]) -> StepPrice:
+    total, chosen, nmb, last = 0.0, [], 0, None
     for hi, lo in zip(bounds, bounds[1:]):
         g_lens = [x for x in lengths if lo < x <= hi]
         if not g_lens:
@@ -200,19 +199,37 @@ def price_hotspa(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[i
         for r in homo:
             if r.cap < max(g_lens):
                 continue
-            t, k = price_homo_greedy(env, r, env.n // r.gpus, g_lens, r.cap)
-            if best is None or t < best[0]:
-                best = (t, r, k)
+            p = price_homo_greedy(env, r, env.n // r.gpus, g_lens, min(r.cap, hi))
+            if best is None or p.compute_s < best[0]:
+                best = (p.compute_s, r, p)
         if best is None:
             raise ConfigError(f"hotspa_like: no homogeneous strategy holds the {lo}-{hi} group's {max(g_lens)} tokens")
         total += best[0]
         chosen.append(best[1])
-        nmb += best[2]
+        nmb += best[2].micro_batches
+        last = best[2]
     sw = sum(switch_s(env.wl.model, env.hw, env.n, b) for a, b in zip(chosen, chosen[1:]) if a != b)
     if chosen[-1] != chosen[0]:
         sw += switch_s(env.wl.model, env.hw, env.n, chosen[0])
-    ex = exchange_s(env.wl.model, env.hw, env.n, [chosen[0]] * (env.n // chosen[0].gpus))
-    return StepPrice(total / 1e3, ex, sw, candidate=" | ".join(fmt_strategy([r]) for r in chosen), micro_batches=nmb)
+    # the step's gradients leave with the last group: its exposed exchange (same overlap rule)
+    return StepPrice(total, last.exchange_s, sw, candidate=" | ".join(fmt_strategy([r]) for r in chosen),
+                     micro_batches=nmb)
+
+
+def price_hotspa(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[int], lengths: Sequence[int]) -> StepPrice:
+    """Length groups, each packed to its upper bound (HotSPa 2.3) and run under its fastest
+    homogeneous strategy, hot switches between them. Per step, every merge of the candidate
+    boundaries is tried and the fastest kept (an oracle choice of groups and strategies:
+    favourable to the baseline; HotSPa 2.7 fixes them offline)."""
+    homo = [r for r in strategies if env.n % r.gpus == 0]
+    inner = list(bounds[1:-1])
+    best = None
+    for mask in range(2 ** len(inner)):
+        keep = [b for i, b in enumerate(inner) if mask >> i & 1]
+        p = _price_groups(env, homo, [bounds[0], *keep, 0], lengths)
+        if best is None or p.step_s < best.step_s:
+            best = p
+    return best
 
 
 # ---------------------------------------------------------------------------- Hydraulis policies
@@ -221,18 +238,17 @@ def price_hotspa(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[i
 def price_plan(env: Env, lengths: Sequence[int], plan) -> StepPrice:
     """A StepPlan's micro-batches with alignment padding, plus the exchange."""
     align = env.system.cfg.align
-    worst = 0.0
-    for rp in plan.replicas:
-        mbs = [aligned([lengths[i] for i in mb], align) for mb in rp.micro_batches]
-        worst = max(worst, rank_time_ms(rp.replica, mbs))
+    per = [[aligned([lengths[i] for i in mb], align) for mb in rp.micro_batches] for rp in plan.replicas]
     reps = [rp.replica for rp in plan.replicas]
-    return StepPrice(worst / 1e3, exchange_s(env.wl.model, env.hw, env.n, reps), plan_time_s=plan.plan_time_s,
+    comp, ex = finish(env.wl.model, env.hw, env.n, reps, per)
+    return StepPrice(comp, ex, plan_time_s=plan.plan_time_s,
                      candidate=fmt_strategy(reps), statuses=dict(plan.statuses),
                      micro_batches=sum(len(rp.micro_batches) for rp in plan.replicas))
 
 
 def price_greedy_dynamic(env: Env, pool, lengths: Sequence[int], seed: int) -> StepPrice:
-    """Mode 3: stage-1 dispatch over each candidate, greedy packing per replica (dynamic shape)."""
+    """Mode 3: stage-1 dispatch over each candidate, greedy packing per replica to the context
+    length (the fixed-length packing of the artifact; dynamic shape: padded to ``align``)."""
     t0 = time.perf_counter()
     c = env.system.cfg
     best = None
@@ -242,25 +258,26 @@ def price_greedy_dynamic(env: Env, pool, lengths: Sequence[int], seed: int) -> S
         d = dispatch(lengths, cand, shuffles=c.shuffles, seed=seed, includes_c=c.dispatch_includes_c)
         if not d.feasible:
             continue
-        worst, nmb = 0.0, 0
+        per, nmb = [], 0
         for r, idx in zip(cand, d.assign):
-            mbs = greedy_pack(idx, [lengths[i] for i in idx], r.cap, pad="align", align=c.align)
-            worst = max(worst, rank_time_ms(r, from_micro_batches(mbs)))
+            mbs = greedy_pack(idx, [lengths[i] for i in idx], min(r.cap, env.wl.context), pad="align", align=c.align)
+            per.append(from_micro_batches(mbs))
             nmb += len(mbs)
-        if best is None or worst < best[0]:
-            best = (worst, cand, nmb)
+        comp, ex = finish(env.wl.model, env.hw, env.n, cand, per)
+        if best is None or comp < best[0]:  # the planner ranks compute, like mode 4's score
+            best = (comp, cand, nmb, ex)
     if best is None:
         raise ConfigError("strategy pool: no candidate runs this batch (every one leaves a replica empty)")
-    return StepPrice(best[0] / 1e3, exchange_s(env.wl.model, env.hw, env.n, best[1]),
-                     plan_time_s=time.perf_counter() - t0, candidate=fmt_strategy(best[1]), micro_batches=best[2])
+    return StepPrice(best[0], best[3], plan_time_s=time.perf_counter() - t0, candidate=fmt_strategy(best[1]),
+                     micro_batches=best[2])
 
 
 def price_homo_mode(env: Env, policy: str, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
     """Modes 0-2 on the optimizer-layout strategy (R replicas of ``r``)."""
     align = env.system.cfg.align
     n = len(lengths)
-    if policy == "hydraulis_greedy_static":
-        mbs = greedy_pack(list(range(n)), lengths, r.cap, pad="bound", align=align)
+    if policy == "hydraulis_greedy_static":  # static shape: rows of the context length
+        mbs = greedy_pack(list(range(n)), lengths, min(r.cap, env.wl.context), pad="bound", align=align)
         ranks = [from_micro_batches(rk) for rk in assign_dp(mbs, R)]
     else:
         order = sorted(range(n), key=lambda i: (-lengths[i], i)) if policy == "hydraulis_pad" else list(range(n))
@@ -282,8 +299,8 @@ def price_homo_mode(env: Env, policy: str, r: ReplicaCost, R: int, lengths: Sequ
                     except ConfigError:
                         v += 1
                 ranks.append(from_micro_batches(mbs))
-    worst = max(rank_time_ms(r, rk) for rk in ranks)
-    return StepPrice(worst / 1e3, exchange_s(env.wl.model, env.hw, env.n, [r] * R), candidate=fmt_strategy([r] * R),
+    comp, ex = finish(env.wl.model, env.hw, env.n, [r] * R, ranks)
+    return StepPrice(comp, ex, candidate=fmt_strategy([r] * R),
                      micro_batches=sum(len(rk) for rk in ranks))
 
 
@@ -344,10 +361,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     info["megatron_layout"] = f"({mega_dp},{mega_r.tp},{mega_r.pp})"
     if policy == "megatron_like":
         info["grid_search_step_s"] = grid
-        for b in batches:
-            t, nmb = price_homo_greedy(env, mega_r, mega_dp, b.lengths.tolist(), wl.context)
-            prices.append(StepPrice(t / 1e3, exchange_s(wl.model, hw, env.n, [mega_r] * mega_dp),
-                                    candidate=fmt_strategy([mega_r] * mega_dp), micro_batches=nmb))
+        prices = [price_homo_greedy(env, mega_r, mega_dp, b.lengths.tolist(), wl.context) for b in batches]
     elif policy == "deepspeed_like":
         r, gather_ms, zero, scores = deepspeed_grid(env, sample)
         info.update(deepspeed_layout=f"zero{zero} sp{r.tp} dp{env.n // r.tp}", grid_search_step_s=scores)
@@ -419,22 +433,10 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
 
 
 def static_choice(pool, sample, kw) -> list:
-    """Static-hetero ablation: the pool candidate with the best mean planning score over the
-    sample steps (a candidate infeasible on any sample step is skipped)."""
-    best = None
-    for cand in pool:
-        scores = []
-        for b in sample:
-            try:
-                scores.append(plan_step(b.lengths.tolist(), [cand], **kw).score)
-            except ConfigError:
-                scores = None
-                break
-        if scores and (best is None or statistics.fmean(scores) < best[0]):
-            best = (statistics.fmean(scores), cand)
-    if best is None:
-        raise ConfigError("hydraulis_static_hetero: no pool candidate runs every sample step")
-    return best[1]
+    """Static-hetero ablation: the candidate the full planner picks most often on the sample
+    steps (ties: the earlier in the pool), then used for every step."""
+    wins = Counter(plan_step(b.lengths.tolist(), pool, **kw).candidate for b in sample)
+    return pool[min(wins, key=lambda i: (-wins[i], i))]
 
 
 def run_sim(system, job) -> RunResult:

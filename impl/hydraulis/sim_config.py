@@ -26,8 +26,9 @@ class SimKnobs:
     # Steps of lengths (a stream seeded seed+1) whose histogram feeds the generator and the
     # baselines' grid searches.
     sample_steps: int = 4
-    # Megatron-like grid search: the largest TP degree (8 = inside a node).
-    megatron_max_tp: int = 8
+    # Megatron-like grid search: the largest TP degree (16 spans two nodes: the only way a
+    # 32B model holds 32K tokens without CP, spec 6).
+    megatron_max_tp: int = 16
     # DeepSpeed-like: ZeRO stages tried (1 = optimizer sharded; 3 = parameters too, gathered
     # per micro-batch, overlapped with compute).
     deepspeed_zero_stages: List[int] = field(default_factory=lambda: [1, 3])
