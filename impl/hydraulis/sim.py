@@ -189,47 +189,51 @@ def hotspa_boundaries(env: Env) -> list[int]:
     return b + [0]
 
 
-def _price_groups(env: Env, homo: Sequence[ReplicaCost], bounds: Sequence[int], lengths: Sequence[int]) -> StepPrice:
+def _group_lengths(lengths: Sequence[int], hi: int, lo: int) -> list[int]:
+    return [x for x in lengths if lo < x <= hi]
+
+
+def _price_groups(env: Env, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
+    """One step under fixed groups (``bounds``) and one homogeneous strategy per group."""
     total, chosen, nmb, last = 0.0, [], 0, None
-    for hi, lo in zip(bounds, bounds[1:]):
-        g_lens = [x for x in lengths if lo < x <= hi]
+    for (hi, lo), r in zip(zip(bounds, bounds[1:]), strategies):
+        g_lens = _group_lengths(lengths, hi, lo)
         if not g_lens:
-            continue
-        best = None
-        for r in homo:
-            if r.cap < max(g_lens):
-                continue
-            p = price_homo_greedy(env, r, env.n // r.gpus, g_lens, min(r.cap, hi))
-            if best is None or p.compute_s < best[0]:
-                best = (p.compute_s, r, p)
-        if best is None:
-            raise ConfigError(f"hotspa_like: no homogeneous strategy holds the {lo}-{hi} group's {max(g_lens)} tokens")
-        total += best[0]
-        chosen.append(best[1])
-        nmb += best[2].micro_batches
-        last = best[2]
+            continue  # an empty group runs nothing and switches nothing
+        p = price_homo_greedy(env, r, env.n // r.gpus, g_lens, min(r.cap, hi))
+        total += p.compute_s
+        chosen.append(r)
+        nmb += p.micro_batches
+        last = p
     sw = sum(switch_s(env.wl.model, env.hw, env.n, b) for a, b in zip(chosen, chosen[1:]) if a != b)
     if chosen[-1] != chosen[0]:
-        sw += switch_s(env.wl.model, env.hw, env.n, chosen[0])
+        sw += switch_s(env.wl.model, env.hw, env.n, chosen[0])  # back to the first group's layout
     # the step's gradients leave with the last group: its exposed exchange (same overlap rule)
     return StepPrice(total, last.exchange_s, sw, candidate=" | ".join(fmt_strategy([r]) for r in chosen),
                      micro_batches=nmb)
 
 
-def price_hotspa(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[int], lengths: Sequence[int]) -> StepPrice:
-    """Length groups, each packed to its upper bound (HotSPa 2.3) and run under its fastest
-    homogeneous strategy, hot switches between them. Per step, every merge of the candidate
-    boundaries is tried and the fastest kept (an oracle choice of groups and strategies:
-    favourable to the baseline; HotSPa 2.7 fixes them offline)."""
+def hotspa_plan(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[int], sample) -> tuple[list, list]:
+    """HotSPa 2.7 offline [R]: every merge of the candidate boundaries; per group the
+    homogeneous strategy (N divisible by tp·pp, capacity >= the group's bound) fastest on the
+    sample steps; the merge with the smallest mean sample step time. Fixed for the run."""
     homo = [r for r in strategies if env.n % r.gpus == 0]
     inner = list(bounds[1:-1])
     best = None
     for mask in range(2 ** len(inner)):
-        keep = [b for i, b in enumerate(inner) if mask >> i & 1]
-        p = _price_groups(env, homo, [bounds[0], *keep, 0], lengths)
-        if best is None or p.step_s < best.step_s:
-            best = p
-    return best
+        b = [bounds[0], *[x for i, x in enumerate(inner) if mask >> i & 1], 0]
+        strat = []
+        for hi, lo in zip(b, b[1:]):
+            fits = [r for r in homo if r.cap >= min(hi, env.wl.context)]
+            if not fits:
+                raise ConfigError(f"hotspa_like: no homogeneous strategy of {env.n} GPUs holds the {lo}-{hi} group")
+            groups = [_group_lengths(x.lengths.tolist(), hi, lo) for x in sample]
+            strat.append(min(fits, key=lambda r: sum(price_homo_greedy(env, r, env.n // r.gpus, g, min(r.cap, hi)).compute_s
+                                                      for g in groups if g)))
+        t = statistics.fmean(_price_groups(env, b, strat, x.lengths.tolist()).step_s for x in sample)
+        if best is None or t < best[0]:
+            best = (t, b, strat)
+    return best[1], best[2]
 
 
 # ---------------------------------------------------------------------------- Hydraulis policies
@@ -374,9 +378,9 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
                                 for r in strategies})
         kw = env.plan_kwargs(seed)
         if policy == "hotspa_like":
-            bounds = hotspa_boundaries(env)
-            info["hotspa_boundaries"] = bounds
-            prices = [price_hotspa(env, strategies, bounds, b.lengths.tolist()) for b in batches]
+            bounds, strat = hotspa_plan(env, strategies, hotspa_boundaries(env), sample)
+            info.update(hotspa_boundaries=bounds, hotspa_strategies=[fmt_strategy([r]) for r in strat])
+            prices = [_price_groups(env, bounds, strat, b.lengths.tolist()) for b in batches]
         elif policy in HOMO_MODES:
             prices = [price_homo_mode(env, policy, pool.candidates[0][0], opt.dp, b.lengths.tolist()) for b in batches]
         elif policy == "hydraulis_greedy_dynamic":
