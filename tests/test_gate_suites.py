@@ -26,7 +26,7 @@ def test_every_suite_is_sim_or_real_not_both():
     # A mixed suite would either drag a noisy real gate into CI or keep a sim gate out of it.
     mixed = {name: sorted(m) for name, m in _suite_modes().items() if len(m) > 1}
     assert not mixed, f"split these suites by mode: {mixed}"
-    assert {"smoke", "adaptra", "malleus", "caraserve", "fisedit", "lobra"} <= set(SIM_SUITES)
+    assert {"smoke", "adaptra", "malleus", "caraserve", "fisedit", "hotspa", "hydraulis", "lobra", "ckpt_recovery"} <= set(SIM_SUITES)
 
 
 @pytest.mark.parametrize("suite", SIM_SUITES)
