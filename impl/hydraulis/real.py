@@ -46,11 +46,14 @@ from impl.common.workloads.pipeline import ModelShape
 from .cost import ReplicaCost
 from .disagg import OptimizerLayout, Strategy, compute_copy
 from .real_config import RealKnobs, RealRun, ReplicaKind
-from .real_fit import fit_kind, fit_rows, time_kind
+from .real_fit import fit_kind, fit_rows, profile, row_medians
 from .real_plan import PlanAhead, Planner, RunPlan, check_run
 from .real_replica import ReplicaModel
 
 OVERFLOW = "keep"  # a step's last sequence is kept whole: G <= tokens < G + its length
+# The spec 5 runs as systems: policy -> (batching, candidate pool of replica kinds).
+REAL_POLICIES = {"hydraulis_h": ("two_stage", [["A", "B"]]), "hydraulis_b0": ("greedy", [["A", "A"]]),
+                 "hydraulis_b1": ("two_stage", [["A", "A"]])}
 
 
 def model_shape(model) -> ModelShape:
@@ -59,14 +62,26 @@ def model_shape(model) -> ModelShape:
 
 
 def _planner_knobs(system) -> dict:
+    """The planner knobs real mode shares with sim (top-level ``system.*``)."""
     c = system.cfg
-    return {"shuffles": int(getattr(c, "shuffles", 100)), "v_window": int(getattr(c, "v_window", 16)),
-            "time_limit_s": float(getattr(c, "time_limit_s", 0.5))}
+    return {"shuffles": int(c.shuffles), "v_window": int(c.v_window), "time_limit_s": float(c.ilp_time_limit_s),
+            "mip_rel_gap": float(c.mip_rel_gap), "includes_c": bool(c.dispatch_includes_c)}
+
+
+def job_runs(system) -> list[RealRun]:
+    """``system.real.runs``, or the policy's own run alone."""
+    rk = system.cfg.real
+    if rk.runs:
+        return list(rk.runs)
+    batching, pool = REAL_POLICIES[system.cfg.policy]
+    return [RealRun(system.cfg.policy, batching, [list(c) for c in pool])]
 
 
 def check_real(system, wl, hardware) -> None:
     """Real-mode limits, one line each naming the field and the numbers."""
     rk: RealKnobs = system.cfg.real
+    if system.cfg.policy not in REAL_POLICIES:
+        raise ConfigError(f"system.policy: {system.cfg.policy!r} has no real mode (one of: {', '.join(REAL_POLICIES)})")
     if wl.dtype != "fp32":
         raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
     if wl.optimizer != "adam":
@@ -97,12 +112,11 @@ def check_real(system, wl, hardware) -> None:
         if len(distinct) < 3:
             raise ConfigError(f"system.real.fit_lengths: kind {k.name!r} (cap {k.cap}) gets {len(distinct)} distinct "
                               f"lengths <= its cap, the fit needs >= 3")
-    if not rk.runs:
-        raise ConfigError("system.real.runs: need at least one run")
-    rnames = [r.name for r in rk.runs]
+    runs = job_runs(system)
+    rnames = [r.name for r in runs]
     if len(set(rnames)) != len(rnames):
         raise ConfigError(f"system.real.runs: names repeat: {rnames}")
-    for r in rk.runs:
+    for r in runs:
         check_run(r, kinds, wl.num_gpus, wl.context, f"system.real.runs[{r.name}]")
     if rk.fit_repeats < 1 or rk.check_steps < -1:
         raise ConfigError(f"system.real: fit_repeats ({rk.fit_repeats}) must be >= 1 and check_steps "
@@ -128,6 +142,8 @@ class RealJob:
     shuffles: int = 100
     v_window: int = 16
     time_limit_s: float = 0.5
+    mip_rel_gap: float = 0.0
+    includes_c: bool = True
 
     def used_kinds(self) -> list[ReplicaKind]:
         used = {k for r in self.runs for c in r.candidates for k in c}
@@ -186,12 +202,9 @@ def max_rel_err(got: dict, ref: dict) -> float:
 
 
 def _profile(job: RealJob, models: dict, full: dict, rank: int) -> dict:
-    samples = {}
     for kind in job.used_kinds():
-        m = models[kind.name]
-        m.load(compute_copy(full, Strategy((kind.tp,) * (job.world // kind.tp)), rank))
-        samples[kind.name] = time_kind(m, fit_rows(kind, job.knobs), job.knobs.fit_repeats)
-    return samples
+        models[kind.name].load(compute_copy(full, Strategy((kind.tp,) * (job.world // kind.tp)), rank))
+    return profile(models, {k.name: fit_rows(k, job.knobs) for k in job.used_kinds()}, job.knobs.fit_repeats)
 
 
 def _fit_costs(job: RealJob, per_rank: list) -> tuple[dict, dict]:
@@ -202,7 +215,7 @@ def _fit_costs(job: RealJob, per_rank: list) -> tuple[dict, dict]:
         fit = fit_kind(kind, ss, job.knobs.fit_min_r2)
         costs[kind.name] = ReplicaCost.from_seq_cost(kind.tp, 1, fit, kind.cap, kind.util)
         info[kind.name] = {"a_ms": costs[kind.name].a, "b_ms": costs[kind.name].b, "c_ms": costs[kind.name].c,
-                           "r2": fit.r2, "samples": len(ss), "checkpoint": kind.checkpoint, "cap": kind.cap,
+                           "r2": fit.r2, "samples": len(ss), "points": [list(p) for p in row_medians(ss)], "checkpoint": kind.checkpoint, "cap": kind.cap,
                            "tp": kind.tp}
     return costs, info
 
@@ -222,8 +235,9 @@ def _rank_main(ctx, job: RealJob) -> dict:
     fit_info = None
     if rank == 0:
         costs, fit_info = _fit_costs(job, per_rank)
-        ahead = PlanAhead(Planner(costs, shuffles=job.shuffles, v_window=job.v_window,
-                                  time_limit_s=job.time_limit_s, seed=job.seed), job.knobs.plan_ahead)
+        ahead = PlanAhead(Planner(costs, shuffles=job.shuffles, v_window=job.v_window, time_limit_s=job.time_limit_s,
+                                  mip_rel_gap=job.mip_rel_gap, includes_c=job.includes_c, seed=job.seed),
+                          job.knobs.plan_ahead)
         stream = LengthStream(job.lengths, job.seed)
         batches = [stream.by_tokens(job.budget, OVERFLOW)]
     refs = {r.name: Reference(job) for r in job.runs} if rank == 0 and job.knobs.check_steps >= 0 else {}
@@ -375,10 +389,10 @@ def _counts(xs) -> dict:
     return out
 
 
-def plain_knobs(rk) -> RealKnobs:
+def plain_knobs(rk, runs) -> RealKnobs:
     """Plain dataclasses (not config nodes) for the ranks."""
     kinds = [ReplicaKind(str(k.name), bool(k.checkpoint), int(k.cap), int(k.tp), int(k.util)) for k in rk.kinds]
-    runs = [RealRun(str(r.name), str(r.batching), [[str(x) for x in c] for c in r.candidates]) for r in rk.runs]
+    runs = [RealRun(str(r.name), str(r.batching), [[str(x) for x in c] for c in r.candidates]) for r in runs]
     return RealKnobs(kinds=kinds, runs=runs, fit_lengths=[int(x) for x in rk.fit_lengths],
                      pack_rows=[[int(x) for x in p] for p in rk.pack_rows], fit_repeats=int(rk.fit_repeats),
                      fit_min_r2=float(rk.fit_min_r2), plan_ahead=bool(rk.plan_ahead), check_steps=int(rk.check_steps),
@@ -386,7 +400,7 @@ def plain_knobs(rk) -> RealKnobs:
 
 
 def make_job(system, wl, seed: int) -> RealJob:
-    rk = plain_knobs(system.cfg.real)
+    rk = plain_knobs(system.cfg.real, job_runs(system))
     return RealJob(model_shape(wl.model), seed, wl.num_gpus, tuple(rk.kinds), tuple(rk.runs), rk, wl.lr, wl.lengths,
                    wl.token_budget, wl.warmup_steps + wl.steps, wl.warmup_steps, wl.torch_threads,
                    **_planner_knobs(system))

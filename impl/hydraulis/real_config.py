@@ -43,8 +43,9 @@ class RealKnobs:
     kinds: List[ReplicaKind] = field(default_factory=_spec5_kinds)
     # The runs of one job, interleaved (one step each per round on the same batch, the order
     # rotating every round); the first is the system's own (its ``step_time_s``), the others
-    # give ``speedup_vs_<name>`` = their median step / the first's.
-    runs: List[RealRun] = field(default_factory=lambda: [RealRun()])
+    # give ``speedup_vs_<name>`` = their median step / the first's. Empty = the policy's own
+    # run alone (impl.hydraulis.real.REAL_POLICIES).
+    runs: List[RealRun] = field(default_factory=list)
     # Fit (a, b, c) per kind from timed micro-batches before the measured steps: single
     # sequences of these lengths (those above the kind's cap are skipped) and packed rows of
     # ``pack_rows`` (count x length), each timed ``fit_repeats`` times after one untimed warm-up.

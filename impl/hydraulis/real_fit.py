@@ -2,7 +2,7 @@
 from timed micro-batches of 64…2048 tokens"), before the measured steps.
 
 Every rank times the same kind at the same time, so the fit sees the concurrency of a training
-step (both cores busy). Rows: one sequence of each ``fit_lengths`` entry up to the kind's cap,
+step (both cores busy), the kinds interleaved row by row. Rows: one sequence of each ``fit_lengths`` entry up to the kind's cap,
 plus packed rows ``count x length`` (which separate the quadratic term, Σ s², from the linear
 one, Σ s), each timed ``fit_repeats`` times after one untimed warm-up row. The least-squares
 fit is :func:`~impl.common.cost.seqlen.fit_seq_cost` over (Σ s, Σ s², seconds) of every rank's
@@ -10,7 +10,8 @@ rows; the planner consumes it as a :class:`~impl.hydraulis.cost.ReplicaCost` in 
 """
 from __future__ import annotations
 
-from typing import Sequence
+import statistics
+from typing import Mapping, Sequence
 
 import torch.distributed as dist
 
@@ -34,17 +35,33 @@ def fit_rows(kind: ReplicaKind, knobs: RealKnobs) -> list[MicroBatch]:
     return rows
 
 
-def time_kind(model: ReplicaModel, rows: Sequence[MicroBatch], repeats: int) -> list[tuple[int, int, float]]:
-    """(Σ s, Σ s², seconds) per timed row; barriers keep the ranks in step."""
-    model.run(rows[:1], rows[0].num_tokens, f"fit {model.kind.name}")  # warm-up, untimed
-    out = []
+def profile(models: Mapping[str, ReplicaModel], rows: Mapping[str, Sequence[MicroBatch]],
+            repeats: int) -> dict[str, list[tuple[int, int, float]]]:
+    """(Σ s, Σ s², seconds) per timed row and kind. The kinds are interleaved row by row, so a
+    drift of the host's load between the start and the end of profiling hits every kind alike
+    (the planner acts on their ratio); barriers keep the ranks in step."""
+    out: dict[str, list] = {k: [] for k in rows}
+    for k, rs in rows.items():  # warm-up, untimed
+        models[k].run(rs[:1], rs[0].num_tokens, f"fit {k}")
     for _ in range(repeats):
-        for mb in rows:
-            dist.barrier()
-            out.extend(model.run([mb], mb.num_tokens, f"fit {model.kind.name}").mb_times_s)
+        for i in range(max(len(rs) for rs in rows.values())):
+            for k, rs in rows.items():
+                if i < len(rs):
+                    dist.barrier()
+                    out[k].extend(models[k].run([rs[i]], rs[i].num_tokens, f"fit {k}").mb_times_s)
     return out
 
 
+def row_medians(samples: Sequence[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+    """One point per row shape: the median of its timings over repeats and ranks (a shared host
+    adds one-sided outliers; the median keeps the typical time a training step also sees)."""
+    by: dict[tuple[int, int], list[float]] = {}
+    for tok, sq, t in samples:
+        by.setdefault((int(tok), int(sq)), []).append(float(t))
+    return [(tok, sq, statistics.median(ts)) for (tok, sq), ts in sorted(by.items())]
+
+
 def fit_kind(kind: ReplicaKind, samples: Sequence[tuple[int, int, float]], min_r2: float) -> SeqCost:
-    return fit_seq_cost([s[0] for s in samples], [s[2] for s in samples], sq_lengths=[s[1] for s in samples],
+    pts = row_medians(samples)
+    return fit_seq_cost([p[0] for p in pts], [p[2] for p in pts], sq_lengths=[p[1] for p in pts],
                         min_r2=min_r2, field=f"system.real.kinds[{kind.name}] cost fit")

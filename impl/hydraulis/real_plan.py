@@ -61,9 +61,10 @@ def _mbs(ids: np.ndarray, lengths: np.ndarray, groups: Sequence[Sequence[int]], 
 
 class Planner:
     def __init__(self, costs: Mapping[str, ReplicaCost], *, shuffles: int, v_window: int, time_limit_s: float,
-                 seed: int) -> None:
-        self.costs, self.shuffles, self.v_window, self.time_limit_s, self.seed = (
-            dict(costs), shuffles, v_window, time_limit_s, seed)
+                 seed: int, mip_rel_gap: float = 0.0, includes_c: bool = True) -> None:
+        self.costs, self.seed = dict(costs), seed
+        self.opts = {"shuffles": shuffles, "v_window": v_window, "time_limit_s": time_limit_s,
+                     "mip_rel_gap": mip_rel_gap, "includes_c": includes_c}
 
     def plan(self, run: RealRun, rnd: int, ids: np.ndarray, lengths: np.ndarray) -> RunPlan:
         t0 = time.perf_counter()
@@ -77,8 +78,7 @@ class Planner:
             cand, status = 0, ""
         else:
             pool = [[self.costs[k] for k in cand] for cand in run.candidates]
-            sp = plan_step(lengths, pool, shuffles=self.shuffles, seed=self.seed + rnd, v_window=self.v_window,
-                           time_limit_s=self.time_limit_s)
+            sp = plan_step(lengths, pool, seed=self.seed + rnd, **self.opts)
             cand, kinds = sp.candidate, tuple(run.candidates[sp.candidate])
             for j, (rp, k) in enumerate(zip(sp.replicas, kinds)):  # the candidate's order = rank order
                 if rp.replica != self.costs[k]:
