@@ -5,6 +5,7 @@ One job runs every configured run (``system.real.runs``; spec 5: B0 = A+A greedy
 equal micro-batch counts, B1 = A+A two-stage, H = A+B two-stage) interleaved: each round draws
 one batch and runs one step of every run on it, the order rotating every round; each run
 trains its own copy of the model from the same initialisation. Per job:
+Batches: :func:`impl.hydraulis.batches.step_batches` (Σ = G exactly, as in sim).
 1. Profile: every replica kind used is timed on micro-batches of 64…2048 tokens on every rank
    and (a, b, c) fitted (:mod:`impl.hydraulis.real_fit`), before any training step; the
    planner prices with these fits.
@@ -38,11 +39,10 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors, validate_varlen_shape
 from impl.common.parallel.tensor_parallel import check_tp_shape, join_state_dicts
 from impl.common.runtime.launch import launch
-from impl.common.varlen.lengths import LengthDist
 from impl.common.varlen.packing import greedy_pack
-from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
 
+from .batches import check_budget, step_batches
 from .cost import ReplicaCost
 from .disagg import OptimizerLayout, Strategy, compute_copy
 from .real_config import RealKnobs, RealRun, ReplicaKind
@@ -50,7 +50,6 @@ from .real_fit import fit_kind, fit_rows, profile, row_medians
 from .real_plan import PlanAhead, Planner, RunPlan, check_run
 from .real_replica import ReplicaModel
 
-OVERFLOW = "keep"  # a step's last sequence is kept whole: G <= tokens < G + its length
 # The spec 5 runs as systems: policy -> (batching, candidate pool of replica kinds).
 REAL_POLICIES = {"hydraulis_h": ("two_stage", [["A", "B"]]), "hydraulis_b0": ("greedy", [["A", "A"]]),
                  "hydraulis_b1": ("two_stage", [["A", "A"]])}
@@ -86,12 +85,7 @@ def check_real(system, wl, hardware) -> None:
         raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
     if wl.optimizer != "adam":
         raise ConfigError(f"workload.optimizer: real mode steps Adam in the optimizer layout, got {wl.optimizer!r}")
-    if wl.token_budget < 1:
-        raise ConfigError(f"workload.token_budget: real mode draws steps by a token budget G (spec 2.4), "
-                          f"got {wl.token_budget} (with global_batch_seqs {wl.global_batch_seqs})")
-    if wl.token_budget < wl.context:
-        raise ConfigError(f"workload.token_budget: G {wl.token_budget} is smaller than one sequence of up to "
-                          f"workload.context {wl.context} tokens")
+    check_budget(wl)
     if wl.lengths.max_len > wl.context or wl.lengths.max_len == 0:
         raise ConfigError(f"workload.lengths.max_len: {wl.lengths.max_len} must be in [1, workload.context "
                           f"{wl.context}] (0 = unbounded)")
@@ -134,8 +128,7 @@ class RealJob:
     runs: tuple[RealRun, ...]
     knobs: RealKnobs
     lr: float
-    lengths: LengthDist
-    budget: int
+    batches: tuple  # StepBatch per round, the same for every run (impl.hydraulis.batches)
     rounds: int
     warmup: int
     threads: int
@@ -238,8 +231,7 @@ def _rank_main(ctx, job: RealJob) -> dict:
         ahead = PlanAhead(Planner(costs, shuffles=job.shuffles, v_window=job.v_window, time_limit_s=job.time_limit_s,
                                   mip_rel_gap=job.mip_rel_gap, includes_c=job.includes_c, seed=job.seed),
                           job.knobs.plan_ahead)
-        stream = LengthStream(job.lengths, job.seed)
-        batches = [stream.by_tokens(job.budget, OVERFLOW)]
+        batches = list(job.batches)
     refs = {r.name: Reference(job) for r in job.runs} if rank == 0 and job.knobs.check_steps >= 0 else {}
     logs: dict[str, list] = {r.name: [] for r in job.runs}
     checks: list[dict] = []
@@ -250,7 +242,6 @@ def _rank_main(ctx, job: RealJob) -> dict:
                     for run in job.runs:
                         ahead.submit(run, 0, batches[0].ids, batches[0].lengths)
                 if rnd + 1 < job.rounds:  # plan round t+1 while round t trains
-                    batches.append(stream.by_tokens(job.budget, OVERFLOW))
                     for run in job.runs:
                         ahead.submit(run, rnd + 1, batches[rnd + 1].ids, batches[rnd + 1].lengths)
             k = rnd % len(job.runs)
@@ -325,11 +316,9 @@ def summarise(results: list, job: RealJob, rtol: float) -> RunResult:
                           "compute_s_per_rank": [x["compute_s"] for x in rows],
                           "overhead_s": max(x["step_s"] for x in rows) - compute,
                           "plan_wait_s": rows[0]["plan_wait_s"], "loss": sum(x["loss_part"] for x in rows),
-                          "tokens": tokens[i], "excluded": rows[0]["excluded"],
+                          "tokens": tokens[i], "replica_tokens": plan["tokens"], "excluded": rows[0]["excluded"],
                           "predicted_compute_s": plan["predicted_ms"] / 1e3, **{k: plan[k] for k in (
-                              "candidate", "kinds", "num_micro_batches", "tokens", "plan_s", "status", "replica_ms")}})
-            steps[-1]["replica_tokens"] = steps[-1].pop("tokens")
-            steps[-1]["tokens"] = tokens[i]
+                              "candidate", "kinds", "num_micro_batches", "plan_s", "status", "replica_ms")}})
         per[run.name] = steps
     m = res.metrics
     main = job.runs[0].name
@@ -401,8 +390,9 @@ def plain_knobs(rk, runs) -> RealKnobs:
 
 def make_job(system, wl, seed: int) -> RealJob:
     rk = plain_knobs(system.cfg.real, job_runs(system))
-    return RealJob(model_shape(wl.model), seed, wl.num_gpus, tuple(rk.kinds), tuple(rk.runs), rk, wl.lr, wl.lengths,
-                   wl.token_budget, wl.warmup_steps + wl.steps, wl.warmup_steps, wl.torch_threads,
+    rounds = wl.warmup_steps + wl.steps
+    return RealJob(model_shape(wl.model), seed, wl.num_gpus, tuple(rk.kinds), tuple(rk.runs), rk, wl.lr,
+                   tuple(step_batches(wl, seed, rounds)), rounds, wl.warmup_steps, wl.torch_threads,
                    **_planner_knobs(system))
 
 

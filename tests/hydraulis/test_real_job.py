@@ -10,6 +10,7 @@ import math
 import pytest
 
 from impl.common.varlen.lengths import LengthDist
+from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
 from impl.hydraulis.real import RealJob, run_job, summarise
 from impl.hydraulis.real_config import RealKnobs, RealRun, ReplicaKind
@@ -26,8 +27,10 @@ ROUNDS, WARMUP, G = 3, 1, 700
 
 @pytest.fixture(scope="module")
 def result():
-    job = RealJob(SHAPE, 3, 2, KINDS, RUNS, KNOBS, 1e-3, LengthDist(median=60, sigma=1.0, min_len=4, max_len=256),
-                  G, ROUNDS, WARMUP, 1, shuffles=10, v_window=4, time_limit_s=0.2)
+    stream = LengthStream(LengthDist(median=60, sigma=1.0, min_len=4, max_len=256), 3)
+    batches = tuple(stream.by_tokens(G) for _ in range(ROUNDS))
+    job = RealJob(SHAPE, 3, 2, KINDS, RUNS, KNOBS, 1e-3, batches, ROUNDS, WARMUP, 1, shuffles=10, v_window=4,
+                  time_limit_s=0.2)
     return summarise(run_job(job, 300), job, 1e-5)
 
 
