@@ -267,6 +267,7 @@ class CostSpec:
     source: str = "auto"
     mfu: float = 0.55
     causal: float = 0.5
+    c_per_layer_ms: float = -1.0  # < 0: published_c_per_layer_ms
     tp_degrees: list = field(default_factory=lambda: list(TP_DEGREES))
     pp_degrees: list = field(default_factory=lambda: list(PP_DEGREES))
 
@@ -274,40 +275,65 @@ class CostSpec:
 SOURCES = ("auto", "published", "derived")
 
 
-def derived_seq_cost(model, tp: int, pp: int, hw, mfu: float, causal: float) -> SeqCost:
-    """Spec 6 derivation through the shared analytic model; only the attention term is scaled."""
-    base = analytic_seq_cost(model, Layout(1, tp, pp), hw, mfu=mfu, dtype="bf16")
-    return SeqCost(a=base.a * causal, b=base.b, c=base.c, r2=1.0, source="analytic")
+def derived_seq_cost(model, tp: int, pp: int, hw, mfu: float, causal: float, c_per_layer_s: float = 0.0,
+                     parallel: str = "tp") -> SeqCost:
+    """Spec 6 derivation through the shared analytic model; the attention term is scaled by
+    ``causal`` and a fixed overhead of ``c_per_layer_s`` per layer of the stage is added."""
+    from impl.common.cost.transformer import layer_split
+
+    base = analytic_seq_cost(model, Layout(1, tp, pp, parallel), hw, mfu=mfu, dtype="bf16")
+    layers = max(layer_split(model.num_layers, pp))
+    return SeqCost(a=base.a * causal, b=base.b, c=base.c + c_per_layer_s * layers, r2=1.0, source="analytic")
+
+
+def published_c_per_layer_ms(data: CostData, num_layers_7b: int = 32, memory_bytes: float = 80 * GIB) -> float:
+    """[R] The fixed per-micro-batch overhead per layer of a stage, ms: the mean of c_k / (L/pp_k)
+    over the published 7B table of the GPU's memory class (80 GB: 1.4-2.2, mean 1.8). The
+    FLOP-based derivation has no such term (its c is only collective latencies), so without it a
+    derived model would price micro-batch counts as free."""
+    table = data.published_table("llama-7b", memory_bytes) or data.published_table("llama-7b", 80 * GIB)
+    vals = [c / (num_layers_7b / pp) for (tp, pp), (a, b, c) in table.items()]
+    return sum(vals) / len(vals)
+
+
+def strategy_cost(model, hw, mem: MemoryModel, spec: CostSpec, tp: int, pp: int,
+                  data: Optional[CostData] = None) -> Optional[ReplicaCost]:
+    """One strategy priced per ``spec`` under ``mem``; None when it has no published entry
+    (source auto/published with a table) or cannot hold a 128-token micro-batch."""
+    if spec.source not in SOURCES:
+        raise ConfigError(f"system.sim.cost.source: unknown {spec.source!r} (one of: {', '.join(SOURCES)})")
+    data = data or load_cost_data()
+    table = data.published_table(model.name, hw.memory_bytes)
+    if spec.source == "published" and table is None:
+        raise ConfigError(f"system.sim.cost.source: no published coefficients for {model.name} on "
+                          f"{data.memory_class(hw.memory_bytes)} GPUs (only llama-7b); use auto or derived")
+    use_table = table is not None and spec.source != "derived"
+    if use_table and (tp, pp) not in table:
+        return None
+    if pp > model.num_layers:
+        return None
+    cap = mem.cap(tp, pp)
+    if cap < CAP_ROUND:
+        return None
+    util = data.util(tp, hw.memory_bytes)
+    if use_table:
+        a, b, c = table[(tp, pp)]
+        return ReplicaCost(tp, pp, a, b, c, cap, util)
+    c_ms = spec.c_per_layer_ms if spec.c_per_layer_ms >= 0 else published_c_per_layer_ms(data, memory_bytes=hw.memory_bytes)
+    return ReplicaCost.from_seq_cost(tp, pp, derived_seq_cost(model, tp, pp, hw, spec.mfu, spec.causal, c_ms / 1e3),
+                                     cap, util)
 
 
 def strategy_costs(model, hw, mem: MemoryModel, spec: CostSpec, max_gpus: int,
                    data: Optional[CostData] = None) -> list[ReplicaCost]:
-    """Every strategy that can hold at least one 128-token micro-batch, priced per ``spec``;
-    ordered by (gpus, tp)."""
-    if spec.source not in SOURCES:
-        raise ConfigError(f"system.cost.source: unknown {spec.source!r} (one of: {', '.join(SOURCES)})")
-    data = data or load_cost_data()
-    table = data.published_table(model.name, hw.memory_bytes)
-    if spec.source == "published" and table is None:
-        raise ConfigError(f"system.cost.source: no published coefficients for {model.name} on "
-                          f"{data.memory_class(hw.memory_bytes)} GPUs (only llama-7b); use auto or derived")
-    use_table = table is not None and spec.source != "derived"
-    if use_table:
-        keys = sorted(table)
-    else:
-        keys = [(tp, pp) for tp in spec.tp_degrees for pp in spec.pp_degrees if pp <= model.num_layers]
+    """Every strategy (the published table's, or tp x pp over ``spec``'s degrees) that can hold
+    at least one 128-token micro-batch, ordered by (gpus, tp)."""
     out = []
-    for tp, pp in keys:
-        if tp * pp > max_gpus:
-            continue
-        cap = mem.cap(tp, pp)
-        if cap < CAP_ROUND:
-            continue
-        util = data.util(tp, hw.memory_bytes)
-        if use_table:
-            a, b, c = table[(tp, pp)]
-            out.append(ReplicaCost(tp, pp, a, b, c, cap, util))
-        else:
-            out.append(ReplicaCost.from_seq_cost(tp, pp, derived_seq_cost(model, tp, pp, hw, spec.mfu, spec.causal),
-                                                 cap, util))
+    for tp in spec.tp_degrees:
+        for pp in spec.pp_degrees:
+            if tp * pp > max_gpus:
+                continue
+            r = strategy_cost(model, hw, mem, spec, tp, pp, data)
+            if r is not None:
+                out.append(r)
     return sorted(out, key=lambda r: (r.gpus, r.tp))

@@ -16,8 +16,10 @@ Exactness-preserving shortcuts [R] (they never change the optimum, only skip wor
 - an LPT heuristic (costliest first, into the least-loaded micro-batch with room) runs first;
   when it meets the bound it is optimal and the ILP is skipped (status ``optimal_bound``);
 - symmetry breaking: with sequences in cost order, sequence i may only open micro-batch j <= i.
-``status`` is the worst over the window (``optimal`` < ``optimal_bound`` < ``limit``:
-``limit`` = an incumbent at the time/node limit); ``lower_bound`` is a valid lower bound on the
+``status`` is the worst over the window (``optimal`` < ``optimal_bound`` < ``below_max`` <
+``limit`` < ``heuristic``: ``optimal`` = HiGHS within ``mip_rel_gap``, ``optimal_bound`` = LPT
+meets the bound within ``mip_rel_gap``, ``below_max`` = see ``target``, ``limit`` = an incumbent
+at the time/node limit, ``heuristic`` = the ILP found nothing better than LPT); ``lower_bound`` is a valid lower bound on the
 best score over the window (HiGHS' dual bound where the ILP ran).
 A micro-batch that ends up empty is not counted: ``v`` and ``score`` are those of the non-empty
 micro-batches, recomputed from the assignment.
@@ -29,12 +31,14 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp  # imported here: not inside a timed plan
+from scipy.sparse import lil_matrix
 
 from impl.common.api import ConfigError
 
 from .cost import ReplicaCost
 
-STATUSES = ("optimal", "optimal_bound", "limit", "heuristic")
+STATUSES = ("optimal", "optimal_bound", "below_max", "limit", "heuristic")
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,6 @@ def _lpt(costs: np.ndarray, toks: np.ndarray, v: int, cap: int) -> Optional[list
 def _ilp(costs: np.ndarray, toks: np.ndarray, v: int, cap: int, time_limit_s: float,
          node_limit: Optional[int], z_upper: float, mip_rel_gap: float) -> tuple[Optional[list[int]], float, str]:
     """(bins or None, dual bound on z, 'optimal' | 'limit' | 'infeasible')."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
-
     n = len(costs)
     # variables: o_ij for j <= i (symmetry breaking), then z
     pairs = [(i, j) for i in range(n) for j in range(min(i + 1, v))]
@@ -115,8 +116,13 @@ def _ilp(costs: np.ndarray, toks: np.ndarray, v: int, cap: int, time_limit_s: fl
 
 
 def pack_replica(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCost, v_window: int = 16,
-                 time_limit_s: float = 0.5, node_limit: Optional[int] = None, mip_rel_gap: float = 0.0) -> Packing:
-    """Balanced packing of sequences ``idx`` (indices into ``lengths``) on ``replica``."""
+                 time_limit_s: float = 0.5, node_limit: Optional[int] = None, mip_rel_gap: float = 0.0,
+                 target: float = -math.inf) -> Packing:
+    """Balanced packing of sequences ``idx`` (indices into ``lengths``) on ``replica``.
+
+    ``target``: a score this replica need not beat (another replica of the candidate is
+    already slower). An LPT packing scoring <= target is kept without an ILP (status
+    ``below_max``): improving it cannot change the candidate's max score."""
     if not 0 <= mip_rel_gap < 1:
         raise ConfigError(f"system.mip_rel_gap: must be in [0, 1), got {mip_rel_gap}")
     if v_window < 1:
@@ -139,8 +145,12 @@ def pack_replica(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCos
     pp1, c = replica.pp - 1, replica.c
     best: Optional[tuple[float, list[int], int]] = None  # (score, bins, v)
     worst_status, solves, lb_score = 0, 0, math.inf
-    for v in range(v_lo, v_hi + 1):
-        z_lb = max(float(costs[0]), float(costs.sum()) / v)
+    mx, tot = float(costs[0]), float(costs.sum())
+    # v in order of its bound (exact: every v is still tried or pruned by its bound), so the
+    # first packings found are good and prune the rest
+    window = sorted(range(v_lo, v_hi + 1), key=lambda v: ((max(mx, tot / v) + c) * (pp1 + v), v))
+    for v in window:
+        z_lb = max(mx, tot / v)
         lb = (z_lb + c) * (pp1 + v)
         if best is not None and lb >= best[0]:
             lb_score = min(lb_score, lb)
@@ -150,6 +160,11 @@ def pack_replica(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCos
         z = math.inf
         if bins is not None:
             z = _z(costs, bins, v)
+            if _score(costs, bins, replica) <= target:
+                best = (_score(costs, bins, replica), bins, v)
+                lb_score = min(lb_score, lb)
+                worst_status = max(worst_status, STATUSES.index("below_max"))
+                break
         if bins is None or z > z_lb * (1 + max(mip_rel_gap, 1e-12)):
             z_up = z if bins is not None else math.inf
             ibins, dual, st = _ilp(costs, toks, v, replica.cap, time_limit_s, node_limit, z_up, mip_rel_gap)

@@ -7,6 +7,9 @@ entry point's largest-index ranking).
   left the pool cannot hold the batch: one-line :class:`ConfigError`.
 - A candidate whose dispatch leaves a replica empty is dropped (spec 8), never run with an
   idle replica.
+- Exact shortcuts [R]: a candidate whose replica bound already reaches the best score so far
+  is pruned, replicas are packed highest bound first, and with ``ilp_scope="critical"`` a
+  replica that cannot be the slowest keeps its LPT packing (see :data:`ILP_SCOPES`).
 - ``predicted_ms`` is the 1F1B time of the winner, ``max_r (Σ_j T_mb,j + (pp_r − 1)·max_j T_mb,j)``
   with ``T_mb = Σ_i seq_cost(s_i) + c``, recomputed from the assignment.
 A plan is plain data: :meth:`StepPlan.to_dict` prints/saves it, :func:`check_plan` validates it.
@@ -25,6 +28,10 @@ from .dispatch import dispatch, token_balanced
 from .packing import Packing, pack_replica, packing_score, score_lower_bound
 
 DISPATCHES = ("greedy", "token_balanced")
+# ILPs for every replica (the authors' code) or only where they can move the candidate's max
+# score ("critical": a replica whose LPT packing already scores below the candidate's slowest
+# replica keeps it; exact for the candidate's score, so the winner is unchanged).
+ILP_SCOPES = ("critical", "all")
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,7 @@ def _check_inputs(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaC
 def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, shuffles: int = 100, seed: int = 0,
                    v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
                    mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
-                   cutoff: float = math.inf) -> tuple[Optional[list], float, int, str]:
+                   cutoff: float = math.inf, ilp_scope: str = "critical") -> tuple[Optional[list], float, int, str]:
     """(replica plans or None, max score, ILP solves, outcome) of one candidate. Outcome:
     ``ok``; ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch
     leaves a replica without data: dropped, spec 8); ``pruned`` (its score provably cannot go
@@ -99,13 +106,15 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
     if max(lbs) >= cutoff:
         return None, max(lbs), 0, "pruned"
     plans: list = [None] * len(replicas)
-    solves = 0
+    solves, worst = 0, -math.inf
     # the replica with the highest bound first: it decides whether the candidate can still win
     for k in sorted(range(len(replicas)), key=lambda k: -lbs[k]):
         r, idx = replicas[k], d.assign[k]
         p: Packing = pack_replica(lengths, idx, r, v_window=v_window, time_limit_s=time_limit_s,
-                                  node_limit=node_limit, mip_rel_gap=mip_rel_gap)
+                                  node_limit=node_limit, mip_rel_gap=mip_rel_gap,
+                                  target=worst if ilp_scope == "critical" else -math.inf)
         solves += p.ilp_solves
+        worst = max(worst, p.score)
         if p.score >= cutoff:
             return None, p.score, solves, "pruned"
         plans[k] = ReplicaPlan(r, p.micro_batches, p.score, replica_time_ms(lengths, p.micro_batches, r),
@@ -115,10 +124,13 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
 
 def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]], *, shuffles: int = 100,
               seed: int = 0, v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
-              mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True) -> StepPlan:
+              mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
+              ilp_scope: str = "critical") -> StepPlan:
     """The winning candidate's plan. Candidates are visited in pool order; one that provably
     cannot beat the best so far is pruned (exact: the winner and its packing are unchanged)."""
     t0 = time.perf_counter()
+    if ilp_scope not in ILP_SCOPES:
+        raise ConfigError(f"system.ilp_scope: unknown {ilp_scope!r} (one of: {', '.join(ILP_SCOPES)})")
     lengths = [int(x) for x in lengths]
     _check_inputs(lengths, candidates)
     best: Optional[tuple[float, int, list]] = None
@@ -127,7 +139,7 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
         plans, score, s, outcome = plan_candidate(
             lengths, cand, shuffles=shuffles, seed=seed, v_window=v_window, time_limit_s=time_limit_s,
             node_limit=node_limit, mip_rel_gap=mip_rel_gap, dispatch_rule=dispatch_rule, includes_c=includes_c,
-            cutoff=best[0] if best else math.inf)
+            cutoff=best[0] if best else math.inf, ilp_scope=ilp_scope)
         solves += s
         scores.append(score)
         outcomes.append(outcome)

@@ -1,0 +1,37 @@
+"""Knobs only sim mode reads (``system.sim.*``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass
+class SimCost:
+    """Where strategy prices come from (impl/hydraulis/cost.py): auto = the published 7B table
+    when the (model, GPU memory) has one, else derived from FLOPs/MFU and TP collectives."""
+
+    source: str = "auto"  # auto | published | derived
+    mfu: float = 0.55  # derived: spec 6 (50-60% of bf16 peak)
+    causal: float = 0.5  # derived: attention term scale (causal flash-attn)
+    c_per_layer_ms: float = -1.0  # derived: fixed overhead per stage layer; < 0 = from the published table
+
+
+@dataclass
+class SimKnobs:
+    cost: SimCost = field(default_factory=SimCost)
+    # Deterministic ILPs in sim (harness contract: same config, same metrics): a HiGHS node
+    # limit, with a generous wall-clock backstop that a sim run should never reach.
+    ilp_node_limit: int = 50
+    ilp_time_limit_s: float = 60.0
+    # Steps of lengths (a stream seeded seed+1) whose histogram feeds the generator and the
+    # baselines' grid searches.
+    sample_steps: int = 4
+    # Megatron-like grid search: the largest TP degree (16 spans two nodes: the only way a
+    # 32B model holds 32K tokens without CP, spec 6).
+    megatron_max_tp: int = 16
+    # DeepSpeed-like: ZeRO stages tried (1 = optimizer sharded; 3 = parameters too, gathered
+    # per micro-batch, overlapped with compute).
+    deepspeed_zero_stages: List[int] = field(default_factory=lambda: [1, 3])
+    # HotSPa-like: length-bucket boundaries (descending, tokens); [] = halving from the context
+    # down to 2048.
+    hotspa_boundaries: List[int] = field(default_factory=list)

@@ -1,0 +1,105 @@
+"""Hydraulis and its baselines as harness systems (one class, the policy chosen by a knob).
+
+| system                     | strategy per step                  | data assignment                      | modes |
+|----------------------------|------------------------------------|--------------------------------------|-------|
+| hydraulis (mode 4)         | best of the generator's pool        | min-max dispatch + ILP packing       | sim   |
+| hydraulis_pad (mode 0)     | optimizer-layout (homogeneous)      | equal counts, pad to the step's max  | sim   |
+| hydraulis_equal (mode 1)   | optimizer-layout                    | equal-count packing                  | sim   |
+| hydraulis_greedy_static (2)| optimizer-layout                    | greedy packing, padded to capacity   | sim   |
+| hydraulis_greedy_dynamic(3)| best of the pool                    | min-max dispatch + greedy packing    | sim   |
+| hydraulis_homo             | optimizer-layout only (ablation)    | min-max dispatch + ILP packing       | sim   |
+| hydraulis_token_balanced   | best of the pool (ablation)         | token-balanced dispatch + ILP        | sim   |
+| hydraulis_static_hetero    | one pool candidate for every step   | min-max dispatch + ILP packing       | sim   |
+| megatron_like              | grid-searched homogeneous (tp,pp,dp)| greedy packing to the context        | sim   |
+| deepspeed_like             | ZeRO-1/3 + Ulysses SP, grid-searched| greedy packing                       | sim   |
+| hotspa_like                | one homogeneous strategy per bucket | HotSPa packing, hot switching        | sim   |
+
+Real mode (policies of the spec 5 CPU experiment) lives in :mod:`impl.hydraulis.real`; sim in
+:mod:`impl.hydraulis.sim`. Knobs both modes' planner reads are top level; one-mode knobs sit in
+the nested ``real`` / ``sim`` nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from impl.common.api import ConfigError, JobContext, RunResult, System
+
+from .real_config import RealKnobs
+from .sim_config import SimKnobs
+
+SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
+                "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
+                "hydraulis_static_hetero", "megatron_like", "deepspeed_like", "hotspa_like")
+
+
+class Hydraulis(System):
+    @dataclass
+    class Config:
+        policy: str = "hydraulis"
+        # Planner (spec 2.4, 9): seeded dispatch shuffles (100; the artifact path uses 50), the
+        # v window (16; artifact 20), the ILP limits and the c treatment of pitfall 8.
+        shuffles: int = 100
+        v_window: int = 16
+        ilp_time_limit_s: float = 0.5
+        mip_rel_gap: float = 0.01  # [R] HiGHS relative gap (README: 0 vs 0.01 on S3)
+        dispatch_includes_c: bool = True
+        ilp_scope: str = "critical"  # critical | all (step_plan.ILP_SCOPES)
+        # Optimizer layout [dp, tp, pp]; [] = the Megatron-like grid search's best layout.
+        opt_layout: List[int] = field(default_factory=list)
+        # Generator (spec 2.3): heterogeneous lists kept, the length step (0 = 128, or 1024 for
+        # models of hidden >= 6144) and the GPU step ΔN (0 = 1, or 4 from 256 GPUs).
+        max_candidates: int = 6
+        generator_step: int = 0
+        generator_delta_n: int = 0
+        align: int = 128  # micro-batches padded to a multiple of this (spec 2.4)
+        real: RealKnobs = field(default_factory=RealKnobs)
+        sim: SimKnobs = field(default_factory=SimKnobs)
+
+    def __init__(self, cfg, name):
+        super().__init__(cfg, name)
+        c = cfg
+        for fld, lo in (("shuffles", 1), ("v_window", 1), ("align", 1), ("max_candidates", 0),
+                        ("generator_step", 0), ("generator_delta_n", 0)):
+            if getattr(c, fld) < lo:
+                raise ConfigError(f"system.{fld}: must be >= {lo}, got {getattr(c, fld)}")
+        if c.ilp_scope not in ("critical", "all"):
+            raise ConfigError(f"system.ilp_scope: unknown {c.ilp_scope!r} (one of: critical, all)")
+        if c.ilp_time_limit_s <= 0:
+            raise ConfigError(f"system.ilp_time_limit_s: must be > 0, got {c.ilp_time_limit_s}")
+        if not 0 <= c.mip_rel_gap < 1:
+            raise ConfigError(f"system.mip_rel_gap: must be in [0, 1), got {c.mip_rel_gap}")
+        if c.opt_layout and (len(c.opt_layout) != 3 or min(c.opt_layout) < 1):
+            raise ConfigError(f"system.opt_layout: need [dp, tp, pp] >= 1 each, got {list(c.opt_layout)}")
+
+    @property
+    def modes(self):  # type: ignore[override]
+        return ("sim",) if self.cfg.policy in SIM_POLICIES else ("real",)
+
+    def check(self, mode, wl, hardware, fault) -> None:
+        if getattr(wl, "kind", None) != "varlen":
+            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'varlen' workload, got "
+                              f"{getattr(wl, 'kind', None)!r}")
+        if fault.kind != "none":
+            raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
+        wl.validate()
+        if mode == "real":
+            from .real import check_real
+
+            check_real(self, wl, hardware)
+        else:
+            if self.cfg.policy not in SIM_POLICIES:
+                raise ConfigError(f"system.policy: {self.cfg.policy!r} is not a sim policy (one of: "
+                                  f"{', '.join(SIM_POLICIES)})")
+            from .sim import check_sim
+
+            check_sim(self, wl, hardware)
+
+    def run(self, job: JobContext) -> RunResult:
+        if job.mode == "real":
+            from .real import run_real
+
+            return run_real(self, job)
+        from .sim import run_sim
+
+        return run_sim(self, job)
