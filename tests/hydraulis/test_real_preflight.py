@@ -55,8 +55,9 @@ def test_a_pool_that_cannot_hold_the_longest_sequence():
 
 def test_g_smaller_than_one_sequence_and_a_budget_by_count():
     assert _check(_system(), _wl(token_budget=1000)) == (
-        "workload.token_budget: G 1000 is smaller than one sequence of up to workload.context 2048 tokens")
-    assert "draws steps by a token budget G" in _check(_system(), _wl(token_budget=0, global_batch_seqs=64))
+        "workload.token_budget: G = 1000 is smaller than one sequence of up to 2048 tokens "
+        "(workload.lengths.max_len / context)")
+    assert "fixed token budget G > 0" in _check(_system(), _wl(token_budget=0, global_batch_seqs=64))
 
 
 def test_replicas_must_span_the_ranks_and_name_known_kinds():
