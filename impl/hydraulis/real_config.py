@@ -48,7 +48,7 @@ class RealKnobs:
     runs: List[RealRun] = field(default_factory=list)
     # Fit (a, b, c) per kind from timed micro-batches before the measured steps: single
     # sequences of these lengths (those above the kind's cap are skipped) and packed rows of
-    # ``pack_rows`` (count x length), each timed ``fit_repeats`` times after one untimed warm-up.
+    # ``pack_rows`` (count x length), each timed ``fit_repeats`` times after one untimed pass.
     fit_lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 768, 1024, 1536, 2048])
     pack_rows: List[List[int]] = field(default_factory=lambda: [[8, 64], [4, 128], [8, 128], [4, 256], [2, 512],
                                                                  [4, 512]])

@@ -4,7 +4,8 @@ from timed micro-batches of 64…2048 tokens"), before the measured steps.
 Every rank times the same kind at the same time, so the fit sees the concurrency of a training
 step (both cores busy), the kinds interleaved row by row. Rows: one sequence of each ``fit_lengths`` entry up to the kind's cap,
 plus packed rows ``count x length`` (which separate the quadratic term, Σ s², from the linear
-one, Σ s), each timed ``fit_repeats`` times after one untimed warm-up row. The least-squares
+one, Σ s), each timed ``fit_repeats`` times after one untimed warm-up pass over all rows (a row's
+first run pays the allocator's first touch of its activations, which no training step sees). The least-squares
 fit is :func:`~impl.common.cost.seqlen.fit_seq_cost` over (Σ s, Σ s², seconds) of every rank's
 rows; the planner consumes it as a :class:`~impl.hydraulis.cost.ReplicaCost` in ms.
 """
@@ -41,8 +42,9 @@ def profile(models: Mapping[str, ReplicaModel], rows: Mapping[str, Sequence[Micr
     drift of the host's load between the start and the end of profiling hits every kind alike
     (the planner acts on their ratio); barriers keep the ranks in step."""
     out: dict[str, list] = {k: [] for k in rows}
-    for k, rs in rows.items():  # warm-up, untimed
-        models[k].run(rs[:1], rs[0].num_tokens, f"fit {k}")
+    for k, rs in rows.items():  # warm-up, untimed: every row shape once (first-touch allocations)
+        for mb in rs:
+            models[k].run([mb], mb.num_tokens, f"fit {k}")
     for _ in range(repeats):
         for i in range(max(len(rs) for rs in rows.values())):
             for k, rs in rows.items():
