@@ -19,14 +19,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.cost.seqlen import fit_seq_cost
-from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors, validate_varlen_shape
+from impl.common.models.reference import AdamReference, max_rel_err
+from impl.common.models.varlen_gpt import VarlenGPT, validate_varlen_shape
 from impl.common.parallel.tensor_parallel import check_tp_shape, join_state_dicts
 from impl.common.runtime.launch import launch
 from impl.common.varlen.lengths import LengthDist
@@ -124,46 +124,6 @@ class RealJob:
     switch_policy: str = "bandwidth_greedy"
 
 
-def max_rel_err(got: dict, ref: dict) -> float:
-    """Max over tensors of max|got - ref| / max|ref|."""
-    out = 0.0
-    for n, r in ref.items():
-        scale = float(r.abs().max())
-        out = max(out, float((got[n] - r).abs().max()) / (scale if scale > 0 else 1.0))
-    return out
-
-
-class Reference:
-    """Single-process full model and Adam on the same mini-batches (rank 0). It computes the
-    step's gradient itself (compared with the engine's) and then applies Adam to the *engine's*
-    gradient, so the parameter check isolates the optimizer step (once, in the home layout)
-    from Adam's sensitivity to last-bit gradient differences where |g| ~ eps."""
-
-    def __init__(self, job: RealJob) -> None:
-        self.job = job
-        self.model = VarlenGPT(job.shape, job.seed)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=job.lr)
-
-    def step(self, params: dict, ids, lengths, engine_grads: dict) -> tuple[float, dict, dict]:
-        with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                p.copy_(params[n])
-        self.opt.zero_grad(set_to_none=True)
-        mbs = hotspa_pack(ids, lengths, self.job.plans[0].boundaries[0], pad="none")
-        total = sum(mb.num_tokens for mb in mbs)
-        loss = 0.0
-        for mb in mbs:
-            tok, tgt, cu, sl = micro_batch_tensors(mb, self.job.shape.vocab, self.job.seed)
-            out = self.model(tok, tgt, cu, sl, global_tokens=total)
-            out.backward()
-            loss += float(out.detach())
-        grads = {n: p.grad.clone() for n, p in self.model.named_parameters()}
-        for n, p in self.model.named_parameters():
-            p.grad = engine_grads[n].clone()
-        self.opt.step()
-        return loss, grads, {n: p.detach().clone() for n, p in self.model.named_parameters()}
-
-
 def _gather(d: dict) -> dict:
     out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, d)
@@ -178,7 +138,7 @@ def _rank_main(ctx, job: RealJob) -> dict:
     cache = SwitchCache(layouts, rank, shapes, job.switch_policy)  # shared: the policies' switches are the same plans
     engines = {p: Engine(job.shape, job.seed, rank, W, plan, job.lr, cache, job.seed)
                for p, plan in zip(job.policies, job.plans)}
-    refs = {p: Reference(job) for p in job.policies} if rank == 0 and job.check_steps >= 0 else {}
+    refs = {p: AdamReference(job.shape, job.seed, job.lr) for p in job.policies} if rank == 0 and job.check_steps >= 0 else {}
     stream = LengthStream(job.lengths, job.seed)
     logs: dict[str, list] = {p: [] for p in job.policies}
     checks: list[dict] = []
@@ -204,7 +164,8 @@ def _rank_main(ctx, job: RealJob) -> dict:
             if check:
                 grads, after = _gather(eng.last_grads), _gather(eng.home_state())
                 if rank == 0:
-                    loss, rg, rp = refs[pol].step(before, batch.ids, batch.lengths, grads)
+                    mbs = hotspa_pack(batch.ids, batch.lengths, job.plans[0].boundaries[0], pad="none")
+                    loss, rg, rp = refs[pol].step(before, mbs, sum(mb.num_tokens for mb in mbs), job.seed, grads)
                     checks.append({"round": r, "policy": pol, "ref_loss": loss, "grad_err": max_rel_err(grads, rg),
                                    "param_err": max_rel_err(after, rp)})
     final = {p: _gather(e.home_state()) for p, e in engines.items()}

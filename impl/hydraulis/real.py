@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
+from impl.common.models.reference import AdamReference, max_rel_err
 from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors, validate_varlen_shape
 from impl.common.parallel.tensor_parallel import check_tp_shape, join_state_dicts
 from impl.common.runtime.launch import launch
@@ -159,41 +160,6 @@ def _bcast(obj, rank: int):
     return box[0]
 
 
-class Reference:
-    """Single-process model + Adam (rank 0). The gradient is its own; Adam is applied to the
-    *engine's* gradient, so the parameter check isolates the one optimizer step."""
-
-    def __init__(self, job: RealJob) -> None:
-        self.job = job
-        self.model = VarlenGPT(job.shape, job.seed)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=job.lr)
-
-    def step(self, params: dict, ids, lengths, engine_grads: dict) -> tuple[float, dict, dict]:
-        with torch.no_grad():
-            for n, p in self.model.named_parameters():
-                p.copy_(params[n])
-        self.opt.zero_grad(set_to_none=True)
-        total = int(np.sum(lengths))
-        loss = 0.0
-        for mb in greedy_pack(ids, lengths, int(max(lengths)), pad="none"):
-            out = self.model(*micro_batch_tensors(mb, self.job.shape.vocab, self.job.seed), global_tokens=total)
-            out.backward()
-            loss += float(out.detach())
-        grads = {n: p.grad.clone() for n, p in self.model.named_parameters()}
-        for n, p in self.model.named_parameters():
-            p.grad = engine_grads[n].clone()
-        self.opt.step()
-        return loss, grads, {n: p.detach().clone() for n, p in self.model.named_parameters()}
-
-
-def max_rel_err(got: dict, ref: dict) -> float:
-    out = 0.0
-    for n, r in ref.items():
-        scale = float(r.abs().max())
-        out = max(out, float((got[n] - r).abs().max()) / (scale if scale > 0 else 1.0))
-    return out
-
-
 def _profile(job: RealJob, models: dict, full: dict, rank: int) -> dict:
     for kind in job.used_kinds():
         models[kind.name].load(compute_copy(full, Strategy((kind.tp,) * (job.world // kind.tp)), rank))
@@ -232,7 +198,7 @@ def _rank_main(ctx, job: RealJob) -> dict:
                                   mip_rel_gap=job.mip_rel_gap, includes_c=job.includes_c, seed=job.seed),
                           job.knobs.plan_ahead)
         batches = list(job.batches)
-    refs = {r.name: Reference(job) for r in job.runs} if rank == 0 and job.knobs.check_steps >= 0 else {}
+    refs = {r.name: AdamReference(job.shape, job.seed, job.lr) for r in job.runs} if rank == 0 and job.knobs.check_steps >= 0 else {}
     logs: dict[str, list] = {r.name: [] for r in job.runs}
     checks: list[dict] = []
     try:
@@ -292,7 +258,8 @@ def _step(job: RealJob, run: RealRun, plan: RunPlan, layout: OptimizerLayout, mo
         g_all, after = _gather_objects(grads), _gather_objects(layout.state())
         if rank == 0:
             b, g, a = join_state_dicts(before), join_state_dicts(g_all), join_state_dicts(after)
-            loss, rg, rp = ref.step(b, batch.ids, batch.lengths, g)
+            mbs = greedy_pack(batch.ids, batch.lengths, int(max(batch.lengths)), pad="none")
+            loss, rg, rp = ref.step(b, mbs, int(np.sum(batch.lengths)), job.seed, g)
             checks.append({"round": plan.round, "run": run.name, "ref_loss": loss, "grad_err": max_rel_err(g, rg),
                            "param_err": max_rel_err(a, rp)})
     return row
