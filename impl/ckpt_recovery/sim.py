@@ -33,6 +33,7 @@ from impl.common.storage.emulator import PAPER_PROFILES, StorageProfile, paper_p
 from .sim_cost import SaveCost, read_time_s, save_cost, write_time_s
 from .sim_io import CheckpointIO, LoadIO
 from .sim_layouts import after_loss, describe, rectangular, step_time_s
+from . import sim_local
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,12 @@ def check_sim(system, wl, hw, fault) -> None:
         raise ConfigError(f"system.sim.single_gpu_frac: must be in [0, 1], got {k.single_gpu_frac}")
     if k.trials < 1:
         raise ConfigError(f"system.sim.trials: must be >= 1, got {k.trials}")
+    nodes = wl.num_gpus // wl.gpus_per_node
+    if k.local_copies and (system.cfg.policy != "ckpt_recovery" or not 0 < k.local_copies < nodes):
+        raise ConfigError(f"system.sim.local_copies: needs policy ckpt_recovery and 0 <= k < {nodes} nodes, "
+                          f"got k={k.local_copies} with policy {system.cfg.policy!r}")
+    if k.local_copies < 0:
+        raise ConfigError(f"system.sim.local_copies: must be >= 0, got {k.local_copies}")
     cm = HybridCostModel.build(wl, hw)
     pcfg = planner_config(wl, hw, cm)
     check_uniform_fits(pcfg.uniform(), pcfg)
@@ -108,6 +115,8 @@ class Scenario:
         self.io = CheckpointIO(wl.model, knobs.splits)
         self.mtbf_s = HOUR / (knobs.failure_rate_per_gpu_h * wl.num_gpus)
         self.rank_state = self.io.state_bytes / (wl.tp * wl.pp)
+        self.num_nodes = wl.num_gpus // wl.gpus_per_node
+        self.local = knobs.local_copies if self.pm.fmt == "splits" else 0
         self._plans: dict = {}
         self._memo: dict = {}
 
@@ -147,7 +156,11 @@ class Scenario:
         staging = self.rank_state / self.k.d2h_bytes_per_s
         write = write_time_s(prof, self._save_io(self.pm.fmt, self.base), self.base)
         return save_cost(self.pm.save, staging, write, self.k.commit_calls * prof.latency_s, self.base_step_s,
-                         self.mtbf_s, self.k.min_interval_s)
+                         self.mtbf_s, self.k.min_interval_s, after_commit_s=self.copy_s())
+
+    def copy_s(self) -> float:
+        """Commit -> the local copies written (0 without them)."""
+        return sim_local.copy_time_s(self.io, self.base, self.local, self.num_nodes) if self.local else 0.0
 
     def ram_save(self) -> SaveCost:
         """Gemini-like: every iteration, a copy into a buddy node's CPU memory."""
@@ -187,7 +200,11 @@ class Scenario:
         """UCP-like converts only to change layout (same layout: DeepSpeed's own files)."""
         return self.pm.fmt == "ucp" and saved.signature() != new.signature()
 
-    def load(self, prof: StorageProfile, saved: Plan, new: Plan, from_ram: bool = False) -> tuple[float, LoadIO]:
+    def load(self, prof: StorageProfile, saved: Plan, new: Plan, from_ram: bool = False,
+             down_nodes: Optional[frozenset] = frozenset()) -> tuple[float, LoadIO]:
+        """``down_nodes``: nodes whose local copies are gone (None: use no local copy)."""
+        if self.local and not from_ram and down_nodes is not None:
+            return self.local_load(prof, saved, new, down_nodes).t_s, self.io.load_ours(saved, new)
         if from_ram:
             io = self.io.load_dcp(saved, new)
             return read_time_s(RAM, io, new), io
@@ -197,15 +214,25 @@ class Scenario:
         io = self.load_io(self.pm.fmt, saved, new)
         return (self.convert_s(prof) if self.converts(saved, new) else 0.0) + read_time_s(prof, io, new), io
 
-    # ---- one failure ------------------------------------------------------------------------
-    def failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool = False) -> dict:
-        """Costs of one loss of ``lost`` GPUs from the full layout (seconds)."""
-        key = ("failure", prof, tuple(sorted(lost)), mid_save, repair_s, ram_lost)
+    def local_load(self, prof: StorageProfile, saved: Plan, new: Plan, down_nodes: frozenset) -> sim_local.LocalLoad:
+        key = ("local_load", prof, saved.signature(), new.signature(), down_nodes)
         if key not in self._memo:
-            self._memo[key] = self._failure(prof, lost, mid_save, repair_s, ram_lost)
+            self._memo[key] = sim_local.load(self.io, prof, saved, new, self.local, self.num_nodes, down_nodes)
+        return self._memo[key]
+
+    # ---- one failure ------------------------------------------------------------------------
+    def failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool = False,
+                down_nodes: frozenset = frozenset()) -> dict:
+        """Costs of one loss of ``lost`` GPUs from the full layout (seconds); ``down_nodes``: the
+        dead nodes (their local copies are gone)."""
+        down_nodes = frozenset(down_nodes) if self.local else frozenset()
+        key = ("failure", prof, tuple(sorted(lost)), mid_save, repair_s, ram_lost, down_nodes)
+        if key not in self._memo:
+            self._memo[key] = self._failure(prof, lost, mid_save, repair_s, ram_lost, down_nodes)
         return dict(self._memo[key])
 
-    def _failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool) -> dict:
+    def _failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool,
+                 down_nodes: frozenset = frozenset()) -> dict:
         k = self.k
         new = self.plan_after(lost)
         ram = self.pm.ram_tier and not ram_lost
@@ -214,8 +241,12 @@ class Scenario:
         target = new if new is not None else self.base  # idle: reload the same layout after repair
         out = {"t_detect_s": k.detect_s, "t_restart_s": k.restart_s, "t_plan_s": plan_s, "t_rework_s": sv.rework_s(mid_save),
                "t_convert_s": self.convert_s(prof) if not ram and self.converts(self.base, target) else 0.0}
-        t_load, io = self.load(prof, self.base, target, from_ram=ram)
+        t_load, io = self.load(prof, self.base, target, from_ram=ram, down_nodes=down_nodes)
         out["t_load_s"] = t_load - out["t_convert_s"]
+        if self.local:
+            ll = self.local_load(prof, self.base, target, down_nodes)
+            out["t_copy_s"] = self.copy_s()
+            out["storage_read_share"] = ll.storage_bytes / max(ll.storage_bytes + ll.copy_bytes, 1.0)
         out["read_calls"] = float(io.max_calls())
         out["read_bytes_ratio"] = io.read_ratio()
         out["t_idle_s"] = repair_s if new is None else 0.0
@@ -244,7 +275,8 @@ def fault_metrics(sc: Scenario, fault, prof: StorageProfile) -> dict:
     k = sc.k
     repair_s = HOUR * (k.repair_h[0] + k.repair_h[1]) / 2.0
     lost = lost_gpus(fault, sc.wl.gpus_per_node)
-    f = sc.failure(prof, lost, fault.mid_save, repair_s)
+    down = frozenset([fault.node]) if fault.kind == "node_loss" else frozenset()
+    f = sc.failure(prof, lost, fault.mid_save, repair_s, down_nodes=down)
     sv = sc.save(prof)
     per_failure = f["t_lost_s"] + f["t_degraded_s"] + f["t_rejoin_s"]
     out = dict(f)
@@ -331,7 +363,7 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
                 node_down.add(e.node)
             key = canonical(lost, N, gpn)
             new = sc.plan_after(key)
-            f = sc.failure(prof, key, False, 0.0, ram_lost=ram_lost)
+            f = sc.failure(prof, key, False, 0.0, ram_lost=ram_lost, down_nodes=frozenset(node_down))
             down = f["t_detect_s"] + f["t_rework_s"] + (f["t_restart_s"] + f["t_plan_s"] + f["t_convert_s"] + f["t_load_s"]
                                                        if new is not None else 0.0)
             lost_per_failure.append(f["t_lost_s"] - f["t_idle_s"] + (e.repair_s if new is None else 0.0))
@@ -341,8 +373,8 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
             new = sc.plan_after(canonical(lost, N, gpn))
             if new is None:
                 down = 0.0
-            elif cur is None:  # back from idle: restart and reload
-                t_load, _ = sc.load(prof, sc.base, new, from_ram=sc.pm.ram_tier)
+            elif cur is None:  # back from idle: restart and reload (from storage: copies not tracked)
+                t_load, _ = sc.load(prof, sc.base, new, from_ram=sc.pm.ram_tier, down_nodes=None)
                 down = sc.k.restart_s + getattr(sc.k, sc.pm.plan_knob) + t_load
             elif lost:  # still degraded: keep the running layout until every GPU is back
                 new, down = cur, 0.0
@@ -367,7 +399,8 @@ def poisson_metrics(sc: Scenario, prof: StorageProfile, seed: int) -> dict:
         lost += r["lost"]
     gpn = sc.wl.gpus_per_node
     one = sc.failure(prof, canonical([0], sc.wl.num_gpus, gpn), False, 0.0)
-    node = sc.failure(prof, canonical(range(gpn), sc.wl.num_gpus, gpn), False, 0.0)
+    last = sc.wl.num_gpus // gpn - 1  # canonical() puts a lost node last
+    node = sc.failure(prof, canonical(range(gpn), sc.wl.num_gpus, gpn), False, 0.0, down_nodes=frozenset([last]))
     sv = sc.save(prof)
     return {"ettr_samples": ettrs, "failures_per_trial": statistics.fmean(fails),
             "t_lost_s": statistics.fmean(lost) if lost else 0.0,
@@ -375,14 +408,19 @@ def poisson_metrics(sc: Scenario, prof: StorageProfile, seed: int) -> dict:
             "t_load_s": one["t_load_s"], "read_calls": one["read_calls"], "read_bytes_ratio": one["read_bytes_ratio"],
             "t_rework_s": one["t_rework_s"], "t_convert_s": one["t_convert_s"],
             "throughput_kept": one["throughput_kept"], "throughput_kept_node": node["throughput_kept"],
-            "ckpt_overhead": sc.overhead(prof), "mtbf_h": sc.mtbf_s / HOUR}
+            "ckpt_overhead": sc.overhead(prof), "mtbf_h": sc.mtbf_s / HOUR,
+            **({"t_copy_s": one["t_copy_s"], "storage_read_share": one["storage_read_share"],
+                "t_load_node_s": node["t_load_s"], "storage_read_share_node": node["storage_read_share"]}
+               if sc.local else {})}
 
 
 UNITS = {"ettr": ("fraction", "higher"), "throughput_kept": ("fraction", "higher"),
          "throughput_kept_node": ("fraction", "higher"), "gpus_used": ("GPUs", "higher"),
          "read_calls": ("calls", "lower"), "read_bytes_ratio": ("x", "lower"), "ckpt_overhead": ("fraction", "lower"),
-         "mtbf_h": ("h", "higher"), "failures_per_trial": ("failures", "lower")}
-PER_PROFILE = ("t_stall_s", "t_commit_s", "interval_s", "t_load_s", "t_convert_s", "t_rework_s", "t_lost_s", "ettr")
+         "mtbf_h": ("h", "higher"), "failures_per_trial": ("failures", "lower"),
+         "storage_read_share": ("fraction", "lower"), "storage_read_share_node": ("fraction", "lower")}
+PER_PROFILE = ("t_stall_s", "t_commit_s", "interval_s", "t_load_s", "t_convert_s", "t_rework_s", "t_lost_s", "ettr",
+               "storage_read_share", "t_load_node_s")
 
 
 def _metric(name: str, v) -> Metric:
@@ -414,6 +452,8 @@ def run_sim(system, job) -> RunResult:
             "storage": k.storage, "storage_profiles": list(per), "failures": k.failures,
             "state_bytes": sc.io.state_bytes, "base_step_s": sc.base_step_s, "base_layout": describe(sc.base),
             "reconstructed": "spec ckpt_recovery 6: inputs tagged [R] in README_sim.md"}
+    if sc.local:
+        info["local_copies"] = sc.local
     if k.failures == "fault":
         lost = lost_gpus(job.fault, job.workload.gpus_per_node)
         info["lost_gpus"] = list(lost)

@@ -19,6 +19,9 @@ class SimKnobs:
     mesh_plan_s: float = 1.0  # [R] rectangular baselines: pick a (dp, tp, pp)
     min_interval_s: float = 20.0  # async saves: at most one per min_interval (spec 2.4)
     commit_calls: int = 4  # barrier-side requests of a commit: manifest, rename, pointer tmp, rename
+    # Spec 2.1 option (ours only): after each commit, every rank file is also copied to the local
+    # NVMe of this many other nodes; a load reads a file from a surviving copy, else from storage.
+    local_copies: int = 0
     # Failure model (spec 6: Llama 3 405B, 419 interruptions / 54 days / 16,384 GPUs).
     failure_rate_per_gpu_h: float = 2.0e-5
     single_gpu_frac: float = 0.587

@@ -183,6 +183,30 @@ class CheckpointIO:
         self._cache[key] = LoadIO(tuple(out))
         return self._cache[key]
 
+    def load_ours_by_file(self, saved: Plan, new: Plan) -> tuple[tuple[dict, int], ...]:
+        """Per distinct reader of ``load_ours``: (file -> (requests, bytes) it reads there, how
+        many ranks read like it); the manifest request is not in it."""
+        key = ("load_ours_by_file", saved.signature(), new.signature())
+        if key in self._cache:
+            return self._cache[key]
+        files, manifest = self._files(saved)
+        idx = key_index(files, manifest)
+        lay = self.layout(new)
+        out = []
+        for r, n in _roles(lay):
+            per: dict[str, list] = {}
+            for b in read_plan(self.metas, lay, r, self.S, idx):
+                c = per.setdefault(b.file, [1, float(HEADER_BYTES)])  # the file's header read
+                c[0] += 1
+                c[1] += b.length
+            out.append(({f: (c[0], c[1]) for f, c in per.items()}, n))
+        self._cache[key] = tuple(out)
+        return self._cache[key]
+
+    def file_ranks(self, saved: Plan) -> dict[str, int]:
+        """file -> the rank that writes it (lowest-owner save)."""
+        return {f: m["rank"] for f, m in self._files(saved)[1].items()}
+
     # ---- DCP: one chunk per saved shard --------------------------------------------------------
     def _chunks(self, saved: Plan) -> dict[str, set]:
         """tensor -> distinct saved fractions (t, g) (DP replicas deduplicated, as DCP's planner)."""
