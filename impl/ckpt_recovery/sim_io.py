@@ -166,42 +166,40 @@ class CheckpointIO:
             self._cache[key] = SaveIO(rb, {r: 1 for r in rb})
         return self._cache[key]
 
+    def _ours_reads(self, saved: Plan, new: Plan) -> tuple:
+        """Per distinct reader of the new layout: (rank, how many ranks read like it, file ->
+        [requests, bytes] it reads there: the file's header plus one request per merged block)."""
+        key = ("ours_reads", saved.signature(), new.signature())
+        if key not in self._cache:
+            files, manifest = self._files(saved)
+            idx = key_index(files, manifest)
+            lay = self.layout(new)
+            out = []
+            for r, n in _roles(lay):
+                per: dict[str, list] = {}
+                for b in read_plan(self.metas, lay, r, self.S, idx):
+                    c = per.setdefault(b.file, [1, float(HEADER_BYTES)])
+                    c[0] += 1
+                    c[1] += b.length
+                out.append((r, n, per))
+            self._cache[key] = tuple(out)
+        return self._cache[key]
+
     def load_ours(self, saved: Plan, new: Plan) -> LoadIO:
         key = ("load_ours", saved.signature(), new.signature())
-        if key in self._cache:
-            return self._cache[key]
-        files, manifest = self._files(saved)
-        idx = key_index(files, manifest)
-        lay = self.layout(new)
-        out = []
-        for r, n in _roles(lay):
-            blocks = read_plan(self.metas, lay, r, self.S, idx)
-            touched = {b.file for b in blocks}
-            nbytes = sum(b.length for b in blocks) + HEADER_BYTES * len(touched)
-            # the manifest, one header per touched file, one request per merged block
-            out.append((RankIO(1 + len(touched) + len(blocks), float(nbytes), _need_bytes(self.metas, lay.ranks[r], self.S)), n))
-        self._cache[key] = LoadIO(tuple(out))
+        if key not in self._cache:
+            lay = self.layout(new)
+            # the manifest, then per touched file its header and one request per merged block
+            self._cache[key] = LoadIO(tuple(
+                (RankIO(1 + sum(c[0] for c in per.values()), float(sum(c[1] for c in per.values())),
+                        _need_bytes(self.metas, lay.ranks[r], self.S)), n)
+                for r, n, per in self._ours_reads(saved, new)))
         return self._cache[key]
 
     def load_ours_by_file(self, saved: Plan, new: Plan) -> tuple[tuple[dict, int], ...]:
         """Per distinct reader of ``load_ours``: (file -> (requests, bytes) it reads there, how
         many ranks read like it); the manifest request is not in it."""
-        key = ("load_ours_by_file", saved.signature(), new.signature())
-        if key in self._cache:
-            return self._cache[key]
-        files, manifest = self._files(saved)
-        idx = key_index(files, manifest)
-        lay = self.layout(new)
-        out = []
-        for r, n in _roles(lay):
-            per: dict[str, list] = {}
-            for b in read_plan(self.metas, lay, r, self.S, idx):
-                c = per.setdefault(b.file, [1, float(HEADER_BYTES)])  # the file's header read
-                c[0] += 1
-                c[1] += b.length
-            out.append(({f: (c[0], c[1]) for f, c in per.items()}, n))
-        self._cache[key] = tuple(out)
-        return self._cache[key]
+        return tuple(({f: (c[0], c[1]) for f, c in per.items()}, n) for _, n, per in self._ours_reads(saved, new))
 
     def file_ranks(self, saved: Plan) -> dict[str, int]:
         """file -> the rank that writes it (lowest-owner save)."""

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.models.reference import AdamReference, max_rel_err
+from impl.common.models.reference import AdamReference, max_rel_err, record_reference_checks
 from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors, validate_varlen_shape
 from impl.common.parallel.tensor_parallel import check_tp_shape, join_state_dicts
 from impl.common.runtime.launch import launch
@@ -317,15 +317,7 @@ def summarise(results: list, job: RealJob, rtol: float) -> RunResult:
             if name != main:
                 m[f"speedup_vs_{name}"] = Metric.scalar(med[name] / med[main], "x", "higher")
     checks = results[0]["checks"]
-    if checks:
-        ge, pe = max(c["grad_err"] for c in checks), max(c["param_err"] for c in checks)
-        le = max(abs(per[c["run"]][c["round"]]["loss"] - c["ref_loss"]) / abs(c["ref_loss"]) for c in checks)
-        m["grad_max_rel_err"] = Metric.scalar(ge, "fraction", "lower")
-        m["param_max_rel_err"] = Metric.scalar(pe, "fraction", "lower")
-        m["loss_max_rel_err"] = Metric.scalar(le, "fraction", "lower")
-        for what, v in (("gradients", ge), ("parameters after Adam", pe), ("losses", le)):
-            if not v <= rtol:
-                res.mark_invalid(f"{what} differ from the single-process reference: max rel err {v:.2e} > {rtol}")
+    record_reference_checks(res, checks, lambda c: per[c["run"]][c["round"]]["loss"], rtol)
     for r in results:
         for name, n in r["optimizer_steps"].items():
             if n != job.rounds:

@@ -48,3 +48,20 @@ class AdamReference:
             p.grad = engine_grads[n].clone()
         self.opt.step()
         return loss, grads, {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+
+def record_reference_checks(res, checks: list, engine_loss, rtol: float) -> None:
+    """Put the worst gradient / parameter / loss error of ``checks`` (dicts with ``grad_err``,
+    ``param_err``, ``ref_loss``) into ``res``'s metrics and mark it invalid above ``rtol``;
+    ``engine_loss(check)`` is the engine's loss for that check's step."""
+    from impl.common.api import Metric
+
+    if not checks:
+        return
+    ge, pe = max(c["grad_err"] for c in checks), max(c["param_err"] for c in checks)
+    le = max(abs(engine_loss(c) - c["ref_loss"]) / abs(c["ref_loss"]) for c in checks)
+    for name, v in (("grad_max_rel_err", ge), ("param_max_rel_err", pe), ("loss_max_rel_err", le)):
+        res.metrics[name] = Metric.scalar(v, "fraction", "lower")
+    for what, v in (("gradients", ge), ("parameters after Adam", pe), ("losses", le)):
+        if not v <= rtol:
+            res.mark_invalid(f"{what} differ from the single-process reference: max rel err {v:.2e} > {rtol}")
