@@ -7,7 +7,8 @@ STORAGES = ("nas", "local")
 RELAYOUTS = ("auto", "replan", "homogeneous", "same")
 # The policies real mode runs: policy -> (checkpoint backend, layout after a loss).
 REAL_POLICIES = {"ckpt_recovery": ("elastor", "replan"), "dcp_sync": ("dcp_sync", "homogeneous"),
-                 "dcp_async": ("dcp_async", "homogeneous"), "restart_all": ("elastor", "homogeneous")}
+                 "dcp_async": ("dcp_async", "homogeneous"),
+                 "dcp_async_process": ("dcp_async_process", "homogeneous"), "restart_all": ("elastor", "homogeneous")}
 
 
 @dataclass

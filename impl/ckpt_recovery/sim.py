@@ -49,6 +49,8 @@ POLICY_MODELS = {
     "ckpt_recovery": PolicyModel("gpu_heterogeneous", "overlapped", "splits", plan_knob="plan_s"),
     "dcp_sync": PolicyModel("gpu_rectangular", "sync", "dcp"),
     "dcp_async": PolicyModel("gpu_rectangular", "staged", "dcp"),
+    # the sim prices staging as the D2H copy whichever executor writes afterwards
+    "dcp_async_process": PolicyModel("gpu_rectangular", "staged", "dcp"),
     "restart_all": PolicyModel("node_rectangular", "sync", "legacy"),
     "ucp_like": PolicyModel("gpu_rectangular", "sync", "ucp"),
     "gemini_like": PolicyModel("node_rectangular", "staged", "dcp", ram_tier=True),

@@ -6,6 +6,7 @@
 | ckpt_recovery  | async, snapshot overlapped, S splits  | every survivor, heterogeneous TP groups       | sim, real |
 | dcp_sync       | torch DCP ``dcp.save``                | best rectangular mesh on the survivors         | sim, real |
 | dcp_async      | ``dcp.async_save`` (staging blocks)   | best rectangular mesh on the survivors         | sim, real |
+| dcp_async_process | the same, DCP's daemon process + reused shared-memory staging | as dcp_async | sim (= dcp_async), real |
 | restart_all    | sync, one file per rank               | whole healthy nodes, homogeneous               | sim       |
 | ucp_like       | sync; offline conversion at recovery  | best rectangular mesh on the survivors         | sim       |
 | gemini_like    | every step into a buddy node's RAM    | whole healthy nodes; storage if both copies die| sim       |
@@ -23,7 +24,7 @@ from impl.common.api import ConfigError, JobContext, RunResult, System
 from .real_config import REAL_POLICIES, RealKnobs
 from .sim_config import SimKnobs
 
-POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async", "restart_all", "ucp_like", "gemini_like")
+POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async", "dcp_async_process", "restart_all", "ucp_like", "gemini_like")
 
 
 class CkptRecovery(System):

@@ -90,7 +90,7 @@ def test_real_mode_bad_input_one_line_each():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("backend", ["elastor", "dcp_async"])
+@pytest.mark.parametrize("backend", ["elastor", "dcp_async", "dcp_async_process"])
 def test_kill_in_the_middle_of_a_save_recovers_from_the_previous_commit(tmp_path, backend):
     metas = full_metas(SHAPE32, 1)
     relayout = (lambda lost: R.replan(CLUSTER, lost, metas)) if backend == "elastor" else \

@@ -32,8 +32,12 @@ def save_sync(local: Mapping[str, torch.Tensor], metas: Sequence[TensorMeta], ow
     D.save_sync(D.to_dtensors(local, metas, own, mesh), path, storage)
 
 
-def save_async(local, metas, own, mesh, path: str, storage: Storage, group):
-    return D.save_async(D.to_dtensors(local, metas, own, mesh), path, storage, group)
+def save_async(local, metas, own, mesh, path: str, storage: Storage, group, stager=None):
+    return D.save_async(D.to_dtensors(local, metas, own, mesh), path, storage, group, stager=stager)
+
+
+def process_stager():
+    return D.process_stager()
 
 
 def latest_step(root: str) -> int:

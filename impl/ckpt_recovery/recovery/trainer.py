@@ -38,7 +38,7 @@ from impl.common.parallel.tensor_parallel import tensor_parallel
 from impl.common.storage.emulator import Storage, StorageProfile
 from impl.common.workloads.pipeline import ModelShape
 
-BACKENDS = ("elastor", "dcp_sync", "dcp_async")
+BACKENDS = ("elastor", "dcp_sync", "dcp_async", "dcp_async_process")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
@@ -280,7 +280,12 @@ class DcpCkpt:
         self.metas, self.own = metas, layout.ranks[rank]
         self.root = os.path.join(spec.root, spec.backend)
         self.storage = Storage(spec.prof)
-        self.group = dist.new_group(backend="gloo") if spec.backend == "dcp_async" else None
+        self.group = dist.new_group(backend="gloo") if spec.backend != "dcp_sync" else None
+        # dcp_async_process: DCP's checkpoint daemon process and its DefaultStager, made once
+        # so the staging buffers (shared memory) are reused by every save
+        from . import dcp_io
+
+        self.stager = dcp_io.process_stager() if spec.backend == "dcp_async_process" else None
         self.fut = None
         self.fut_step: Optional[int] = None
         self.fut_t0 = 0.0
@@ -314,7 +319,8 @@ class DcpCkpt:
                 self.fut.result()
                 self.commit_s.append((self.fut_step, time.time() - self.fut_t0))
             self.fut_t0, self.fut_step = time.time(), done
-            self.fut = dcp_io.save_async(sm.local, self.metas, self.own, self.mesh, path, self.storage, self.group)
+            self.fut = dcp_io.save_async(sm.local, self.metas, self.own, self.mesh, path, self.storage, self.group,
+                                         stager=self.stager)
         self.saves += 1
         return True, time.perf_counter() - t0
 
