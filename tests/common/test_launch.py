@@ -44,3 +44,35 @@ def test_a_failing_rank_is_named():
     with pytest.raises(RuntimeError) as e:
         launch(_fails_on_1, 2, label="t", timeout_s=60)
     assert "rank 1" in str(e.value) and "rank one is broken" in str(e.value)
+
+
+def _hangs(ctx):
+    import time
+
+    if ctx.rank == 1:
+        time.sleep(120)  # rank 0 waits in the gather behind it: a hang without the watchdog
+    return ctx.rank
+
+
+if __name__ == "__main__":  # a torchrun rank of the test below
+    launch(_hangs, 2, label="t", timeout_s=3)
+
+
+@pytest.mark.timeout(120)
+def test_a_torchrun_rank_past_timeout_s_ends_in_one_line_not_a_hang():
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "--max-restarts", "0", __file__], cwd=repo, env=env, capture_output=True, text=True, timeout=100)
+    assert p.returncode != 0
+    # either rank's timer may fire first (rank 0 waits in the gather as long as rank 1 sleeps)
+    assert re.search(r"t rank [01] failed: TimeoutError: run exceeded timeout_s=3\n", p.stderr), p.stderr[-2000:]
+    assert time.monotonic() - t0 < 90  # ended by the watchdog, not by the 120 s sleep

@@ -19,7 +19,8 @@ rank's return value, in rank order, as :class:`Launched`.
   so a system that launches several runs per job and branches on their results takes the
   same branches on every rank; only :func:`is_primary` (global rank 0) writes records. A rank
   that raises writes its one-line error into the store and re-raises, so the agent tears the
-  job down (no hang) and rank 0 names the root cause when it can see it.
+  job down (no hang) and rank 0 names the root cause when it can see it. Past ``timeout_s`` a
+  watchdog thread writes a ``TimeoutError`` line the same way and exits the rank (124).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import itertools
 import os
 import queue
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -339,7 +341,26 @@ def _torchrun_store(timeout_s: float):
     return _agent_store[0]
 
 
-def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, on_report) -> Launched:
+def _watchdog(timeout_s: float, label: str, rank: int, store) -> threading.Timer:
+    """Ends this torchrun rank past ``timeout_s``: the error goes into the store (rank 0 names
+    it), one line on stderr, exit 124; the elastic agent then stops the other ranks. A rank
+    blocked in a collective cannot raise, so the timer exits the process instead."""
+    def expire() -> None:
+        text = f"run exceeded timeout_s={timeout_s:.0f}"
+        try:
+            store.set(f"error/{rank}", "\x1f".join((f"rank {rank}", "TimeoutError", text)))
+        except Exception:
+            pass
+        print(f"{label} rank {rank} failed: TimeoutError: {text}", file=sys.stderr, flush=True)
+        os._exit(124)
+
+    t = threading.Timer(timeout_s, expire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, timeout_s, on_report) -> Launched:
     rank, env_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     if env_world != world:
@@ -350,6 +371,7 @@ def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, on_report
     store = dist.PrefixStore(prefix, _torchrun_store(pg_timeout_s))
     addr = StoreAddress(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), prefix)
     report = (lambda r, item: on_report(r, item)) if on_report is not None else None
+    watchdog = _watchdog(timeout_s, label, rank, store)
     try:
         device = _init_group(rank, world, local_rank, backend, store, pg_timeout_s)
         ctx = RankContext(rank, world, local_rank, backend, device, store, addr, True, pg_timeout_s, report)
@@ -357,6 +379,7 @@ def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, on_report
         gathered: list = [None] * world
         dist.all_gather_object(gathered, out)
     except BaseException as e:
+        watchdog.cancel()
         mine = (f"rank {rank}", type(e).__name__, first_line(e))
         errors = [("error", *mine)]
         try:
@@ -373,6 +396,7 @@ def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, on_report
             _raise(label, who, etype, text)
         except (RuntimeError, ConfigError) as line:
             raise line from e
+    watchdog.cancel()
     _destroy_group()
     return Launched(gathered)
 
@@ -402,7 +426,7 @@ def launch(fn: Callable, world_size: int, args: tuple = (), *, label: str = "lau
             raise ConfigError("helpers: local-mode side processes cannot start under torchrun; "
                               "start them from the ranks")
         return _launch_torchrun(fn, world_size, args, label=label, backend=backend, pg_timeout_s=pg_timeout_s,
-                                on_report=on_report)
+                                timeout_s=timeout_s, on_report=on_report)
     return _launch_local(fn, world_size, args, label=label, backend=backend, pg_timeout_s=pg_timeout_s,
                          timeout_s=timeout_s, start_method=start_method, preload=preload, on_report=on_report,
                          helpers=helpers, stop_helpers=stop_helpers, describe_death=describe_death, victim=victim)
