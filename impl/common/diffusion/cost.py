@@ -143,10 +143,17 @@ def trace_unet_ops(shape, latent: Optional[int] = None, batch: int = 2, text_len
 
 
 def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1.0, bytes_scale: float = 1.0,
-              launch_s: float = 5e-6) -> float:
+              launch_s: float = 5e-6, windowed: bool = False) -> float:
+    """Roofline time of ``op``; ``windowed``: a conv run on gathered windows (block-sparse),
+    priced at :meth:`HardwareProfile.conv_window_flops_per_s`."""
     b = BYTES[dtype]
     mem = (op.bytes_in + op.bytes_out) * bytes_scale * b + op.weight_elems * b
-    rate = hw.conv_flops_per_s(dtype) if op.kind == "conv" and op.kernel > 1 else hw.flops(dtype)
+    if op.kind == "conv" and windowed:
+        rate = hw.conv_window_flops_per_s(dtype)
+    elif op.kind == "conv" and op.kernel > 1:
+        rate = hw.conv_flops_per_s(dtype)
+    else:
+        rate = hw.flops(dtype)
     return max(op.flops * flops_scale / rate, mem / hw.memory_bw_bytes_per_s) + launch_s
 
 
