@@ -11,6 +11,8 @@ What is measured, and how each figure is defined (units in every name):
   ``[dtype]``: the three kernels of a block-sparse conv (``impl.common.diffusion.windows``) on
   the same shapes, 2x2 output blocks over a quarter of the map: the conv's FLOP/s on the
   (N, C, 4, 4) windows, and the bytes/s of the window gather and of the block scatter.
+- ``attn_flops[dtype]``: ``scaled_dot_product_attention`` at UNet self/cross-attention shapes,
+  FLOPs ``4 B H Nq Nk d``.
 - ``memory_bw_bytes_per_s``: ``dst.copy_(src)`` of a large buffer on the device, counted as
   bytes read + bytes written (``2 x size / t``, the STREAM "copy" convention).
 - ``host_mem_bw_bytes_per_s``: the same copy on host (CPU) tensors.
@@ -213,6 +215,29 @@ def measure_window_conv(dtype: str, device: torch.device, sync: Callable[[], Non
     return res
 
 
+# The attention cores calibrate times (batch, heads, query tokens, key tokens, head dim): a
+# UNet's self-attention at two resolutions and its cross-attention to 77 text tokens.
+ATTN_SHAPES = {"cpu": [(2, 8, 576, 576, 32), (2, 8, 144, 144, 32), (2, 8, 576, 77, 32)],
+               "cuda": [(2, 5, 4096, 4096, 64), (2, 10, 1024, 1024, 64), (2, 5, 4096, 77, 64)]}
+
+
+def measure_attention(dtype: str, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """FLOP/s of ``scaled_dot_product_attention``, FLOPs = 4 B H Nq Nk d (QK^T and PV); per
+    sample round, total FLOPs over total time of the shapes."""
+    per_shape = []
+    tdt = _TORCH_DTYPE[dtype]
+    for b, h, nq, nk, d in ATTN_SHAPES[device.type]:
+        q = torch.randn(b, h, nq, d, device=device, dtype=tdt)
+        k = torch.randn(b, h, nk, d, device=device, dtype=tdt)
+        v = torch.randn(b, h, nk, d, device=device, dtype=tdt)
+        with torch.no_grad():
+            per_shape.append((4.0 * b * h * nq * nk * d,
+                              _timed_samples(lambda: F.scaled_dot_product_attention(q, k, v), sync, cfg)))
+    n = min(len(secs) for _, secs in per_shape)
+    total = sum(f for f, _ in per_shape)
+    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
+
+
 def measure_matmul(dtype: str, sizes: List[int], device: torch.device, sync: Callable[[], None],
                    cfg: CalibrateConfig) -> tuple[int, List[float]]:
     """FLOP/s samples of the best size (by median): returns (n, samples)."""
@@ -362,6 +387,7 @@ class Calibrate(System):
         peak: Dict[str, float] = {}
         conv: Dict[str, float] = {}
         window: Dict[str, Dict[str, float]] = {}
+        attn: Dict[str, float] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
 
@@ -395,6 +421,8 @@ class Calibrate(System):
                 matmul_n[d] = n
                 metrics[f"conv_{d}_flops"] = Metric.from_samples(measure_conv(d, device, sync, cfg), "FLOP/s", "higher")
                 conv[d] = metrics[f"conv_{d}_flops"].value
+                metrics[f"attn_{d}_flops"] = Metric.from_samples(measure_attention(d, device, sync, cfg), "FLOP/s", "higher")
+                attn[d] = metrics[f"attn_{d}_flops"].value
                 for key, rate in measure_window_conv(d, device, sync, cfg).items():
                     unit = "FLOP/s" if key == "flops" else "B/s"
                     metrics[f"conv_window_{d}_{key}"] = Metric.from_samples(rate, unit, "higher")
@@ -469,6 +497,7 @@ class Calibrate(System):
                 conv_window_flops={d: r4(v) for d, v in window["flops"].items()},
                 window_gather_bytes_per_s={d: r4(v) for d, v in window["gather"].items()},
                 window_scatter_bytes_per_s={d: r4(v) for d, v in window["scatter"].items()},
+                attn_flops={d: r4(v) for d, v in attn.items()},
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -494,7 +523,8 @@ class Calibrate(System):
                 f"#   peak_flops: median 2n^3/t of the best n in {sizes}; conv_flops: median 2BC^2*9HW/t of a\n"
                 f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; conv_window_flops / window_gather / scatter:\n"
                 f"#   the same shapes as a block-sparse conv ({WINDOW_BLOCK}x{WINDOW_BLOCK} blocks, {WINDOW_ACTIVE:.0%} active): conv FLOP/s\n"
-                f"#   on the gathered windows, bytes/s of the window gather and block scatter; memory bandwidths count bytes\n"
+                f"#   on the gathered windows, bytes/s of the window gather and block scatter; attn_flops: 4BHNqNkd/t\n"
+                f"#   of scaled_dot_product_attention at (B, H, Nq, Nk, d) in {ATTN_SHAPES[kind]}; memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"
                 f"#   intra_node: gloo loopback ping-pong between 2 local processes, one-way = RTT/2,\n"

@@ -28,6 +28,11 @@ class HardwareProfile:
     conv_window_flops: Dict[str, float] = field(default_factory=dict)
     window_gather_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     window_scatter_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    # Achievable FLOP/s of the attention core (softmax(QK^T)V through
+    # torch's scaled_dot_product_attention, FLOPs 4 B Nq Nk (heads x head_dim)) per dtype at
+    # UNet attention shapes, measured by calibrate: a fused attention kernel (CPU flash
+    # attention: tiled softmax passes) runs off the matmul rate. Absent = the matmul peak.
+    attn_flops: Dict[str, float] = field(default_factory=dict)
     memory_bytes: float = 0.0
     memory_bw_bytes_per_s: float = 0.0
     gpus_per_node: int = 8
@@ -58,6 +63,12 @@ class HardwareProfile:
         """Achievable FLOP/s of a k>1 convolution: the measured conv rate, else :meth:`flops`."""
         if dtype in self.conv_flops:
             return self.conv_flops[dtype] * self.mfu
+        return self.flops(dtype)
+
+    def attn_flops_per_s(self, dtype: str) -> float:
+        """Achievable FLOP/s of the attention core: the measured rate, else :meth:`flops`."""
+        if dtype in self.attn_flops:
+            return self.attn_flops[dtype] * self.mfu
         return self.flops(dtype)
 
     def conv_window_flops_per_s(self, dtype: str) -> float:

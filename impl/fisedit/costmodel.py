@@ -91,6 +91,12 @@ def window_elems(op: Op, mf: MaskFractions) -> tuple:
     return f, batch * nb * op.cin * win * win, batch * nb * op.cout * bo * bo
 
 
+def _full_copies_s(op: Op, hw: HardwareProfile, b: int) -> float:
+    """The reference engine's full-tensor copies around a block-sparse conv: the padded input
+    (read + write) and the clone of the cached output it scatters onto (read + write)."""
+    return 2.0 * (op.bytes_in + op.bytes_out) * b / hw.memory_bw_bytes_per_s
+
+
 def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
     """(compute fraction, gather/scatter elements) of an op on a sparse step; (1, 0) = dense."""
     if mf is None or op.cells == 0:
@@ -163,9 +169,20 @@ class StepCost:
         return self.dense_flops / self.sparse_flops if self.sparse_flops else math.inf
 
 
+SIM_ENGINES = ("fused", "reference")
+
+
 def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, block: int = 2,
               hw: Optional[HardwareProfile] = None, dtype: str = "fp16", launch_s: float = 5e-6,
-              cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False) -> StepCost:
+              cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False,
+              engine: str = "fused") -> StepCost:
+    """``engine``: ``fused`` = the paper's engine (GroupNorm and the activation/residual passes
+    charged to it fused into the sparse conv, at the active fraction); ``reference`` = this
+    repo's engine (``impl/fisedit/engine.py``), which applies the cached GroupNorm scale/shift
+    and the activations over the full map and, per block-sparse conv, pads the full input and
+    clones the full cached output (both timed; FLOP fractions and caps are the same)."""
+    if engine not in SIM_ENGINES:
+        raise ValueError(f"sim engine: unknown value {engine!r} (one of: {', '.join(SIM_ENGINES)})")
     mf = MaskFractions(mask, block) if mask is not None else None
     dense_f = sum(o.flops for o in ops)
     sparse_f = 0.0
@@ -176,7 +193,7 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
         if hw is not None:
             t = op_time_s(o, hw, dtype, launch_s=0.0)
             dense_k.append((t, 1))
-            if f >= 1.0 and gs == 0.0:
+            if f >= 1.0 and gs == 0.0 or engine == "reference" and o.kind == "groupnorm":
                 sparse_k.append((t, 1))
             elif mf is not None and is_windowed(o, th):
                 # the gathered-window conv, its gather and its scatter at their own measured rates
@@ -184,7 +201,8 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
                 _, g_el, s_el = window_elems(o, mf)
                 b = BYTES[dtype]
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0, windowed=True)
-                                 + g_el * b / hw.window_gather_bw(dtype) + s_el * b / hw.window_scatter_bw(dtype), 3))
+                                 + g_el * b / hw.window_gather_bw(dtype) + s_el * b / hw.window_scatter_bw(dtype)
+                                 + (_full_copies_s(o, hw, b) if engine == "reference" else 0.0), 3))
             else:  # gather + op on the active part + scatter: three launches
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0)
                                  + gs * BYTES[dtype] / hw.memory_bw_bytes_per_s, 3))

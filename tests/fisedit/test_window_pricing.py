@@ -72,3 +72,32 @@ def test_gather_and_scatter_match_plain_slicing():
     scatter_blocks(out, idx, y, 2)
     assert torch.equal(out[0, :, 0:2, 2:4], y[0]) and torch.equal(out[1, :, 4:6, 4:6], y[3])
     assert int((out != 0).sum()) == y.numel()
+
+
+def test_reference_engine_prices_full_map_norms_and_copies_on_sparse_steps_only():
+    ops = trace_unet_ops(SHAPE, batch=2)
+    mask = synthetic_mask(HW, 0.2, "rect", seed=0)
+    th = Thresholds.auto(HW)
+
+    def cost(engine, m=mask):
+        return step_cost(ops, m, th, HW, 2, BASE, "fp32", 0.0, cache_on_gpu=True, engine=engine)
+
+    fused, ref = cost("fused"), cost("reference")
+    assert ref.dense_s == fused.dense_s and ref.sparse_flops == fused.sparse_flops  # caps unchanged
+    assert ref.sparse_compute_s > fused.sparse_compute_s
+    assert cost("reference", None).sparse_compute_s == cost("fused", None).sparse_compute_s  # no mask: dense
+    with pytest.raises(ValueError, match="sim engine: unknown value 'gpu'"):
+        cost("gpu")
+
+
+def test_sim_engine_knob_is_checked_and_the_fidelity_profile_selects_reference():
+    from types import SimpleNamespace
+
+    from bench.fidelity.families import _diffusion
+    from impl.common.api import ConfigError, RunResult
+    from impl.fisedit.system import FISEditSystem
+
+    with pytest.raises(ConfigError, match="system.sim_engine: unknown value 'gpu' \\(one of: fused, reference\\)"):
+        FISEditSystem(FISEditSystem.Config(sim_engine="gpu"), "fisedit")
+    wl = SimpleNamespace(mask_ratio=0.1, dtype="fp32", num_steps=20)
+    assert _diffusion(RunResult(metrics={}, info={}), wl).system == {"sim_engine": "reference"}
