@@ -91,10 +91,16 @@ def window_elems(op: Op, mf: MaskFractions) -> tuple:
     return f, batch * nb * op.cin * win * win, batch * nb * op.cout * bo * bo
 
 
-def _full_copies_s(op: Op, hw: HardwareProfile, b: int) -> float:
-    """The reference engine's full-tensor copies around a block-sparse conv: the padded input
-    (read + write) and the clone of the cached output it scatters onto (read + write)."""
-    return 2.0 * (op.bytes_in + op.bytes_out) * b / hw.memory_bw_bytes_per_s
+def _reference_copies_s(op: Op, th: Thresholds, block_outputs: set, hw: HardwareProfile, b: int) -> float:
+    """The reference engine's full-tensor copies around a sparse op: every cached op clones its
+    full cached output to scatter onto (read + write; a transformer block once, at its output),
+    and a block-sparse conv's ``F.pad`` zero-fills the padded map and copies the input in."""
+    elems = 0.0
+    if is_cached(op, th) or op.name in block_outputs:
+        elems += 2.0 * op.bytes_out
+    if is_windowed(op, th):
+        elems += 3.0 * op.bytes_in
+    return elems * b / hw.memory_bw_bytes_per_s
 
 
 def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
@@ -179,33 +185,38 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
     """``engine``: ``fused`` = the paper's engine (GroupNorm and the activation/residual passes
     charged to it fused into the sparse conv, at the active fraction); ``reference`` = this
     repo's engine (``impl/fisedit/engine.py``), which applies the cached GroupNorm scale/shift
-    and the activations over the full map and, per block-sparse conv, pads the full input and
-    clones the full cached output (both timed; FLOP fractions and caps are the same)."""
+    and the activations over the full map, clones each sparse op's full cached output and pads
+    each block-sparse conv's full input (all timed; FLOP fractions and caps are the same)."""
     if engine not in SIM_ENGINES:
         raise ValueError(f"sim engine: unknown value {engine!r} (one of: {', '.join(SIM_ENGINES)})")
     mf = MaskFractions(mask, block) if mask is not None else None
     dense_f = sum(o.flops for o in ops)
     sparse_f = 0.0
     dense_k, sparse_k = [], []  # (gpu seconds, launches) per op, in execution order
+    # the op that writes each sparse transformer block's output (its last FF linear)
+    block_outputs = {o.block: o.name for o in ops if o.block and o.role == "ff" and o.cells >= th.attn_min}
+    block_outputs = set(block_outputs.values()) if engine == "reference" else set()
     for o in ops:
         f, gs = op_fraction(o, mf, th, latent_hw)
         sparse_f += o.flops * f
         if hw is not None:
             t = op_time_s(o, hw, dtype, launch_s=0.0)
             dense_k.append((t, 1))
+            b = BYTES[dtype]
             if f >= 1.0 and gs == 0.0 or engine == "reference" and o.kind == "groupnorm":
                 sparse_k.append((t, 1))
-            elif mf is not None and is_windowed(o, th):
+                continue
+            copies = _reference_copies_s(o, th, block_outputs, hw, b) if engine == "reference" else 0.0
+            if mf is not None and is_windowed(o, th):
                 # the gathered-window conv, its gather and its scatter at their own measured rates
                 # (the profile's conv rate and memory bandwidth where it has none)
                 _, g_el, s_el = window_elems(o, mf)
-                b = BYTES[dtype]
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0, windowed=True)
                                  + g_el * b / hw.window_gather_bw(dtype) + s_el * b / hw.window_scatter_bw(dtype)
-                                 + (_full_copies_s(o, hw, b) if engine == "reference" else 0.0), 3))
+                                 + copies, 3))
             else:  # gather + op on the active part + scatter: three launches
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0)
-                                 + gs * BYTES[dtype] / hw.memory_bw_bytes_per_s, 3))
+                                 + gs * b / hw.memory_bw_bytes_per_s + copies, 3))
     dense_s = stream_time_s(dense_k, launch_s) if hw is not None else 0.0
     sparse_s = stream_time_s(sparse_k, launch_s) if hw is not None else 0.0
     cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)

@@ -149,7 +149,7 @@ def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1
     priced at :meth:`HardwareProfile.conv_window_flops_per_s`."""
     b = BYTES[dtype]
     mem = (op.bytes_in + op.bytes_out) * bytes_scale * b + op.weight_elems * b
-    if op.kind == "conv" and windowed:
+    if op.kind == "conv" and windowed and op.kernel > 1:
         rate = hw.conv_window_flops_per_s(dtype)
     elif op.kind == "conv" and op.kernel > 1:
         rate = hw.conv_flops_per_s(dtype)
