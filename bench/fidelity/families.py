@@ -139,14 +139,18 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
 
 def _diffusion(real: RunResult, wl: Any, hw: Any = None) -> Profile:
     # The simulator prices exactly the real UNet (unet=workload) at the real precision, mask
-    # ratio and CFG batch; the engine gain of a fused GPU engine does not exist on this CPU run.
+    # ratio and CFG batch; the engine gain of a fused GPU engine does not exist on this CPU run,
+    # and the sparse step is priced for the engine the real run executes (sim_engine=reference).
     if wl.mask_ratio is None:
         raise ConfigError("workload.mask_ratio: the diffusion fidelity job needs a supplied mask ratio")
     f = float(wl.mask_ratio)
     return Profile({"sim": {"unet": "workload", "dtype": wl.dtype, "batch": 2, "engine_gain": 1.0,
                             "mask_mean": f, "mask_p90": min(0.99, max(f * 1.5, f + 0.01)),
                             "num_steps": wl.num_steps, "mask_steps": max(1, wl.num_steps // 5)}},
-                   {"sim": "the real UNet, dtype, CFG batch 2 and mask ratio; engine_gain 1 (no fused engine)"})
+                   {"sim": "the real UNet, dtype, CFG batch 2 and mask ratio; engine_gain 1 (no fused engine)",
+                    "system.sim_engine": "reference: the engine the real run executes (GroupNorm, activations, "
+                                         "pad and clone over the full map)"},
+                   {"sim_engine": "reference"})
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,13 @@ What is measured, and how each figure is defined (units in every name):
   over repeats (after warm-up) is taken, and the best size's samples are reported. On CUDA the
   device is synchronised around every timed call; ``tf32`` means fp32 inputs with TF32 tensor
   cores allowed (CUDA only).
+- ``conv_flops[dtype]``: 3x3 same-padded convs at UNet block shapes, direct-conv FLOPs.
+- ``conv_window_flops`` / ``window_gather_bytes_per_s`` / ``window_scatter_bytes_per_s``
+  ``[dtype]``: the three kernels of a block-sparse conv (``impl.common.diffusion.windows``) on
+  the same shapes, 2x2 output blocks over a quarter of the map: the conv's FLOP/s on the
+  (N, C, 4, 4) windows, and the bytes/s of the window gather and of the block scatter.
+- ``attn_flops[dtype]``: ``scaled_dot_product_attention`` at UNet self/cross-attention shapes,
+  FLOPs ``4 B H Nq Nk d``.
 - ``memory_bw_bytes_per_s``: ``dst.copy_(src)`` of a large buffer on the device, counted as
   bytes read + bytes written (``2 x size / t``, the STREAM "copy" convention).
 - ``host_mem_bw_bytes_per_s``: the same copy on host (CPU) tensors.
@@ -38,9 +45,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
+import torch.nn.functional as F
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.calibrate_comm import measure_comm
+from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks, window_size
 from impl.common.hardware import HardwareProfile
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -155,6 +164,75 @@ def measure_conv(dtype: str, device: torch.device, sync: Callable[[], None], cfg
         x = torch.randn(b, c, hw, hw, device=device, dtype=_TORCH_DTYPE[dtype])
         with torch.no_grad():
             per_shape.append((2.0 * b * c * c * 9 * hw * hw, _timed_samples(lambda: conv(x), sync, cfg)))
+    n = min(len(secs) for _, secs in per_shape)
+    total = sum(f for f, _ in per_shape)
+    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
+
+
+# The gathered-window conv calibrate times: the same shapes, at the engine's paper block (2x2
+# output blocks of a 3x3 stride-1 conv: (N, C, 4, 4) windows), a centred square of blocks
+# covering WINDOW_ACTIVE of the map active (N = B x active blocks, 18-288 windows on the CPU).
+WINDOW_BLOCK = 2
+WINDOW_ACTIVE = 0.25
+
+
+def measure_window_conv(dtype: str, device: torch.device, sync: Callable[[], None],
+                        cfg: CalibrateConfig) -> Dict[str, List[float]]:
+    """A block-sparse conv's three kernels on gathered windows (``impl.common.diffusion.windows``,
+    the engine's own gather and scatter): ``flops`` = FLOP/s of the batched conv on the windows
+    (2 N C^2 9 bo^2, the active blocks' direct-conv FLOPs), ``gather`` = window bytes gathered
+    per second, ``scatter`` = block bytes scattered per second; per sample round, totals over
+    the shapes."""
+    bo, tdt = WINDOW_BLOCK, _TORCH_DTYPE[dtype]
+    win, esize = window_size(bo, 1, 3), torch.empty((), dtype=tdt).element_size()
+    per_shape = []
+    for b, c, hw in CONV_SHAPES[device.type]:
+        nbs = -(-hw // bo)
+        side = max(1, round(nbs * WINDOW_ACTIVE ** 0.5))
+        lo = (nbs - side) // 2
+        r = torch.arange(lo, lo + side, device=device)
+        idx = torch.cartesian_prod(r, r)
+        x = torch.randn(b, c, hw, hw, device=device, dtype=tdt)
+        out = torch.randn(b, c, hw, hw, device=device, dtype=tdt)
+        w = torch.randn(c, c, 3, 3, device=device, dtype=tdt)
+        xp = pad_for_windows(x, (1, 1), (nbs, nbs), bo, win)
+        patches = gather_windows(xp, idx, win, bo)
+        with torch.no_grad():
+            y = F.conv2d(patches, w)
+            n = patches.shape[0]
+            per_shape.append({
+                "flops": (2.0 * n * c * c * 9 * bo * bo, _timed_samples(lambda: F.conv2d(patches, w), sync, cfg)),
+                "gather": (float(patches.numel() * esize),
+                           _timed_samples(lambda: gather_windows(xp, idx, win, bo), sync, cfg)),
+                "scatter": (float(y.numel() * esize), _timed_samples(lambda: scatter_blocks(out, idx, y, bo), sync, cfg)),
+            })
+    res: Dict[str, List[float]] = {}
+    for key in ("flops", "gather", "scatter"):
+        rows = [s[key] for s in per_shape]
+        n = min(len(secs) for _, secs in rows)
+        total = sum(q for q, _ in rows)
+        res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
+    return res
+
+
+# The attention cores calibrate times (batch, heads, query tokens, key tokens, head dim): a
+# UNet's self-attention at two resolutions and its cross-attention to 77 text tokens.
+ATTN_SHAPES = {"cpu": [(2, 8, 576, 576, 32), (2, 8, 144, 144, 32), (2, 8, 576, 77, 32)],
+               "cuda": [(2, 5, 4096, 4096, 64), (2, 10, 1024, 1024, 64), (2, 5, 4096, 77, 64)]}
+
+
+def measure_attention(dtype: str, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """FLOP/s of ``scaled_dot_product_attention``, FLOPs = 4 B H Nq Nk d (QK^T and PV); per
+    sample round, total FLOPs over total time of the shapes."""
+    per_shape = []
+    tdt = _TORCH_DTYPE[dtype]
+    for b, h, nq, nk, d in ATTN_SHAPES[device.type]:
+        q = torch.randn(b, h, nq, d, device=device, dtype=tdt)
+        k = torch.randn(b, h, nk, d, device=device, dtype=tdt)
+        v = torch.randn(b, h, nk, d, device=device, dtype=tdt)
+        with torch.no_grad():
+            per_shape.append((4.0 * b * h * nq * nk * d,
+                              _timed_samples(lambda: F.scaled_dot_product_attention(q, k, v), sync, cfg)))
     n = min(len(secs) for _, secs in per_shape)
     total = sum(f for f, _ in per_shape)
     return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
@@ -308,6 +386,8 @@ class Calibrate(System):
         emulated: List[str] = []
         peak: Dict[str, float] = {}
         conv: Dict[str, float] = {}
+        window: Dict[str, Dict[str, float]] = {}
+        attn: Dict[str, float] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
 
@@ -341,6 +421,12 @@ class Calibrate(System):
                 matmul_n[d] = n
                 metrics[f"conv_{d}_flops"] = Metric.from_samples(measure_conv(d, device, sync, cfg), "FLOP/s", "higher")
                 conv[d] = metrics[f"conv_{d}_flops"].value
+                metrics[f"attn_{d}_flops"] = Metric.from_samples(measure_attention(d, device, sync, cfg), "FLOP/s", "higher")
+                attn[d] = metrics[f"attn_{d}_flops"].value
+                for key, rate in measure_window_conv(d, device, sync, cfg).items():
+                    unit = "FLOP/s" if key == "flops" else "B/s"
+                    metrics[f"conv_window_{d}_{key}"] = Metric.from_samples(rate, unit, "higher")
+                    window.setdefault(key, {})[d] = metrics[f"conv_window_{d}_{key}"].value
                 done()
             info["matmul_best_n"] = matmul_n
 
@@ -408,6 +494,10 @@ class Calibrate(System):
                 measured=True,
                 peak_flops={d: r4(v) for d, v in peak.items()},
                 conv_flops={d: r4(v) for d, v in conv.items()},
+                conv_window_flops={d: r4(v) for d, v in window["flops"].items()},
+                window_gather_bytes_per_s={d: r4(v) for d, v in window["gather"].items()},
+                window_scatter_bytes_per_s={d: r4(v) for d, v in window["scatter"].items()},
+                attn_flops={d: r4(v) for d, v in attn.items()},
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -431,7 +521,10 @@ class Calibrate(System):
                 "# These are MEASURED ACHIEVABLE figures, not datasheet peaks: mfu and comm_efficiency\n"
                 "# are therefore 1.0. Definitions (see the module docstring):\n"
                 f"#   peak_flops: median 2n^3/t of the best n in {sizes}; conv_flops: median 2BC^2*9HW/t of a\n"
-                f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; memory bandwidths count bytes\n"
+                f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; conv_window_flops / window_gather / scatter:\n"
+                f"#   the same shapes as a block-sparse conv ({WINDOW_BLOCK}x{WINDOW_BLOCK} blocks, {WINDOW_ACTIVE:.0%} active): conv FLOP/s\n"
+                f"#   on the gathered windows, bytes/s of the window gather and block scatter; attn_flops: 4BHNqNkd/t\n"
+                f"#   of scaled_dot_product_attention at (B, H, Nq, Nk, d) in {ATTN_SHAPES[kind]}; memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"
                 f"#   intra_node: gloo loopback ping-pong between 2 local processes, one-way = RTT/2,\n"

@@ -20,6 +20,19 @@ class HardwareProfile:
     # (2 B Ci Co k^2 Ho Wo): measured by calibrate, where conv libraries (oneDNN, cuDNN) run
     # well off the matmul rate; absent (datasheet profiles) = the matmul peak prices convs.
     conv_flops: Dict[str, float] = field(default_factory=dict)
+    # A block-sparse conv's gathered windows, per dtype, measured by calibrate at the engine's
+    # shape (impl.common.diffusion.windows: k=3 windows of 2x2 output blocks): the conv's FLOP/s
+    # on the (N, C, 4, 4) tiles (FLOPs of the active blocks only), and the bytes/s of the window
+    # gather and the block scatter (advanced indexing over short rows). Absent (datasheet
+    # profiles) = the conv rate and memory_bw_bytes_per_s price them.
+    conv_window_flops: Dict[str, float] = field(default_factory=dict)
+    window_gather_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    window_scatter_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    # Achievable FLOP/s of the attention core (softmax(QK^T)V through
+    # torch's scaled_dot_product_attention, FLOPs 4 B Nq Nk (heads x head_dim)) per dtype at
+    # UNet attention shapes, measured by calibrate: a fused attention kernel (CPU flash
+    # attention: tiled softmax passes) runs off the matmul rate. Absent = the matmul peak.
+    attn_flops: Dict[str, float] = field(default_factory=dict)
     memory_bytes: float = 0.0
     memory_bw_bytes_per_s: float = 0.0
     gpus_per_node: int = 8
@@ -51,3 +64,23 @@ class HardwareProfile:
         if dtype in self.conv_flops:
             return self.conv_flops[dtype] * self.mfu
         return self.flops(dtype)
+
+    def attn_flops_per_s(self, dtype: str) -> float:
+        """Achievable FLOP/s of the attention core: the measured rate, else :meth:`flops`."""
+        if dtype in self.attn_flops:
+            return self.attn_flops[dtype] * self.mfu
+        return self.flops(dtype)
+
+    def conv_window_flops_per_s(self, dtype: str) -> float:
+        """Achievable FLOP/s of a k>1 conv on gathered windows: measured, else :meth:`conv_flops_per_s`."""
+        if dtype in self.conv_window_flops:
+            return self.conv_window_flops[dtype] * self.mfu
+        return self.conv_flops_per_s(dtype)
+
+    def window_gather_bw(self, dtype: str) -> float:
+        """Bytes/s of a window gather: measured, else the streaming memory bandwidth."""
+        return self.window_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+    def window_scatter_bw(self, dtype: str) -> float:
+        """Bytes/s of a block scatter: measured, else the streaming memory bandwidth."""
+        return self.window_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s

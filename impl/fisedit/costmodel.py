@@ -9,7 +9,11 @@ dense. Active fractions come from the actual per-layer masks (max-pooled latent 
 convs its block expansion), so halos, borders and pooling are counted, not assumed.
 
 Sparse op time [R] = roofline(op at its active fraction) + gather/scatter bytes / HBM BW, as
-three kernel launches (gather, op, scatter) instead of one; the step's kernels go through
+three kernel launches; a block-sparse conv's window conv, gather and scatter go at the
+profile's measured window rates where it has them (``conv_window_flops``,
+``window_gather_bytes_per_s``, ``window_scatter_bytes_per_s``: tiny tiles and short-row
+indexing run far below the dense conv rate and a streaming copy on a CPU), else at the conv
+rate and HBM BW, so datasheet profiles price exactly as before. Three kernel launches (gather, op, scatter) instead of one; the step's kernels go through
 ``stream_time_s`` (host issue overlapped with GPU execution, as on one CUDA stream without
 per-op synchronisation), so launch overhead costs time only where kernels are shorter than
 their launches. The step's cache bytes cross PCIe overlapped with compute, only the excess is
@@ -24,6 +28,7 @@ from typing import Optional
 import torch
 
 from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, op_time_s, stream_time_s
+from impl.common.diffusion.windows import window_size
 from impl.common.hardware import HardwareProfile
 
 from .mask import layer_mask
@@ -72,6 +77,32 @@ class MaskFractions:
         return self._c[key]
 
 
+def is_windowed(op: Op, th: Thresholds) -> bool:
+    """A block-sparse conv on a sparse step: gathered windows (k > 1 or strided)."""
+    return op.kind == "conv" and op.cells >= th.conv_min and not (op.kernel == 1 and op.stride == 1)
+
+
+def window_elems(op: Op, mf: MaskFractions) -> tuple:
+    """(compute fraction, window elements gathered, block elements scattered) of a block-sparse conv."""
+    bo = max(1, mf.block // op.stride)
+    f, nb = mf.blocks(op.hw, bo)
+    win = window_size(bo, op.stride, op.kernel)
+    batch = op.bytes_out / (op.cout * op.hw[0] * op.hw[1])
+    return f, batch * nb * op.cin * win * win, batch * nb * op.cout * bo * bo
+
+
+def _reference_copies_s(op: Op, th: Thresholds, block_outputs: set, hw: HardwareProfile, b: int) -> float:
+    """The reference engine's full-tensor copies around a sparse op: every cached op clones its
+    full cached output to scatter onto (read + write; a transformer block once, at its output),
+    and a block-sparse conv's ``F.pad`` zero-fills the padded map and copies the input in."""
+    elems = 0.0
+    if is_cached(op, th) or op.name in block_outputs:
+        elems += 2.0 * op.bytes_out
+    if is_windowed(op, th):
+        elems += 3.0 * op.bytes_in
+    return elems * b / hw.memory_bw_bytes_per_s
+
+
 def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
     """(compute fraction, gather/scatter elements) of an op on a sparse step; (1, 0) = dense."""
     if mf is None or op.cells == 0:
@@ -83,11 +114,8 @@ def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) 
         if op.kernel == 1 and op.stride == 1:
             f = mf.cells(hw)
             return f, f * (op.bytes_in + op.bytes_out)
-        bo = max(1, mf.block // op.stride)
-        f, nb = mf.blocks(hw, bo)
-        win = (bo - 1) * op.stride + op.kernel
-        batch = op.bytes_out / (op.cout * hw[0] * hw[1])
-        return f, batch * nb * (op.cin * win * win + op.cout * bo * bo)
+        f, gather, scatter = window_elems(op, mf)
+        return f, gather + scatter
     if op.kind == "groupnorm":
         if op.cells < th.conv_min or not op.hw:
             return 1.0, 0.0
@@ -147,24 +175,48 @@ class StepCost:
         return self.dense_flops / self.sparse_flops if self.sparse_flops else math.inf
 
 
+SIM_ENGINES = ("fused", "reference")
+
+
 def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, block: int = 2,
               hw: Optional[HardwareProfile] = None, dtype: str = "fp16", launch_s: float = 5e-6,
-              cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False) -> StepCost:
+              cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False,
+              engine: str = "fused") -> StepCost:
+    """``engine``: ``fused`` = the paper's engine (GroupNorm and the activation/residual passes
+    charged to it fused into the sparse conv, at the active fraction); ``reference`` = this
+    repo's engine (``impl/fisedit/engine.py``), which applies the cached GroupNorm scale/shift
+    and the activations over the full map, clones each sparse op's full cached output and pads
+    each block-sparse conv's full input (all timed; FLOP fractions and caps are the same)."""
+    if engine not in SIM_ENGINES:
+        raise ValueError(f"sim engine: unknown value {engine!r} (one of: {', '.join(SIM_ENGINES)})")
     mf = MaskFractions(mask, block) if mask is not None else None
     dense_f = sum(o.flops for o in ops)
     sparse_f = 0.0
     dense_k, sparse_k = [], []  # (gpu seconds, launches) per op, in execution order
+    # the op that writes each sparse transformer block's output (its last FF linear)
+    block_outputs = {o.block: o.name for o in ops if o.block and o.role == "ff" and o.cells >= th.attn_min}
+    block_outputs = set(block_outputs.values()) if engine == "reference" else set()
     for o in ops:
         f, gs = op_fraction(o, mf, th, latent_hw)
         sparse_f += o.flops * f
         if hw is not None:
             t = op_time_s(o, hw, dtype, launch_s=0.0)
             dense_k.append((t, 1))
-            if f >= 1.0 and gs == 0.0:
+            b = BYTES[dtype]
+            if f >= 1.0 and gs == 0.0 or engine == "reference" and o.kind == "groupnorm":
                 sparse_k.append((t, 1))
+                continue
+            copies = _reference_copies_s(o, th, block_outputs, hw, b) if engine == "reference" else 0.0
+            if mf is not None and is_windowed(o, th):
+                # the gathered-window conv, its gather and its scatter at their own measured rates
+                # (the profile's conv rate and memory bandwidth where it has none)
+                _, g_el, s_el = window_elems(o, mf)
+                sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0, windowed=True)
+                                 + g_el * b / hw.window_gather_bw(dtype) + s_el * b / hw.window_scatter_bw(dtype)
+                                 + copies, 3))
             else:  # gather + op on the active part + scatter: three launches
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0)
-                                 + gs * BYTES[dtype] / hw.memory_bw_bytes_per_s, 3))
+                                 + gs * b / hw.memory_bw_bytes_per_s + copies, 3))
     dense_s = stream_time_s(dense_k, launch_s) if hw is not None else 0.0
     sparse_s = stream_time_s(sparse_k, launch_s) if hw is not None else 0.0
     cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)

@@ -5,7 +5,8 @@ generators, no timing.
 Step times
 - diffusers dense step: sum of roofline op times (``impl.common.diffusion.cost``);
 - dense-engine step: diffusers step / ``engine_gain`` (fused kernels, spec 2.6, [R] 1.3-1.6x);
-- sparse step: the sparse op times (``costmodel.step_cost``, real per-layer masks), divided by
+- sparse step: the sparse op times (``costmodel.step_cost``, real per-layer masks; of the
+  paper's fused engine, or with ``system.sim_engine=reference`` of this repo's engine), divided by
   ``engine_gain`` only when the engine's gains are included, plus the cache's H2D over PCIe
   (datasheet x ``pcie_efficiency``) beyond what compute hides.
 The end-to-end figures count UNet steps (k dense + N-k sparse, either order) plus a mask-capture
@@ -53,6 +54,7 @@ class Model:
     dense_diff_s: float
     fallback: float
     cache_dtype: str = "fp16"
+    engine: str = "fused"  # costmodel.SIM_ENGINES
     memo: dict = field(default_factory=dict)
 
     @property
@@ -83,7 +85,7 @@ def _sparse_step(m: Model, f: float, with_gain: bool, on_gpu: bool) -> float:
     if key not in m.memo:
         mask = synthetic_mask(m.latent_hw, min(1.0, f), "rect", seed=0)
         sc = step_cost(m.ops, mask, m.th, m.latent_hw, m.block, m.hw, m.dtype, m.launch_s,
-                       cache_bytes=0.0, pcie_efficiency=m.pcie_eff, cache_on_gpu=True)
+                       cache_bytes=0.0, pcie_efficiency=m.pcie_eff, cache_on_gpu=True, engine=m.engine)
         compute = sc.sparse_compute_s / (m.gain if with_gain else 1.0)
         h2d = 0.0 if on_gpu else m.step_bytes / (m.hw.host_link_bw_bytes_per_s * m.pcie_eff)
         m.memo[key] = compute + max(0.0, h2d - compute)
@@ -118,7 +120,7 @@ def build_model(system, job: JobContext) -> Model:
     dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s)
     return Model(ops, th, latent_hw, hw, sp.dtype, cfg.block, sp.engine_gain, cfg.pcie_efficiency,
                  sp.launch_overhead_s, step_bytes, sp.num_steps, sp.mask_steps, dense, cfg.dense_fallback_ratio,
-                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu)
+                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu, engine=cfg.sim_engine)
 
 
 def beta_params(mean: float, p90: float) -> tuple:
@@ -146,7 +148,7 @@ def run_sim(system, job: JobContext) -> RunResult:
     info: dict = {"scenario": sp.scenario, "hardware": m.hw.name, "dtype": sp.dtype, "num_steps": m.N,
                   "mask_steps": m.k, "engine_gain": m.gain, "thresholds_cells": vars(m.th),
                   "cache_bytes_per_step": m.step_bytes, "cache_dtype": m.cache_dtype, "dense_step_diffusers_s": m.dense_diff_s,
-                  "dense_step_engine_s": m.dense_engine_s, "n_ops": len(m.ops)}
+                  "dense_step_engine_s": m.dense_engine_s, "n_ops": len(m.ops), "sim_engine": m.engine}
     ref_f = sp.mask_mean
     # every variant reports its own per-edit time at the representative f (for compare tables)
     if cfg.variant == "diffusers_dense":

@@ -10,7 +10,8 @@ stride 1; ``block // stride`` for strided convs, i.e. 1x1 output blocks for stri
 paper's b = 2). For each block with any active cell the input patch with its halo
 ((b-1)*stride + k) is gathered from the explicitly padded input (the conv's own zero padding,
 plus zeros past the end for sizes not divisible by b), all patches run as one batched conv
-without padding, and the results are scattered onto a copy of the cached output.
+without padding, and the results are scattered onto a copy of the cached output (gather and
+scatter: ``impl.common.diffusion.windows``, which calibrate times).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks, window_size
 
 
 def _pair(v) -> tuple[int, int]:
@@ -32,7 +35,7 @@ def conv_geometry(conv: torch.nn.Conv2d, block: int) -> dict:
     if p is None or d != (1, 1) or conv.groups != 1 or conv.padding_mode != "zeros" or k[0] != k[1] or s[0] != s[1]:
         raise ValueError(f"sparse conv supports square, undilated, ungrouped, zero-padded convs; got {conv}")
     bo = max(1, block // s[0])
-    return {"k": k[0], "s": s[0], "p": p, "bo": bo, "win": (bo - 1) * s[0] + k[0], "step": bo * s[0]}
+    return {"k": k[0], "s": s[0], "p": p, "bo": bo, "win": window_size(bo, s[0], k[0]), "step": bo * s[0]}
 
 
 def block_mask(cell_mask: torch.Tensor, bo: int) -> torch.Tensor:
@@ -52,7 +55,6 @@ def sparse_conv2d(x: torch.Tensor, conv: torch.nn.Conv2d, cell_mask: torch.Tenso
                   block: int = 2, blocks: torch.Tensor | None = None) -> torch.Tensor:
     """Block-sparse ``conv(x)``: dense value on every cell of an active block, ``cached`` elsewhere."""
     g = conv_geometry(conv, block)
-    B, C, H, W = x.shape
     Ho, Wo = cached.shape[-2:]
     if cell_mask.shape != (Ho, Wo):
         raise ValueError(f"sparse conv: mask {tuple(cell_mask.shape)} does not match output {(Ho, Wo)}")
@@ -65,25 +67,9 @@ def sparse_conv2d(x: torch.Tensor, conv: torch.nn.Conv2d, cell_mask: torch.Tenso
     out = cached.clone()
     if idx.numel() == 0:
         return out
-    nbh, nbw = blocks.shape
-    ph, pw = g["p"]
-    need_h = (nbh - 1) * step + win
-    need_w = (nbw - 1) * step + win
-    xp = F.pad(x, (pw, max(0, need_w - W - pw), ph, max(0, need_h - H - ph)))
-    windows = xp.unfold(2, win, step).unfold(3, win, step)  # (B, C, nbh, nbw, win, win), a view
-    bi, bj = idx[:, 0], idx[:, 1]
-    patches = windows[:, :, bi, bj]  # (B, C, Nb, win, win): the only gather
-    nb = idx.shape[0]
-    patches = patches.permute(0, 2, 1, 3, 4).reshape(B * nb, C, win, win)
-    y = F.conv2d(patches, conv.weight, conv.bias, stride=s)  # (B*Nb, Cout, bo, bo)
-    y = y.reshape(B, nb, -1, bo, bo).permute(1, 0, 2, 3, 4)  # (Nb, B, Cout, bo, bo)
-    if Ho % bo == 0 and Wo % bo == 0:
-        view = out.view(B, out.shape[1], nbh, bo, nbw, bo)
-        view[:, :, bi, :, bj, :] = y
-        return out
-    padded = F.pad(out, (0, nbw * bo - Wo, 0, nbh * bo - Ho))
-    padded.view(B, out.shape[1], nbh, bo, nbw, bo)[:, :, bi, :, bj, :] = y
-    return padded[:, :, :Ho, :Wo].contiguous()
+    xp = pad_for_windows(x, g["p"], tuple(blocks.shape), step, win)
+    y = F.conv2d(gather_windows(xp, idx, win, step), conv.weight, conv.bias, stride=s)  # (B*Nb, Cout, bo, bo)
+    return scatter_blocks(out, idx, y, bo)
 
 
 def _sparse_pointwise_conv(x, conv, cell_mask, cached):

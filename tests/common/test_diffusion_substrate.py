@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from skimage.metrics import peak_signal_noise_ratio
 
@@ -57,3 +58,17 @@ def test_cost_model_conv_flops():
     assert {"conv", "linear", "attn_core", "groupnorm", "layernorm"} <= kinds
     attn2 = [o for o in ops if o.role == "attn2.core"]
     assert attn2 and all(o.flops == 4.0 * 2 * 64 * 77 * 16 for o in attn2 if o.cells == 64)
+
+
+def test_attention_rate_prices_the_attention_core_only():
+    from impl.common.diffusion.cost import Op, op_time_s
+    from impl.common.hardware import HardwareProfile
+
+    core = Op("a.core", "attn_core", 64, 2e9, 0, 0, 0)
+    lin = Op("a.to_q", "linear", 64, 2e9, 0, 0, 0)
+    base = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, memory_bw_bytes_per_s=1e12, mfu=1.0)
+    hw = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, attn_flops={"fp32": 50e9}, memory_bw_bytes_per_s=1e12,
+                         mfu=1.0)
+    assert op_time_s(core, hw, "fp32", launch_s=0) == pytest.approx(0.04)
+    assert op_time_s(lin, hw, "fp32", launch_s=0) == op_time_s(lin, base, "fp32", launch_s=0) == pytest.approx(0.02)
+    assert op_time_s(core, base, "fp32", launch_s=0) == pytest.approx(0.02)  # absent: the matmul rate

@@ -5,7 +5,8 @@ memory, no weights) and runs one forward with hooks; every Conv2d, Linear, Group
 LayerNorm and attention core becomes an :class:`Op` with its shapes, FLOPs and bytes.
 :func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``,
 with a k>1 convolution at the profile's measured conv rate where it has one (``conv_flops``:
-oneDNN runs a 3x3 conv at ~2x the sgemm rate on this CPU) and a 1x1 conv at the matmul rate.
+oneDNN runs a 3x3 conv at ~2x the sgemm rate on this CPU), a 1x1 conv at the matmul rate,
+and the attention core at the measured attention rate where the profile has one (``attn_flops``).
 :func:`stream_time_s` puts a sequence of kernels on one CUDA stream: the host issues each
 launch in ``launch_s`` and the GPU runs the kernels back to back, so launch cost is exposed
 only where kernels are shorter than their launches (CUDA kernel launches are asynchronous to
@@ -143,10 +144,19 @@ def trace_unet_ops(shape, latent: Optional[int] = None, batch: int = 2, text_len
 
 
 def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1.0, bytes_scale: float = 1.0,
-              launch_s: float = 5e-6) -> float:
+              launch_s: float = 5e-6, windowed: bool = False) -> float:
+    """Roofline time of ``op``; ``windowed``: a conv run on gathered windows (block-sparse),
+    priced at :meth:`HardwareProfile.conv_window_flops_per_s`."""
     b = BYTES[dtype]
     mem = (op.bytes_in + op.bytes_out) * bytes_scale * b + op.weight_elems * b
-    rate = hw.conv_flops_per_s(dtype) if op.kind == "conv" and op.kernel > 1 else hw.flops(dtype)
+    if op.kind == "conv" and windowed and op.kernel > 1:
+        rate = hw.conv_window_flops_per_s(dtype)
+    elif op.kind == "conv" and op.kernel > 1:
+        rate = hw.conv_flops_per_s(dtype)
+    elif op.kind == "attn_core":
+        rate = hw.attn_flops_per_s(dtype)
+    else:
+        rate = hw.flops(dtype)
     return max(op.flops * flops_scale / rate, mem / hw.memory_bw_bytes_per_s) + launch_s
 
 
