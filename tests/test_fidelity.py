@@ -136,8 +136,9 @@ def test_serving_profile_takes_the_real_model_loads_and_decode_overhead():
 
     wl = ServingWorkload(model=LlamaShape(hidden=512, ffn_hidden=1376, heads=8, kv_heads=8))
     real = RunResult(metrics={}, info={"emulated_load_s_by_rank": {"8": 0.01, "16": 0.02}, "isolated_tpot_s": 0.006,
-                           "isolated_prompt_len": 128, "isolated_rank": 8})
+                           "isolated_prompt_len": 128, "isolated_rank": 8, "pool_slots": 4})
     prof = _serving(real, wl, _hw())
+    assert prof.system["sim_pool_slots"] == 4  # the real engine's pool, not the paper-scale default
     assert prof.workload["paper_model"]["hidden"] == 512 and prof.workload["paper_model"]["dtype_bytes"] == 4
     cost = prof.system["cost"]
     assert (cost["load_table_ranks"], cost["load_table_times_s"]) == ([8, 16], [0.01, 0.02])

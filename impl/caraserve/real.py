@@ -128,6 +128,7 @@ def run_real(system, job: JobContext) -> RunResult:
     result = RunResult(metrics=metrics)
     check_conservation(result, sum(s.arrived for s in st), len(recs), sum(s.arrived - len(s.records) for s in st))
     info = {"policy": c.policy, "device": device, "interleaved": policies, "rounds": wl.repeats,
+            "pool_slots": c.pool_slots,  # the device adapter pool's slots (the sim's own is sim_pool_slots)
             "isolated_prefill_s": t_prefill, "isolated_tpot_s": t_tpot, "slo_tpot_s": slo,
             "isolated_prompt_len": len((prompts[0] * 4)[:med]), "isolated_rank": int(ranks[name0]),
             # decode step at batch B (after a prefill of the isolated prompt; row i on adapter used[i])
