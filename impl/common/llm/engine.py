@@ -345,36 +345,38 @@ def run_alone(model, adapters: dict, adapter: Optional[str], prompt: Sequence[in
 
 
 def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Sequence[int], sizes: Sequence[int],
-                        kernel: str, reps: int = 3) -> dict[int, float]:
+                        kernel: str, reps: int = 5) -> dict[int, float]:
     """Median wall time of one decode iteration at each batch size in ``sizes``: ``B`` requests
     (row ``i`` on adapter ``names[i % len(names)]``), each after a prefill of ``prompt``, through
     the ragged forward with the engine's decode ``kernel``; ``reps`` timed steps each (after one
-    untimed step). The serving engine's per-row work (one attention and KV append per request
-    per layer, the batch's LoRA gather and padded stack) is what a batch-1 step cannot show."""
+    untimed step), the sizes interleaved so that a burst of foreign load hits all of them alike.
+    The serving engine's per-row work (one attention and KV append per request per layer, the
+    batch's LoRA gather and padded stack) is what a batch-1 step cannot show."""
     import statistics
 
-    B_max = max(sizes)
-    rows = [names[i % len(names)] for i in range(B_max)]
+    sizes = sorted(set(int(b) for b in sizes))
+    rows = [names[i % len(names)] for i in range(max(sizes))]
     caches = []
     for a in rows:
         _, toks, cache = run_alone(model, adapters, a, prompt, 1)
         caches.append((cache, toks[-1]))
-    out = {}
-    for B in sorted(set(int(b) for b in sizes)):
+    runs = {}
+    for B in sizes:
         used = sorted(set(rows[:B]))
         slot = {a: i for i, a in enumerate(used)}
         batch = LoRABatch(adapters=[adapters[a] for a in used],
                           row_adapter=torch.tensor([slot[a] for a in rows[:B]], dtype=torch.long),
                           segments=[(slot[a], 1) for a in rows[:B]], kernel=kernel)
-        # each size decodes from the same prefilled caches (KVCache.append never writes in place)
-        items = [Item([tok], KVCache(layers=list(c.layers))) for c, tok in caches[:B]]
-        times = []
-        for k in range(reps + 1):
+        # every size decodes from its own view of the prefilled caches (KVCache.append never
+        # writes in place)
+        runs[B] = (batch, [Item([tok], KVCache(layers=list(c.layers))) for c, tok in caches[:B]], [])
+    for k in range(reps + 1):
+        for B in sizes:
+            batch, items, times = runs[B]
             t0 = time.perf_counter()
             logits = ragged_forward(model, items, batch)
             dt = time.perf_counter() - t0
-            items = [Item([int(t)], it.cache) for it, t in zip(items, logits.argmax(-1).tolist())]
+            runs[B] = (batch, [Item([int(t)], it.cache) for it, t in zip(items, logits.argmax(-1).tolist())], times)
             if k:
                 times.append(dt)
-        out[B] = statistics.median(times)
-    return out
+    return {B: statistics.median(runs[B][2]) for B in sizes}
