@@ -139,6 +139,10 @@ def run_real(system, job: JobContext) -> RunResult:
             "emulated_load_s_by_rank": ({int(r): seconds_for(a) for a, r in sorted(ranks.items())} if emulate else None),
             "a10_profile_load_s_mean_adapter": a10_load,
             "per_round_ttft_mean_s": {p: [float(np.mean([r.ttft_s for r in s.records])) for s in runs[p]] for p in policies},
+            # the serving thread's CPU time / wall over its iterations less load stalls, per round
+            # (well under 1: it sat off-CPU, e.g. preempted; a slow round with ~1 ran slower on-CPU)
+            "per_round_iteration_cpu_share": {p: [s.busy_cpu_s / (s.busy_s - s.stall_s) if s.busy_s > s.stall_s else None
+                                                  for s in runs[p]] for p in policies},
             "cpu_layers": sum(s.cpu_layers for s in st), "device_layers": sum(s.device_layers for s in st)}
     if worker is not None:
         info["cpu_worker_jobs"] = worker.jobs

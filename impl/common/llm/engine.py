@@ -141,6 +141,9 @@ class EngineStats:
     makespan_s: float = 0.0
     stall_s: float = 0.0
     busy_s: float = 0.0
+    # The serving thread's own CPU time over its iterations: busy_cpu_s / busy_s well under 1
+    # means the thread sat off-CPU mid-iteration (preempted, or waiting on a worker or the GIL).
+    busy_cpu_s: float = 0.0
     prefill_iters: int = 0
     decode_iters: int = 0
     cpu_jobs: int = 0
@@ -294,10 +297,11 @@ class ServingEngine:
                 wait = 0.0005 if nxt is None else max(0.0, min(nxt - now, 0.0005 if sched.busy() else 1.0))
                 time.sleep(wait)
                 continue
-            it0 = clock()
+            it0, cpu0 = clock(), time.thread_time()
             self._run(plan, stats)
             t_end = clock() - t0
             busy += clock() - it0
+            stats.busy_cpu_s += time.thread_time() - cpu0
             if plan.kind == "prefill":
                 stats.prefill_iters += 1
                 for r in plan.reqs:
