@@ -76,13 +76,16 @@ def run_real(system, job: JobContext) -> RunResult:
     t_prefill = statistics.median(x[0] for x in iso)
     t_tpot = statistics.median(x[1] for x in iso)
     # Decode steps at a few batch sizes (rows on distinct trace adapters, the engine's decode
-    # kernel): the per-row cost a batch-1 step cannot show (the fidelity profile fits it).
-    # The scheduler never mixes prefill and decode rows in one iteration, so nothing else to time.
+    # kernel): the per-row cost a batch-1 step cannot show (the fidelity profile fits it). Rows
+    # go largest rank first, so every size pads to the same rank and the slope is per row, not
+    # the padded kernel's extra rank chunks. The scheduler never mixes prefill and decode rows in
+    # one iteration, so there is no mixed step to time.
     from impl.common.llm.scheduler import kernels_of
 
     dec_kernel = kernels_of(system.sched_config())[1]
     sizes = sorted({min(b, c.max_batch) for b in (1, 2, 4, 8)})
-    by_batch = time_decode_batches(base, adapters, used, (prompts[0] * 4)[:med], sizes, dec_kernel)
+    rows = sorted(used, key=lambda a: (-ranks[a], a))
+    by_batch = time_decode_batches(base, adapters, rows, (prompts[0] * 4)[:med], sizes, dec_kernel)
     slo = wl.slo_scale * t_tpot
     pm_ = wl.paper_model
     bytes_of = {a: rank_bytes_paper(pm_.hidden, pm_.num_layers, r) for a, r in ranks.items()}
@@ -131,9 +134,9 @@ def run_real(system, job: JobContext) -> RunResult:
             "pool_slots": c.pool_slots,  # the device adapter pool's slots (the sim's own is sim_pool_slots)
             "isolated_prefill_s": t_prefill, "isolated_tpot_s": t_tpot, "slo_tpot_s": slo,
             "isolated_prompt_len": len((prompts[0] * 4)[:med]), "isolated_rank": int(ranks[name0]),
-            # decode step at batch B (after a prefill of the isolated prompt; row i on adapter used[i])
+            # decode step at batch B (after a prefill of the isolated prompt; row i on adapter rows[i])
             "isolated_decode_by_batch_s": by_batch, "isolated_decode_kernel": dec_kernel,
-            "isolated_decode_batch_ranks": [int(ranks[used[i % len(used)]]) for i in range(max(sizes))],
+            "isolated_decode_batch_ranks": [int(ranks[rows[i % len(rows)]]) for i in range(max(sizes))],
             "load_rho": wl.load_rho if emulate else None,
             # The emulated copy time of one adapter per rank (what a load-timing pass measures).
             "emulated_load_s_by_rank": ({int(r): seconds_for(a) for a, r in sorted(ranks.items())} if emulate else None),
