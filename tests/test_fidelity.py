@@ -136,8 +136,9 @@ def test_serving_profile_takes_the_real_model_loads_and_decode_overhead():
 
     wl = ServingWorkload(model=LlamaShape(hidden=512, ffn_hidden=1376, heads=8, kv_heads=8))
     real = RunResult(metrics={}, info={"emulated_load_s_by_rank": {"8": 0.01, "16": 0.02}, "isolated_tpot_s": 0.006,
-                           "isolated_prompt_len": 128, "isolated_rank": 8})
+                           "isolated_prompt_len": 128, "isolated_rank": 8, "pool_slots": 4})
     prof = _serving(real, wl, _hw())
+    assert prof.system["sim_pool_slots"] == 4  # the real engine's pool, not the paper-scale default
     assert prof.workload["paper_model"]["hidden"] == 512 and prof.workload["paper_model"]["dtype_bytes"] == 4
     cost = prof.system["cost"]
     assert (cost["load_table_ranks"], cost["load_table_times_s"]) == ([8, 16], [0.01, 0.02])
@@ -206,3 +207,54 @@ def test_local_thread_profile_must_match_the_runs_threads(tmp_path):
     rc, last = inprocess_runner([sys.executable, "-m", "bench", "experiment=fidelity/diffusion",
                                  "workload.torch_threads=2", f"results_dir={tmp_path}"], tmp_path)
     assert rc == 1 and "system.sim_hardware: local-t1 is calibrated with 1 thread(s) but workload.torch_threads is 2" in last
+
+
+def _serving_cost(**knobs):
+    from impl.common.servesim.cost import ServingCost, ServingCostConfig
+    from impl.common.workloads.serving import PaperModel
+
+    shape = dict(name="t", num_layers=4, hidden=512, heads=8, kv_heads=8, ffn_hidden=1376, vocab=1024, dtype_bytes=4)
+    return ServingCost.from_profile(PaperModel(**shape), _hw(), ServingCostConfig(load_model="roofline", **knobs))
+
+
+def test_per_row_overhead_at_zero_leaves_cost_unchanged_and_prices_c0_plus_c1_B():
+    plain = _serving_cost(iteration_overhead_s=0.0)
+    zero = _serving_cost(iteration_overhead_s=0.0, iteration_overhead_per_row_s=0.0)
+    knob = _serving_cost(iteration_overhead_s=0.002, iteration_overhead_per_row_s=0.0005)
+    for B in (1, 3, 8):
+        ctx, ranks = [130] * B, [(8, 64, 16)[i % 3] for i in range(B)]
+        assert zero.decode_s(ctx, ranks) == plain.decode_s(ctx, ranks)
+        assert knob.decode_s(ctx, ranks) == pytest.approx(plain.decode_s(ctx, ranks) + 0.002 + 0.0005 * B)
+    assert knob.prefill_s([128, 64], [8, 8]) == pytest.approx(plain.prefill_s([128, 64], [8, 8]) + 0.002)  # decode only
+
+
+def test_fit_overheads_recovers_slope_and_intercept():
+    from bench.fidelity.families import fit_overheads
+
+    assert fit_overheads([1, 2, 4, 8], [0.004 + 0.0007 * b for b in (1, 2, 4, 8)]) == pytest.approx((0.004, 0.0007))
+    assert fit_overheads([1], [0.003]) == (0.003, 0.0)
+    assert fit_overheads([1, 2, 4], [0.003, 0.002, 0.001]) == pytest.approx((0.002, 0.0))  # no negative slope
+    c0, c1 = fit_overheads([1, 2, 4], [0.0005, 0.0015, 0.0035])  # intercept -0.0005 dropped: through the origin
+    assert c0 == 0.0 and c1 == pytest.approx((0.0005 + 2 * 0.0015 + 4 * 0.0035) / 21)
+
+
+def test_serving_profile_fits_per_row_overhead_from_decode_steps_at_batch_B():
+    from bench.fidelity.families import _serving
+    from impl.common.api import RunResult
+    from impl.common.workloads.serving import LlamaShape, ServingWorkload
+
+    wl = ServingWorkload(model=LlamaShape(hidden=512, ffn_hidden=1376, heads=8, kv_heads=8, num_layers=4, vocab=1024))
+    roof = _serving_cost(iteration_overhead_s=0.0)
+    ranks = [8, 64, 16, 32, 8, 8, 64, 16]
+    # synthetic profile: each step = its roofline + 4 ms + 0.7 ms per row (keys as a JSON record has them)
+    steps = {str(B): roof.decode_s([129] * B, ranks[:B]) + 0.004 + 0.0007 * B for B in (1, 2, 4, 8)}
+    info = {"isolated_tpot_s": 0.006, "isolated_prompt_len": 128, "isolated_rank": 8,
+            "isolated_decode_by_batch_s": steps, "isolated_decode_batch_ranks": ranks, "isolated_decode_kernel": "bgmv"}
+    prof = _serving(RunResult(metrics={}, info=info), wl, _hw())
+    cost = prof.system["cost"]
+    assert cost["iteration_overhead_s"] == pytest.approx(0.004)
+    assert cost["iteration_overhead_per_row_s"] == pytest.approx(0.0007)
+    assert "least squares" in prof.sources["cost.iteration_overhead_per_row_s"]
+    # without the batch profile: batch 1 only, as before
+    old = {k: v for k, v in info.items() if "batch" not in k and "kernel" not in k}
+    assert "iteration_overhead_per_row_s" not in _serving(RunResult(metrics={}, info=old), wl, _hw()).system["cost"]

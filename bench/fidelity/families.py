@@ -15,7 +15,7 @@ The simulated job then runs on the real job's workload with these fields replace
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from impl.common.api import ConfigError, RunResult
 
@@ -88,6 +88,27 @@ def _prefill_rate(cost: Any, prompt_len: int, rank: int, t_prefill: Any, overhea
     return c.flops_per_s * t_roof / (float(t_prefill) - overhead_s)
 
 
+def fit_overheads(batch: Sequence[int], excess_s: Sequence[float]) -> tuple[float, float]:
+    """Least squares ``excess = c0 + c1 * B`` over profiled (batch size, step - roofline) points,
+    both terms >= 0 (a negative one is dropped and the other refitted alone). One point, or one
+    batch size: (its mean excess, 0)."""
+    n = len(batch)
+    if n != len(excess_s) or not n:
+        raise ConfigError(f"fit_overheads: {n} batch sizes for {len(excess_s)} excess times")
+    xs, ys = [float(b) for b in batch], [float(e) for e in excess_s]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return max(0.0, my), 0.0
+    c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    c0 = my - c1 * mx
+    if c1 < 0:
+        return max(0.0, my), 0.0
+    if c0 < 0:
+        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return c0, c1
+
+
 def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
     # The sim prices the model the real run executes (its shape at fp32, the CPU run's dtype),
     # not the paper-scale one; prefill and decode come from the calibrated FLOP/s and memory
@@ -98,11 +119,13 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
                                          "vocab", "seq_len")}
     prof = Profile({"paper_model": {**shape, "dtype_bytes": 4}},
                    {"paper_model": f"the real model {m.name} (fp32, dtype_bytes 4)"})
-    # Per-op profile: the real run times one decode step alone (batch 1, its SLO base). On this
-    # CPU it is mostly HF Llama's per-layer Python and LoRA dispatch, not the roofline's weight
-    # read: its excess over the roofline is the per-iteration overhead (the cost model's
-    # iteration_overhead_s, 1 ms of GPU launches and sampling by default). FLOP/s stay the
-    # calibrated ones (sim_hardware local-t1: the run's thread count).
+    # Per-op profile: the real run times decode steps alone, at batch 1 (its SLO base) and, with
+    # the engine's decode kernel, at a few batch sizes. On this CPU a step is mostly HF Llama's
+    # per-layer Python and LoRA dispatch, not the roofline's weight read: the excess over the
+    # roofline, fitted as c0 + c1 B, gives the per-iteration overhead c0 (the cost model's
+    # iteration_overhead_s, 1 ms of GPU launches and sampling by default) and the per-row one c1
+    # (iteration_overhead_per_row_s). FLOP/s stay the calibrated ones (sim_hardware local-t1:
+    # the run's thread count).
     t_tpot = real.info.get("isolated_tpot_s")
     if hw is not None and t_tpot and real.info.get("isolated_prompt_len"):
         from impl.common.servesim.cost import ServingCost, ServingCostConfig
@@ -111,11 +134,25 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
         L, r = int(real.info["isolated_prompt_len"]), int(real.info["isolated_rank"])
         c0 = ServingCost.from_profile(PaperModel(**shape, dtype_bytes=4), hw,
                                       ServingCostConfig(load_model="roofline", iteration_overhead_s=0.0))
-        roof = c0.decode_s([L + 1], [r])
-        overhead = max(0.0, float(t_tpot) - roof)
-        prof.system = {"cost": {"iteration_overhead_s": overhead}}
-        prof.sources["cost.iteration_overhead_s"] = (f"isolated decode step {float(t_tpot) * 1e3:.2f} ms - its "
-                                                     f"roofline {roof * 1e3:.2f} ms")
+        by_batch = real.info.get("isolated_decode_by_batch_s")
+        if by_batch:
+            ranks = [int(x) for x in real.info["isolated_decode_batch_ranks"]]
+            kernel = "mbgmv" if real.info.get("isolated_decode_kernel") == "mbgmv" else "bgmv"
+            pts = sorted((int(B), float(t)) for B, t in by_batch.items())
+            roofs = [c0.decode_s([L + 1] * B, ranks[:B], kernel) for B, _ in pts]
+            overhead, per_row = fit_overheads([B for B, _ in pts], [t - x for (_, t), x in zip(pts, roofs)])
+            prof.system = {"cost": {"iteration_overhead_s": overhead, "iteration_overhead_per_row_s": per_row}}
+            steps = ", ".join(f"B={B} {t * 1e3:.2f} ms (roofline {x * 1e3:.2f})" for (B, t), x in zip(pts, roofs))
+            src = (f"decode steps ({real.info.get('isolated_decode_kernel')}) {steps}: least squares of step - roofline "
+                   f"= {overhead * 1e3:.3f} ms + {per_row * 1e3:.3f} ms x B")
+            prof.sources["cost.iteration_overhead_s"] = src
+            prof.sources["cost.iteration_overhead_per_row_s"] = src
+        else:  # a run without the batch profile: batch 1 only, no per-row term
+            roof = c0.decode_s([L + 1], [r])
+            overhead = max(0.0, float(t_tpot) - roof)
+            prof.system = {"cost": {"iteration_overhead_s": overhead}}
+            prof.sources["cost.iteration_overhead_s"] = (f"isolated decode step {float(t_tpot) * 1e3:.2f} ms - its "
+                                                         f"roofline {roof * 1e3:.2f} ms")
         # The same profiling pass times one isolated prefill at the median prompt: its achieved
         # FLOP/s prices prefill (the calibrated rate is square matmuls; a CPU prefill's skinny
         # matmuls and per-token norm/rotary/softmax work run slower). Only where the roofline's
@@ -126,6 +163,11 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
             prof.sources["cost.prefill_flops_per_s"] = (
                 f"isolated prefill of {L} tokens {float(real.info['isolated_prefill_s']) * 1e3:.2f} ms: "
                 f"{rate / 1e9:.1f} GFLOP/s achieved vs {c0.flops_per_s / 1e9:.1f} calibrated")
+    # The real engine's adapter pool, not the paper-scale one the sim defaults to (sim_pool_slots
+    # 64): with 4 slots and 32 cold adapters every request loads, with 64 a repeat never does.
+    if real.info.get("pool_slots"):
+        prof.system["sim_pool_slots"] = int(real.info["pool_slots"])
+        prof.sources["sim_pool_slots"] = f"the real engine's adapter pool ({int(real.info['pool_slots'])} slots)"
     loads = real.info.get("emulated_load_s_by_rank")
     if loads:
         rk = sorted(int(r) for r in loads)

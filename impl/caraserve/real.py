@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.llm.engine import EngineRequest, ServingEngine
+from impl.common.llm.engine import EngineRequest, ServingEngine, time_decode_batches
 from impl.common.llm.lora import AdapterSpec, adapters_from_peft, load_peft_model, make_peft_model, save_adapters
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.model import build_llama, synthetic_prompt
@@ -75,6 +75,17 @@ def run_real(system, job: JobContext) -> RunResult:
     iso = [_isolated(base, adapters, name0, (prompts[0] * 4)[:med]) for _ in range(3)]
     t_prefill = statistics.median(x[0] for x in iso)
     t_tpot = statistics.median(x[1] for x in iso)
+    # Decode steps at a few batch sizes (rows on distinct trace adapters, the engine's decode
+    # kernel): the per-row cost a batch-1 step cannot show (the fidelity profile fits it). Rows
+    # go largest rank first, so every size pads to the same rank and the slope is per row, not
+    # the padded kernel's extra rank chunks. The scheduler never mixes prefill and decode rows in
+    # one iteration, so there is no mixed step to time.
+    from impl.common.llm.scheduler import kernels_of
+
+    dec_kernel = kernels_of(system.sched_config())[1]
+    sizes = sorted({min(b, c.max_batch) for b in (1, 2, 4, 8)})
+    rows = sorted(used, key=lambda a: (-ranks[a], a))
+    by_batch = time_decode_batches(base, adapters, rows, (prompts[0] * 4)[:med], sizes, dec_kernel)
     slo = wl.slo_scale * t_tpot
     pm_ = wl.paper_model
     bytes_of = {a: rank_bytes_paper(pm_.hidden, pm_.num_layers, r) for a, r in ranks.items()}
@@ -120,13 +131,21 @@ def run_real(system, job: JobContext) -> RunResult:
     result = RunResult(metrics=metrics)
     check_conservation(result, sum(s.arrived for s in st), len(recs), sum(s.arrived - len(s.records) for s in st))
     info = {"policy": c.policy, "device": device, "interleaved": policies, "rounds": wl.repeats,
+            "pool_slots": c.pool_slots,  # the device adapter pool's slots (the sim's own is sim_pool_slots)
             "isolated_prefill_s": t_prefill, "isolated_tpot_s": t_tpot, "slo_tpot_s": slo,
             "isolated_prompt_len": len((prompts[0] * 4)[:med]), "isolated_rank": int(ranks[name0]),
+            # decode step at batch B (after a prefill of the isolated prompt; row i on adapter rows[i])
+            "isolated_decode_by_batch_s": by_batch, "isolated_decode_kernel": dec_kernel,
+            "isolated_decode_batch_ranks": [int(ranks[rows[i % len(rows)]]) for i in range(max(sizes))],
             "load_rho": wl.load_rho if emulate else None,
             # The emulated copy time of one adapter per rank (what a load-timing pass measures).
             "emulated_load_s_by_rank": ({int(r): seconds_for(a) for a, r in sorted(ranks.items())} if emulate else None),
             "a10_profile_load_s_mean_adapter": a10_load,
             "per_round_ttft_mean_s": {p: [float(np.mean([r.ttft_s for r in s.records])) for s in runs[p]] for p in policies},
+            # the serving thread's CPU time / wall over its iterations less load stalls, per round
+            # (well under 1: it sat off-CPU, e.g. preempted; a slow round with ~1 ran slower on-CPU)
+            "per_round_iteration_cpu_share": {p: [s.busy_cpu_s / (s.busy_s - s.stall_s) if s.busy_s > s.stall_s else None
+                                                  for s in runs[p]] for p in policies},
             "cpu_layers": sum(s.cpu_layers for s in st), "device_layers": sum(s.device_layers for s in st)}
     if worker is not None:
         info["cpu_worker_jobs"] = worker.jobs

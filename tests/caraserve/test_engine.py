@@ -109,3 +109,11 @@ def test_unknown_adapter_id_is_one_line(tiny):
             eng.serve([EngineRequest(0, 0.0, "nope", [5, 6], 2)])
     finally:
         eng.close()
+
+
+def test_decode_batch_profile_times_every_size_even_beyond_the_adapters(tiny):
+    from impl.common.llm.engine import time_decode_batches
+
+    base, ads = tiny
+    out = time_decode_batches(base, ads, ["a16", "a64"], PROMPT, [4, 1, 2], "bgmv", reps=1)
+    assert sorted(out) == [1, 2, 4] and all(t > 0 for t in out.values())

@@ -141,6 +141,9 @@ class EngineStats:
     makespan_s: float = 0.0
     stall_s: float = 0.0
     busy_s: float = 0.0
+    # The serving thread's own CPU time over its iterations: busy_cpu_s / busy_s well under 1
+    # means the thread sat off-CPU mid-iteration (preempted, or waiting on a worker or the GIL).
+    busy_cpu_s: float = 0.0
     prefill_iters: int = 0
     decode_iters: int = 0
     cpu_jobs: int = 0
@@ -294,10 +297,11 @@ class ServingEngine:
                 wait = 0.0005 if nxt is None else max(0.0, min(nxt - now, 0.0005 if sched.busy() else 1.0))
                 time.sleep(wait)
                 continue
-            it0 = clock()
+            it0, cpu0 = clock(), time.thread_time()
             self._run(plan, stats)
             t_end = clock() - t0
             busy += clock() - it0
+            stats.busy_cpu_s += time.thread_time() - cpu0
             if plan.kind == "prefill":
                 stats.prefill_iters += 1
                 for r in plan.reqs:
@@ -342,3 +346,41 @@ def run_alone(model, adapters: dict, adapter: Optional[str], prompt: Sequence[in
         logits = ragged_forward(model, [Item([toks[-1]], cache)], mk(1))
         toks.append(int(logits.argmax(-1)[0]))
     return first, toks, cache
+
+
+def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Sequence[int], sizes: Sequence[int],
+                        kernel: str, reps: int = 5) -> dict[int, float]:
+    """Median wall time of one decode iteration at each batch size in ``sizes``: ``B`` requests
+    (row ``i`` on adapter ``names[i % len(names)]``), each after a prefill of ``prompt``, through
+    the ragged forward with the engine's decode ``kernel``; ``reps`` timed steps each (after one
+    untimed step), the sizes interleaved so that a burst of foreign load hits all of them alike.
+    The serving engine's per-row work (one attention and KV append per request per layer, the
+    batch's LoRA gather and padded stack) is what a batch-1 step cannot show."""
+    import statistics
+
+    sizes = sorted(set(int(b) for b in sizes))
+    rows = [names[i % len(names)] for i in range(max(sizes))]
+    caches = []
+    for a in rows:
+        _, toks, cache = run_alone(model, adapters, a, prompt, 1)
+        caches.append((cache, toks[-1]))
+    runs = {}
+    for B in sizes:
+        used = sorted(set(rows[:B]))
+        slot = {a: i for i, a in enumerate(used)}
+        batch = LoRABatch(adapters=[adapters[a] for a in used],
+                          row_adapter=torch.tensor([slot[a] for a in rows[:B]], dtype=torch.long),
+                          segments=[(slot[a], 1) for a in rows[:B]], kernel=kernel)
+        # every size decodes from its own view of the prefilled caches (KVCache.append never
+        # writes in place)
+        runs[B] = (batch, [Item([tok], KVCache(layers=list(c.layers))) for c, tok in caches[:B]], [])
+    for k in range(reps + 1):
+        for B in sizes:
+            batch, items, times = runs[B]
+            t0 = time.perf_counter()
+            logits = ragged_forward(model, items, batch)
+            dt = time.perf_counter() - t0
+            runs[B] = (batch, [Item([int(t)], it.cache) for it, t in zip(items, logits.argmax(-1).tolist())], times)
+            if k:
+                times.append(dt)
+    return {B: statistics.median(runs[B][2]) for B in sizes}

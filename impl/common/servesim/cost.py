@@ -49,6 +49,11 @@ class ServingCostConfig:
     bgmv_efficiency: float = 1.0  # Punica's BGMV, share of the memory bandwidth
     mbgmv_efficiency: float = 0.5  # S-LoRA's MBGMV: slower than Punica's kernel
     iteration_overhead_s: float = 1e-3  # per scheduler iteration (launches, sampling)
+    # Per request row of a decode iteration, on top of the roofline and iteration_overhead_s
+    # (0 = none, every paper figure). A CPU engine's per-request Python (attention and KV append
+    # per request per layer, the LoRA gather) grows with the batch; the fidelity job fits it to
+    # decode steps profiled at a few batch sizes.
+    iteration_overhead_per_row_s: float = 0.0
     # Fixed software cost per adapter load on top of bytes/bandwidth (0 = roofline only).
     # The paper observes ONDMD stalls of ~29% of serving time at 9 RPS (spec 1), which the
     # roofline load (~8 ms per mean adapter) does not reproduce; see the CaraServe README.
@@ -210,7 +215,7 @@ class ServingCost(ServingCostConfig):
                 t += per_rank * sum(ranks) / (self.mem_bw_bytes_per_s * self.mbgmv_efficiency)
             else:
                 t += per_rank * B * max(ranks) / (self.mem_bw_bytes_per_s * self.bgmv_efficiency)
-        return t + self._allreduce_s(B) + self.iteration_overhead_s
+        return t + self._allreduce_s(B) + self.iteration_overhead_s + self.iteration_overhead_per_row_s * B
 
     @property
     def load_model_used(self) -> str:
