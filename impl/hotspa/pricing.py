@@ -35,7 +35,8 @@ class Env:
         self.hw = dataclasses.replace(hw, gpus_per_node=wl.gpus_per_node)
         self.mfu = wl.mfu if wl.mfu is not None else hw.mfu
         self.mem = MemoryModel.for_hardware(hw, knobs.memory_reserve_bytes, zero1=knobs.zero1,
-                                            act_bytes_per_token_layer=knobs.act_bytes_per_token_layer)
+                                            act_bytes_per_token_layer=knobs.act_bytes_per_token_layer,
+                                            sequence_parallel=knobs.sequence_parallel)
         self._cost: dict = {}
         self._plans: dict = {}
         self._transfers: dict = {}

@@ -13,6 +13,9 @@ class SimKnobs:
     memory_reserve_bytes: float = 4294967296.0  # 4 GiB
     # Activation bytes per token and layer, x hidden (Korthikanti et al. 2022, flash attn, SP).
     act_bytes_per_token_layer: float = 34.0
+    # Megatron sequence parallelism: on, all of it is split by tp; off (TP without
+    # --sequence-parallel), 10 of the 34 stay whole per TP rank [R: the paper does not say]
+    sequence_parallel: bool = True
     # Static baselines' grid search: the largest TP (or Ulysses SP) degree; 8 = intra-node only
     # (spec 2.7 step 1). 16 admits the paper's cross-node (1,16,2) for 32B.
     static_max_tp: int = 8

@@ -251,3 +251,21 @@ def test_ablation_figure_reads_each_records_own_knobs(tmp_path):
     assert t[("7b_8gpu_gh", "hotspa", 16384)][(False, False)]["step_time_s"] == 6.0
     assert (True, False) not in t[("7b_8gpu_gh", "hotspa", 32768)]
     assert ablation(recs, tmp_path)[0].exists()
+
+
+def test_sequence_parallel_off_keeps_ten_of_the_34_activation_bytes_whole_per_tp_rank():
+    from impl.common.cost.varlen_model import Layout, MemoryModel
+
+    wl, hw = _wl("hotspa_32b_32gpu_cc"), _hw()
+    sp = MemoryModel.for_hardware(hw, 4 * 2**30)
+    no = dataclasses.replace(sp, sequence_parallel=False)
+    m, h = wl.model, wl.model.hidden
+    for tp in (1, 2, 8):
+        lay = Layout(32 // (tp * 2), tp, 2)
+        extra = (no.per_token_bytes(m, lay) - sp.per_token_bytes(m, lay)) / (h * (m.num_layers // 2) * 2)
+        assert extra == pytest.approx(10.0 - 10.0 / tp)  # (10 + 24/tp) - 34/tp, per token-layer
+    assert no.maxlen(m, Layout(1, 16, 2), 32) < sp.maxlen(m, Layout(1, 16, 2), 32)
+    # the static baseline without SP: no tp <= 16 strategy holds a 32K context for 32B on 32 GPUs
+    sim = _system(policy="megatron_static", sim=SimKnobs(sequence_parallel=False, static_max_tp=16))
+    with pytest.raises(ConfigError, match=r"workload.context: 32768 tokens is longer than every tp strategy's maxlen"):
+        simulate(sim, wl, hw, seed=0)

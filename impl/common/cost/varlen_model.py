@@ -44,6 +44,10 @@ from .transformer import layer_matrix_params, layer_split, model_params
 
 PARALLEL = ("tp", "ulysses")
 ACT_BYTES_PER_TOKEN_LAYER = 34.0  # x hidden; Korthikanti et al. 2022, flash attention, SP
+# Of the 34: what tensor parallelism alone shards (attention and MLP internals); without sequence
+# parallelism the other 10 (norm inputs, residuals, dropout masks) stay whole on every TP rank
+# (Korthikanti et al. 2022 with flash attention: 10 + 24/t per token-layer vs 34/t with SP).
+TP_SHARDED_ACT_BYTES = 24.0
 TP_COLLECTIVES_PER_LAYER = 8  # HotSPa spec 6 (SP: 4 forward + 4 backward)
 
 
@@ -115,6 +119,7 @@ class MemoryModel:
     capacity_bytes: float
     zero1: bool = True
     act_bytes_per_token_layer: float = ACT_BYTES_PER_TOKEN_LAYER
+    sequence_parallel: bool = True  # False: Megatron TP without SP (10 + 24/tp per token-layer)
 
     @classmethod
     def for_hardware(cls, hw: HardwareProfile, reserve_bytes: float = 0.0, **kw) -> "MemoryModel":
@@ -134,7 +139,11 @@ class MemoryModel:
         """Activation + logits bytes per token of the longest micro-batch on the busiest GPU."""
         n_layers = max(layer_split(model.num_layers, layout.pp))
         in_flight = layout.pp  # 1F1B: stage 0 holds pp micro-batches
-        act = self.act_bytes_per_token_layer * model.hidden * n_layers * in_flight / layout.tp
+        per_layer = self.act_bytes_per_token_layer / layout.tp
+        if not self.sequence_parallel and layout.parallel == "tp":
+            whole = max(0.0, self.act_bytes_per_token_layer - TP_SHARDED_ACT_BYTES)
+            per_layer = whole + (self.act_bytes_per_token_layer - whole) / layout.tp
+        act = per_layer * model.hidden * n_layers * in_flight
         logits = 4.0 * model.vocab / layout.tp
         return act + logits
 
