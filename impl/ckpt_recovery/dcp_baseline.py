@@ -4,7 +4,7 @@ best homogeneous layout (a DeviceMesh is rectangular), all through the emulated 
 :mod:`impl.common.storage.dcp_fs`."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -59,6 +59,16 @@ def save_async(state: dict, path: str, storage: Storage, group, stager=None):
         return dcp.async_save(state, storage_writer=writer, process_group=group)
     return dcp.async_save(state, storage_writer=writer, process_group=group,
                           async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=stager)
+
+
+def process_saver_pid() -> Optional[int]:
+    """The pid of DCP's checkpoint daemon in this process (None before the first process-mode
+    save). torch keeps it in a private module global: read defensively, so a torch that moves
+    it yields None (the supervisor then cannot kill it: see the test that checks it does)."""
+    from torch.distributed.checkpoint import _async_process_executor as ape
+
+    proc = getattr(getattr(ape, "_CHECKPOINT_PROCESS", None), "_save_process", None)
+    return getattr(proc, "pid", None)
 
 
 def process_stager() -> DefaultStager:

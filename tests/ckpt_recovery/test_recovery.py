@@ -107,6 +107,15 @@ def test_kill_in_the_middle_of_a_save_recovers_from_the_previous_commit(tmp_path
     assert sorted(o.losses()) == list(range(8))
     # ours trains on the 3 survivors, the DCP baseline on the 2 of its rectangular mesh
     assert timeline(o)["ranks_after"] == (3 if backend == "elastor" else 2)
+    # every saver (ours, or DCP's checkpoint daemon) was reported and is gone: none of the failed
+    # launch's savers can commit after the loss
+    import psutil
+
+    for w, world in ((o.before, 4), (o.after, len(o.results))):
+        if backend != "dcp_async":
+            assert len(w.savers) == world, w.savers
+        for pid in w.savers.values():
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
 
 
 @pytest.mark.parametrize("point", ["after_manifest", "after_rename", "mid_pointer"])

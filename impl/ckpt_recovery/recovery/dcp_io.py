@@ -40,6 +40,10 @@ def process_stager():
     return D.process_stager()
 
 
+def process_saver_pid():
+    return D.process_saver_pid()
+
+
 def latest_step(root: str) -> int:
     steps = [int(m.group(1)) for d in (os.listdir(root) if os.path.isdir(root) else ())
              if (m := _STEP.match(d)) and os.path.exists(os.path.join(root, d, ".metadata"))]

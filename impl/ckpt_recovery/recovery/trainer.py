@@ -292,7 +292,13 @@ class DcpCkpt:
         self.commit_s: list = []
         self.saves = 0
 
-    saver_pid = None
+    @property
+    def saver_pid(self) -> Optional[int]:
+        """dcp_async_process: DCP's checkpoint daemon, once the first save has started it (the
+        supervisor SIGKILLs it with its rank, so a failed launch's save cannot commit later)."""
+        from . import dcp_io
+
+        return dcp_io.process_saver_pid() if self.stager is not None else None
 
     def wait_ready(self) -> None:
         pass
@@ -404,8 +410,9 @@ def train_rank(ctx, spec: TrainSpec) -> dict:
     ck.wait_ready()
     dist.barrier()
     out["t_saver_start_s"] = time.perf_counter() - t0
-    if ck.saver_pid:
-        ctx.report(("saver", rank, ck.saver_pid))
+    reported_saver = ck.saver_pid
+    if reported_saver:
+        ctx.report(("saver", rank, reported_saver))
     losses, step_s, stalls, saved_at = {}, {}, [], []
     n_commits = 0
     kill = spec.kill if spec.kill is not None and spec.kill.rank == rank else None
@@ -422,6 +429,9 @@ def train_rank(ctx, spec: TrainSpec) -> dict:
             stalls.append(stall)
             saved_at.append(done)
             ctx.report(("save", rank, done, stall))
+        if ck.saver_pid != reported_saver:  # a saver that came up with a save (DCP's daemon)
+            reported_saver = ck.saver_pid
+            ctx.report(("saver", rank, reported_saver))
         while n_commits < len(ck.commit_s):
             ctx.report(("commit", rank, *ck.commit_s[n_commits]))
             n_commits += 1
