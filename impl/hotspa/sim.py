@@ -70,6 +70,9 @@ def check_sim(system, wl, hardware) -> None:
     for c in cfg.sim.contexts:
         if c < 1 or c % cfg.align:
             raise ConfigError(f"system.sim.contexts: {c} must be a positive multiple of system.align {cfg.align}")
+    if cfg.policy == "deepspeed_static" and not cfg.sim.sequence_parallel:
+        raise ConfigError("system.sim.sequence_parallel: false means Megatron TP without SP; deepspeed_static "
+                          "splits activations with Ulysses SP, so it has no such variant")
     if cfg.sim.static_max_tp < 1:
         raise ConfigError(f"system.sim.static_max_tp: must be >= 1, got {cfg.sim.static_max_tp}")
     if cfg.sim.plan_max_groups < 1 or cfg.sim.plan_sample_steps < 1:

@@ -25,7 +25,8 @@ Memory per GPU [R] (bf16 compute copies, fp32 gradient accumulators, Adam):
 - activations under 1F1B: stage 0 keeps pp micro-batches of ceil(L/pp) layers in flight, each
   ``act_bytes_per_token_layer``·h bytes per token and layer, split by tp (or sp); the default
   34 is Korthikanti et al. 2022's per-layer count without the attention-score term (flash
-  attention), with sequence parallelism;
+  attention), with sequence parallelism (``sequence_parallel=False``: 10 of it stays whole on
+  every TP rank, 10 + 24/tp);
 - fp32 logits of the last stage, s·vocab·4 B / tp.
 A switch between two strategies holds both layouts' parameters and gradients for a moment
 (:func:`switch_peak_bytes`); activations are freed by then (the switch follows a backward).

@@ -341,23 +341,48 @@ def _torchrun_store(timeout_s: float):
     return _agent_store[0]
 
 
-def _watchdog(timeout_s: float, label: str, rank: int, store) -> threading.Timer:
-    """Ends this torchrun rank past ``timeout_s``: the error goes into the store (rank 0 names
-    it), one line on stderr, exit 124; the elastic agent then stops the other ranks. A rank
-    blocked in a collective cannot raise, so the timer exits the process instead."""
-    def expire() -> None:
-        text = f"run exceeded timeout_s={timeout_s:.0f}"
+class _Watchdog:
+    """Ends this torchrun rank past ``timeout_s``: one line on stderr, the error into the store
+    (rank 0 names it), this rank's own child processes killed, exit 124; the elastic agent then
+    stops the other ranks. A rank blocked in a collective cannot raise, so the timer exits the
+    process instead. ``finish`` (under the same lock) keeps a rank that completed from exiting."""
+
+    def __init__(self, timeout_s: float, label: str, rank: int, store) -> None:
+        self.timeout_s, self.label, self.rank, self.store = timeout_s, label, rank, store
+        self._lock, self._finished = threading.Lock(), False
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._finished = True
+        self._timer.cancel()
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            text = f"run exceeded timeout_s={self.timeout_s:.0f}"
+            print(f"{self.label} rank {self.rank} failed: TimeoutError: {text}", file=sys.stderr, flush=True)
+            # the store may be gone with the agent: a bounded try, never a second hang
+            w = threading.Thread(target=self._tell, args=(text,), daemon=True)
+            w.start()
+            w.join(2.0)
+            import psutil
+
+            for child in psutil.Process().children(recursive=True):  # os._exit skips atexit
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            os._exit(124)
+
+    def _tell(self, text: str) -> None:
         try:
-            store.set(f"error/{rank}", "\x1f".join((f"rank {rank}", "TimeoutError", text)))
+            self.store.set(f"error/{self.rank}", "\x1f".join((f"rank {self.rank}", "TimeoutError", text)))
         except Exception:
             pass
-        print(f"{label} rank {rank} failed: TimeoutError: {text}", file=sys.stderr, flush=True)
-        os._exit(124)
-
-    t = threading.Timer(timeout_s, expire)
-    t.daemon = True
-    t.start()
-    return t
 
 
 def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, timeout_s, on_report) -> Launched:
@@ -371,7 +396,7 @@ def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, timeout_s
     store = dist.PrefixStore(prefix, _torchrun_store(pg_timeout_s))
     addr = StoreAddress(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), prefix)
     report = (lambda r, item: on_report(r, item)) if on_report is not None else None
-    watchdog = _watchdog(timeout_s, label, rank, store)
+    watchdog = _Watchdog(timeout_s, label, rank, store)
     try:
         device = _init_group(rank, world, local_rank, backend, store, pg_timeout_s)
         ctx = RankContext(rank, world, local_rank, backend, device, store, addr, True, pg_timeout_s, report)
@@ -379,7 +404,7 @@ def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, timeout_s
         gathered: list = [None] * world
         dist.all_gather_object(gathered, out)
     except BaseException as e:
-        watchdog.cancel()
+        watchdog.finish()
         mine = (f"rank {rank}", type(e).__name__, first_line(e))
         errors = [("error", *mine)]
         try:
@@ -396,7 +421,7 @@ def _launch_torchrun(fn, world, args, *, label, backend, pg_timeout_s, timeout_s
             _raise(label, who, etype, text)
         except (RuntimeError, ConfigError) as line:
             raise line from e
-    watchdog.cancel()
+    watchdog.finish()
     _destroy_group()
     return Launched(gathered)
 
