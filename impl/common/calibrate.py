@@ -11,6 +11,10 @@ What is measured, and how each figure is defined (units in every name):
   ``[dtype]``: the three kernels of a block-sparse conv (``impl.common.diffusion.windows``) on
   the same shapes, 2x2 output blocks over a quarter of the map: the conv's FLOP/s on the
   (N, C, 4, 4) windows, and the bytes/s of the window gather and of the block scatter.
+- ``cell_gather`` / ``cell_scatter`` / ``token_gather`` / ``token_scatter_bytes_per_s[dtype]``:
+  the engine's 1x1-conv cell pick and token-row pick and their scatters, same shapes and cells.
+- ``host_dispatch_s`` (CPU only): seconds per tiny ``a + b`` called from Python, the host cost
+  of one dispatch-bound torch call.
 - ``attn_flops[dtype]``: ``scaled_dot_product_attention`` at UNet self/cross-attention shapes,
   FLOPs ``4 B H Nq Nk d``.
 - ``memory_bw_bytes_per_s``: ``dst.copy_(src)`` of a large buffer on the device, counted as
@@ -49,7 +53,8 @@ import torch.nn.functional as F
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.calibrate_comm import measure_comm
-from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks, window_size
+from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_windows, pad_for_windows, scatter_blocks,
+                                           scatter_cells, scatter_tokens, window_size)
 from impl.common.hardware import HardwareProfile
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -213,6 +218,57 @@ def measure_window_conv(dtype: str, device: torch.device, sync: Callable[[], Non
         total = sum(q for q, _ in rows)
         res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
     return res
+
+
+def measure_cell_token_gathers(dtype: str, device: torch.device, sync: Callable[[], None],
+                               cfg: CalibrateConfig) -> Dict[str, List[float]]:
+    """The engine's other gathers (``impl.common.diffusion.windows``) at the conv shapes, a
+    centred square of WINDOW_ACTIVE of the cells active: ``cell_gather`` / ``cell_scatter`` =
+    bytes/s of a 1x1 conv's pick of the active cells of every channel and of its scatter back,
+    ``token_gather`` / ``token_scatter`` = the same cells as the tokens (rows of C) of a
+    (B, H W, C) sequence; per sample round, total bytes over total time of the shapes."""
+    tdt = _TORCH_DTYPE[dtype]
+    esize = torch.empty((), dtype=tdt).element_size()
+    per_shape = []
+    for b, c, hw in CONV_SHAPES[device.type]:
+        side = max(1, round(hw * WINDOW_ACTIVE ** 0.5))
+        lo = (hw - side) // 2
+        r = torch.arange(lo, lo + side, device=device)
+        flat = (r[:, None] * hw + r[None, :]).flatten()
+        x = torch.randn(b, c, hw, hw, device=device, dtype=tdt)
+        out = torch.randn(b, c, hw, hw, device=device, dtype=tdt)
+        seq = torch.randn(b, hw * hw, c, device=device, dtype=tdt)
+        seq_out = torch.randn(b, hw * hw, c, device=device, dtype=tdt)
+        ya, ta = gather_cells(x, flat), gather_tokens(seq, flat)
+        nbytes = float(ya.numel() * esize)
+        per_shape.append({
+            "cell_gather": (nbytes, _timed_samples(lambda: gather_cells(x, flat), sync, cfg)),
+            "cell_scatter": (nbytes, _timed_samples(lambda: scatter_cells(out, flat, ya), sync, cfg)),
+            "token_gather": (nbytes, _timed_samples(lambda: gather_tokens(seq, flat), sync, cfg)),
+            "token_scatter": (nbytes, _timed_samples(lambda: scatter_tokens(seq_out, flat, ta), sync, cfg)),
+        })
+    res: Dict[str, List[float]] = {}
+    for key in per_shape[0]:
+        rows = [s[key] for s in per_shape]
+        n = min(len(secs) for _, secs in rows)
+        total = sum(q for q, _ in rows)
+        res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
+    return res
+
+
+DISPATCH_CALLS = 200  # tiny ops per timed sample: one call is ~1 us, far under the timer's resolution
+
+
+def measure_dispatch(device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """Host seconds per dispatch-bound torch call: ``a + b`` on 4-element tensors from Python
+    (argument parsing, dispatcher, output allocation; the arithmetic is nothing), per call."""
+    a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+
+    def calls() -> None:
+        for _ in range(DISPATCH_CALLS):
+            a + b
+
+    return [t / DISPATCH_CALLS for t in _timed_samples(calls, sync, cfg)]
 
 
 # The attention cores calibrate times (batch, heads, query tokens, key tokens, head dim): a
@@ -388,6 +444,7 @@ class Calibrate(System):
         conv: Dict[str, float] = {}
         window: Dict[str, Dict[str, float]] = {}
         attn: Dict[str, float] = {}
+        gathers: Dict[str, Dict[str, float]] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
 
@@ -427,7 +484,12 @@ class Calibrate(System):
                     unit = "FLOP/s" if key == "flops" else "B/s"
                     metrics[f"conv_window_{d}_{key}"] = Metric.from_samples(rate, unit, "higher")
                     window.setdefault(key, {})[d] = metrics[f"conv_window_{d}_{key}"].value
+                for key, rate in measure_cell_token_gathers(d, device, sync, cfg).items():
+                    metrics[f"{key}_{d}_bytes_per_s"] = Metric.from_samples(rate, "B/s", "higher")
+                    gathers.setdefault(key, {})[d] = metrics[f"{key}_{d}_bytes_per_s"].value
                 done()
+            if not use_cuda:  # on a GPU the host's dispatch overlaps the kernels (launch_s models it)
+                metrics["host_dispatch_s"] = Metric.from_samples(measure_dispatch(device, sync, cfg), "s", "lower")
             info["matmul_best_n"] = matmul_n
 
             start("device memory")
@@ -498,6 +560,11 @@ class Calibrate(System):
                 window_gather_bytes_per_s={d: r4(v) for d, v in window["gather"].items()},
                 window_scatter_bytes_per_s={d: r4(v) for d, v in window["scatter"].items()},
                 attn_flops={d: r4(v) for d, v in attn.items()},
+                cell_gather_bytes_per_s={d: r4(v) for d, v in gathers["cell_gather"].items()},
+                cell_scatter_bytes_per_s={d: r4(v) for d, v in gathers["cell_scatter"].items()},
+                token_gather_bytes_per_s={d: r4(v) for d, v in gathers["token_gather"].items()},
+                token_scatter_bytes_per_s={d: r4(v) for d, v in gathers["token_scatter"].items()},
+                host_dispatch_s=r4(metrics["host_dispatch_s"].value) if "host_dispatch_s" in metrics else 0.0,
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -523,7 +590,9 @@ class Calibrate(System):
                 f"#   peak_flops: median 2n^3/t of the best n in {sizes}; conv_flops: median 2BC^2*9HW/t of a\n"
                 f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; conv_window_flops / window_gather / scatter:\n"
                 f"#   the same shapes as a block-sparse conv ({WINDOW_BLOCK}x{WINDOW_BLOCK} blocks, {WINDOW_ACTIVE:.0%} active): conv FLOP/s\n"
-                f"#   on the gathered windows, bytes/s of the window gather and block scatter; attn_flops: 4BHNqNkd/t\n"
+                f"#   on the gathered windows, bytes/s of the window gather and block scatter; cell/token gather and\n"
+                f"#   scatter: bytes/s of a 1x1 conv's and a token op's pick of the same active cells; host_dispatch_s:\n"
+                f"#   seconds per tiny a + b from Python (CPU only); attn_flops: 4BHNqNkd/t\n"
                 f"#   of scaled_dot_product_attention at (B, H, Nq, Nk, d) in {ATTN_SHAPES[kind]}; memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"

@@ -50,8 +50,11 @@ def test_profile_written_and_valid(calibrated):
     assert hw.mfu == 1.0 and hw.comm_efficiency == 1.0
     assert set(hw.peak_flops) == {"fp32", "bf16"}
     assert set(hw.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.conv_flops.values())
-    for rates in (hw.conv_window_flops, hw.window_gather_bytes_per_s, hw.window_scatter_bytes_per_s, hw.attn_flops):
+    for rates in (hw.conv_window_flops, hw.window_gather_bytes_per_s, hw.window_scatter_bytes_per_s, hw.attn_flops,
+                  hw.cell_gather_bytes_per_s, hw.cell_scatter_bytes_per_s, hw.token_gather_bytes_per_s,
+                  hw.token_scatter_bytes_per_s):
         assert set(rates) == {"fp32", "bf16"} and all(v > 0 for v in rates.values())
+    assert 0 < hw.host_dispatch_s < 1e-3  # CPU host: one tiny call, measured
     for value in [*hw.peak_flops.values(), hw.memory_bytes, hw.memory_bw_bytes_per_s,
                   hw.intra_node_bw_bytes_per_s, hw.intra_node_latency_s, hw.inter_node_bw_bytes_per_s,
                   hw.inter_node_latency_s, hw.host_link_bw_bytes_per_s, hw.host_mem_bw_bytes_per_s,
