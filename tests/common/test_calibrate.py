@@ -138,3 +138,21 @@ def test_bad_knobs_fail_with_one_line_naming_the_field(bad, field):
     with pytest.raises(ConfigError) as err:
         OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Calibrate.Config), bad))
     assert str(err.value).startswith(field + ":") and "\n" not in str(err.value)
+
+
+def test_weights_evictor_runs_untimed_before_every_timed_sample_only():
+    import torch
+
+    from impl.common import calibrate as cal
+
+    cfg = CalibrateConfig(warmup=2, repeats=4, min_repeats=4)
+    log = []
+    samples = cal._timed_samples(lambda: log.append("call"), lambda: None, cfg, lambda: log.append("before"))
+    assert len(samples) == 4
+    assert log == ["call", "call"] + ["before", "call"] * 4  # warm-up calls are not preceded
+    x = torch.randn(8)
+    keep = x.clone()
+    evict = cal.weights_evictor(torch.device("cpu"), x)
+    evict()
+    assert torch.equal(x, keep)  # the input is only read back, never written
+    assert cal.weights_evictor(torch.device("meta"), x) is None  # GPUs (any non-CPU device): not evicted
