@@ -11,8 +11,15 @@ What is measured, and how each figure is defined (units in every name):
   ``[dtype]``: the three kernels of a block-sparse conv (``impl.common.diffusion.windows``) on
   the same shapes, 2x2 output blocks over a quarter of the map: the conv's FLOP/s on the
   (N, C, 4, 4) windows, and the bytes/s of the window gather and of the block scatter.
+- ``cell_gather`` / ``cell_scatter`` / ``token_gather`` / ``token_scatter_bytes_per_s[dtype]``:
+  the engine's 1x1-conv cell pick and token-row pick and their scatters, same shapes and cells.
+- ``host_dispatch_s`` (CPU only): seconds per tiny ``a + b`` called from Python, the host cost
+  of one dispatch-bound torch call.
 - ``attn_flops[dtype]``: ``scaled_dot_product_attention`` at UNet self/cross-attention shapes,
   FLOPs ``4 B H Nq Nk d``.
+- On a CPU ``conv_flops`` and ``conv_window_flops`` are timed with cold weights (caches evicted,
+  then the input read back, before each timed call: ``weights_evictor``), as in a UNet step that
+  streams its weights from DRAM; every other figure is timed back to back.
 - ``memory_bw_bytes_per_s``: ``dst.copy_(src)`` of a large buffer on the device, counted as
   bytes read + bytes written (``2 x size / t``, the STREAM "copy" convention).
 - ``host_mem_bw_bytes_per_s``: the same copy on host (CPU) tensors.
@@ -49,7 +56,8 @@ import torch.nn.functional as F
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.calibrate_comm import measure_comm
-from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks, window_size
+from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_windows, pad_for_windows, scatter_blocks,
+                                           scatter_cells, scatter_tokens, window_size)
 from impl.common.hardware import HardwareProfile
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
@@ -133,14 +141,19 @@ class CalibrateConfig:
 # Timing helpers
 # --------------------------------------------------------------------------------------------
 
-def _timed_samples(fn: Callable[[], Any], sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
-    """Seconds per call: ``cfg.warmup`` untimed calls, then up to ``cfg.repeats`` timed ones."""
+def _timed_samples(fn: Callable[[], Any], sync: Callable[[], None], cfg: CalibrateConfig,
+                   before: Optional[Callable[[], None]] = None) -> List[float]:
+    """Seconds per call: ``cfg.warmup`` untimed calls, then up to ``cfg.repeats`` timed ones;
+    ``before`` runs untimed ahead of each timed call (e.g. :func:`weights_evictor`)."""
     for _ in range(cfg.warmup):
         fn()
     sync()
     samples: List[float] = []
     budget_end = time.perf_counter() + cfg.max_seconds_per_measurement
     while len(samples) < cfg.repeats:
+        if before is not None:
+            before()
+            sync()
         t0 = time.perf_counter()
         fn()
         sync()
@@ -148,6 +161,30 @@ def _timed_samples(fn: Callable[[], Any], sync: Callable[[], None], cfg: Calibra
         if len(samples) >= cfg.min_repeats and time.perf_counter() > budget_end:
             break
     return samples
+
+
+# In a UNet step a conv's weights come from DRAM: the step streams all its weights (~100 MiB
+# on the fidelity UNet) past a CPU's last-level cache (32 MiB here) between two uses, while a conv
+# timed back to back finds its weights in cache (a 12^2 3x3 conv at 256 channels runs 25% faster
+# warm). Its input, the previous op's output, is in cache. So on a CPU the conv and window-conv
+# rates are timed with the caches evicted (EVICT_BYTES of other memory written) and the input
+# then read back in before each timed call; gathers, scatters and attention (no weights: their
+# operands were just written) stay warm.
+EVICT_BYTES = 64 * 2**20
+
+
+def weights_evictor(device: torch.device, keep: torch.Tensor) -> Optional[Callable[[], None]]:
+    """An untimed ``before`` for :func:`_timed_samples`: evict the CPU caches, then read ``keep``
+    (the op's input) back in; None on a GPU (not evicted)."""
+    if device.type != "cpu":
+        return None
+    buf = torch.empty(EVICT_BYTES // 4, dtype=torch.float32)
+
+    def before() -> None:
+        buf.fill_(1.0)
+        keep.sum()
+
+    return before
 
 
 # The 3x3 convolutions calibrate times (batch, channels, spatial): UNet/ResNet block shapes at
@@ -163,7 +200,8 @@ def measure_conv(dtype: str, device: torch.device, sync: Callable[[], None], cfg
         conv = torch.nn.Conv2d(c, c, 3, padding=1, bias=False).to(device=device, dtype=_TORCH_DTYPE[dtype]).eval()
         x = torch.randn(b, c, hw, hw, device=device, dtype=_TORCH_DTYPE[dtype])
         with torch.no_grad():
-            per_shape.append((2.0 * b * c * c * 9 * hw * hw, _timed_samples(lambda: conv(x), sync, cfg)))
+            per_shape.append((2.0 * b * c * c * 9 * hw * hw,
+                              _timed_samples(lambda: conv(x), sync, cfg, weights_evictor(device, x))))
     n = min(len(secs) for _, secs in per_shape)
     total = sum(f for f, _ in per_shape)
     return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
@@ -201,7 +239,8 @@ def measure_window_conv(dtype: str, device: torch.device, sync: Callable[[], Non
             y = F.conv2d(patches, w)
             n = patches.shape[0]
             per_shape.append({
-                "flops": (2.0 * n * c * c * 9 * bo * bo, _timed_samples(lambda: F.conv2d(patches, w), sync, cfg)),
+                "flops": (2.0 * n * c * c * 9 * bo * bo, _timed_samples(lambda: F.conv2d(patches, w), sync, cfg,
+                                                                         weights_evictor(device, patches))),
                 "gather": (float(patches.numel() * esize),
                            _timed_samples(lambda: gather_windows(xp, idx, win, bo), sync, cfg)),
                 "scatter": (float(y.numel() * esize), _timed_samples(lambda: scatter_blocks(out, idx, y, bo), sync, cfg)),
@@ -213,6 +252,57 @@ def measure_window_conv(dtype: str, device: torch.device, sync: Callable[[], Non
         total = sum(q for q, _ in rows)
         res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
     return res
+
+
+def measure_cell_token_gathers(dtype: str, device: torch.device, sync: Callable[[], None],
+                               cfg: CalibrateConfig) -> Dict[str, List[float]]:
+    """The engine's other gathers (``impl.common.diffusion.windows``) at the conv shapes, a
+    centred square of WINDOW_ACTIVE of the cells active: ``cell_gather`` / ``cell_scatter`` =
+    bytes/s of a 1x1 conv's pick of the active cells of every channel and of its scatter back,
+    ``token_gather`` / ``token_scatter`` = the same cells as the tokens (rows of C) of a
+    (B, H W, C) sequence; per sample round, total bytes over total time of the shapes."""
+    tdt = _TORCH_DTYPE[dtype]
+    esize = torch.empty((), dtype=tdt).element_size()
+    per_shape = []
+    for b, c, hw in CONV_SHAPES[device.type]:
+        side = max(1, round(hw * WINDOW_ACTIVE ** 0.5))
+        lo = (hw - side) // 2
+        r = torch.arange(lo, lo + side, device=device)
+        flat = (r[:, None] * hw + r[None, :]).flatten()
+        x = torch.randn(b, c, hw, hw, device=device, dtype=tdt)
+        out = torch.randn(b, c, hw, hw, device=device, dtype=tdt)
+        seq = torch.randn(b, hw * hw, c, device=device, dtype=tdt)
+        seq_out = torch.randn(b, hw * hw, c, device=device, dtype=tdt)
+        ya, ta = gather_cells(x, flat), gather_tokens(seq, flat)
+        nbytes = float(ya.numel() * esize)
+        per_shape.append({
+            "cell_gather": (nbytes, _timed_samples(lambda: gather_cells(x, flat), sync, cfg)),
+            "cell_scatter": (nbytes, _timed_samples(lambda: scatter_cells(out, flat, ya), sync, cfg)),
+            "token_gather": (nbytes, _timed_samples(lambda: gather_tokens(seq, flat), sync, cfg)),
+            "token_scatter": (nbytes, _timed_samples(lambda: scatter_tokens(seq_out, flat, ta), sync, cfg)),
+        })
+    res: Dict[str, List[float]] = {}
+    for key in per_shape[0]:
+        rows = [s[key] for s in per_shape]
+        n = min(len(secs) for _, secs in rows)
+        total = sum(q for q, _ in rows)
+        res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
+    return res
+
+
+DISPATCH_CALLS = 200  # tiny ops per timed sample: one call is ~1 us, far under the timer's resolution
+
+
+def measure_dispatch(device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """Host seconds per dispatch-bound torch call: ``a + b`` on 4-element tensors from Python
+    (argument parsing, dispatcher, output allocation; the arithmetic is nothing), per call."""
+    a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+
+    def calls() -> None:
+        for _ in range(DISPATCH_CALLS):
+            a + b
+
+    return [t / DISPATCH_CALLS for t in _timed_samples(calls, sync, cfg)]
 
 
 # The attention cores calibrate times (batch, heads, query tokens, key tokens, head dim): a
@@ -388,6 +478,7 @@ class Calibrate(System):
         conv: Dict[str, float] = {}
         window: Dict[str, Dict[str, float]] = {}
         attn: Dict[str, float] = {}
+        gathers: Dict[str, Dict[str, float]] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
 
@@ -427,7 +518,12 @@ class Calibrate(System):
                     unit = "FLOP/s" if key == "flops" else "B/s"
                     metrics[f"conv_window_{d}_{key}"] = Metric.from_samples(rate, unit, "higher")
                     window.setdefault(key, {})[d] = metrics[f"conv_window_{d}_{key}"].value
+                for key, rate in measure_cell_token_gathers(d, device, sync, cfg).items():
+                    metrics[f"{key}_{d}_bytes_per_s"] = Metric.from_samples(rate, "B/s", "higher")
+                    gathers.setdefault(key, {})[d] = metrics[f"{key}_{d}_bytes_per_s"].value
                 done()
+            if not use_cuda:  # on a GPU the host's dispatch overlaps the kernels (launch_s models it)
+                metrics["host_dispatch_s"] = Metric.from_samples(measure_dispatch(device, sync, cfg), "s", "lower")
             info["matmul_best_n"] = matmul_n
 
             start("device memory")
@@ -498,6 +594,11 @@ class Calibrate(System):
                 window_gather_bytes_per_s={d: r4(v) for d, v in window["gather"].items()},
                 window_scatter_bytes_per_s={d: r4(v) for d, v in window["scatter"].items()},
                 attn_flops={d: r4(v) for d, v in attn.items()},
+                cell_gather_bytes_per_s={d: r4(v) for d, v in gathers["cell_gather"].items()},
+                cell_scatter_bytes_per_s={d: r4(v) for d, v in gathers["cell_scatter"].items()},
+                token_gather_bytes_per_s={d: r4(v) for d, v in gathers["token_gather"].items()},
+                token_scatter_bytes_per_s={d: r4(v) for d, v in gathers["token_scatter"].items()},
+                host_dispatch_s=r4(metrics["host_dispatch_s"].value) if "host_dispatch_s" in metrics else 0.0,
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -523,7 +624,9 @@ class Calibrate(System):
                 f"#   peak_flops: median 2n^3/t of the best n in {sizes}; conv_flops: median 2BC^2*9HW/t of a\n"
                 f"#   3x3 convs at (B, C, H=W) in {CONV_SHAPES[kind]}; conv_window_flops / window_gather / scatter:\n"
                 f"#   the same shapes as a block-sparse conv ({WINDOW_BLOCK}x{WINDOW_BLOCK} blocks, {WINDOW_ACTIVE:.0%} active): conv FLOP/s\n"
-                f"#   on the gathered windows, bytes/s of the window gather and block scatter; attn_flops: 4BHNqNkd/t\n"
+                f"#   on the gathered windows, bytes/s of the window gather and block scatter; cell/token gather and\n"
+                f"#   scatter: bytes/s of a 1x1 conv's and a token op's pick of the same active cells; host_dispatch_s:\n"
+                f"#   seconds per tiny a + b from Python (CPU only); attn_flops: 4BHNqNkd/t\n"
                 f"#   of scaled_dot_product_attention at (B, H, Nq, Nk, d) in {ATTN_SHAPES[kind]}; memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"

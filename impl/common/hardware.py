@@ -28,6 +28,19 @@ class HardwareProfile:
     conv_window_flops: Dict[str, float] = field(default_factory=dict)
     window_gather_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     window_scatter_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    # The other sparse ops' gathers and scatters (impl.common.diffusion.windows), bytes/s per
+    # dtype, measured by calibrate on the engine's own functions: a 1x1 conv's cell gather (a
+    # strided pick along each channel's flattened map) and its scatter, and a token op's row
+    # gather and scatter. Absent = memory_bw_bytes_per_s.
+    cell_gather_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    cell_scatter_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    token_gather_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    token_scatter_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    # Host seconds per dispatch-bound torch call (a tiny op from Python: argument parsing,
+    # dispatcher, allocation), measured by calibrate on a CPU host, where the host issues ops on
+    # the core that computes them, so the cost adds to the step instead of hiding behind
+    # asynchronous kernels. 0 (datasheet and GPU profiles) = not charged.
+    host_dispatch_s: float = 0.0
     # Achievable FLOP/s of the attention core (softmax(QK^T)V through
     # torch's scaled_dot_product_attention, FLOPs 4 B Nq Nk (heads x head_dim)) per dtype at
     # UNet attention shapes, measured by calibrate: a fused attention kernel (CPU flash
@@ -84,3 +97,19 @@ class HardwareProfile:
     def window_scatter_bw(self, dtype: str) -> float:
         """Bytes/s of a block scatter: measured, else the streaming memory bandwidth."""
         return self.window_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+    def cell_gather_bw(self, dtype: str) -> float:
+        """Bytes/s of a 1x1 conv's cell gather: measured, else the streaming memory bandwidth."""
+        return self.cell_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+    def cell_scatter_bw(self, dtype: str) -> float:
+        """Bytes/s of a 1x1 conv's cell scatter: measured, else the streaming memory bandwidth."""
+        return self.cell_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+    def token_gather_bw(self, dtype: str) -> float:
+        """Bytes/s of a token gather: measured, else the streaming memory bandwidth."""
+        return self.token_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+    def token_scatter_bw(self, dtype: str) -> float:
+        """Bytes/s of a token scatter: measured, else the streaming memory bandwidth."""
+        return self.token_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s

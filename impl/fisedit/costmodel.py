@@ -13,7 +13,13 @@ three kernel launches; a block-sparse conv's window conv, gather and scatter go 
 profile's measured window rates where it has them (``conv_window_flops``,
 ``window_gather_bytes_per_s``, ``window_scatter_bytes_per_s``: tiny tiles and short-row
 indexing run far below the dense conv rate and a streaming copy on a CPU), else at the conv
-rate and HBM BW, so datasheet profiles price exactly as before. Three kernel launches (gather, op, scatter) instead of one; the step's kernels go through
+rate and HBM BW, so datasheet profiles price exactly as before. Likewise a 1x1 conv's cell
+gather/scatter and a token op's row gather/scatter go at ``cell_*`` / ``token_*_bytes_per_s``
+where the profile has them. On a profile with ``host_dispatch_s`` (CPU) each step is also
+charged its torch calls serially: the dense forward's (``forward_torch_calls``) and, on the
+sparse step, the engine's extra calls per sparse op (``REFERENCE_EXTRA_CALLS``, counted on the
+engine's code path by ``tests/fisedit/test_window_pricing.py``; the fused engine: its gather
+and scatter, 2). Three kernel launches (gather, op, scatter) instead of one; the step's kernels go through
 ``stream_time_s`` (host issue overlapped with GPU execution, as on one CUDA stream without
 per-op synchronisation), so launch overhead costs time only where kernels are shorter than
 their launches. The step's cache bytes cross PCIe overlapped with compute, only the excess is
@@ -35,6 +41,16 @@ from .mask import layer_mask
 from .sparse import block_mask
 
 DENSE_ROLES_IN_SPARSE_BLOCK = ("attn1.kv", "attn2.kv")
+
+# Torch calls the reference engine (impl/fisedit/engine.py + sparse.py) issues for one sparse op
+# beyond the dense op's one call, per op class, at steady state (masks and block masks memoised):
+# a block-sparse conv 17 (clone, nonzero, pad, 2 unfolds, index, permute/reshape, conv, the
+# scatter's reshape/permute/view/index_put ...), a 1x1 conv 12, a token linear 4, a GroupNorm's
+# cached scale/shift 3 (two broadcasts and addcmul), a sparse transformer block 4 more than its
+# dense calls (clone, two token gathers, one scatter). The test counts them on the engine.
+REFERENCE_SPARSE_CALLS = {"window_conv": 17, "pointwise_conv": 12, "token_linear": 4, "groupnorm": 3}
+REFERENCE_BLOCK_EXTRA_CALLS = 4
+FUSED_EXTRA_CALLS = 2  # the fused engine's gather and scatter kernels
 
 
 @dataclass
@@ -101,6 +117,37 @@ def _reference_copies_s(op: Op, th: Thresholds, block_outputs: set, hw: Hardware
     if is_windowed(op, th):
         elems += 3.0 * op.bytes_in
     return elems * b / hw.memory_bw_bytes_per_s
+
+
+def gather_scatter_s(op: Op, f: float, gs: float, hw: HardwareProfile, dtype: str) -> float:
+    """Seconds of a non-windowed sparse op's gather (``f`` of its input) and scatter (``f`` of
+    its output), ``gs`` = their elements: a 1x1 conv's at the cell rates, a token op's at the
+    token rates (each the memory bandwidth where the profile has none)."""
+    if not gs:
+        return 0.0
+    b = BYTES[dtype]
+    if op.kind == "conv":
+        g_bw, s_bw = hw.cell_gather_bw(dtype), hw.cell_scatter_bw(dtype)
+    else:
+        g_bw, s_bw = hw.token_gather_bw(dtype), hw.token_scatter_bw(dtype)
+    if g_bw == s_bw:  # one rate (the memory bandwidth on datasheet profiles): as priced before
+        return gs * b / g_bw
+    return f * b * (op.bytes_in / g_bw + op.bytes_out / s_bw)
+
+
+def extra_calls(op: Op, f: float, gs: float, th: Thresholds, engine: str) -> int:
+    """Torch calls a sparse step issues for ``op`` beyond the dense forward's (see REFERENCE_SPARSE_CALLS)."""
+    if engine != "reference":
+        return FUSED_EXTRA_CALLS if (f < 1.0 or gs) else 0
+    if op.kind == "groupnorm":
+        return REFERENCE_SPARSE_CALLS["groupnorm"] - 1 if f < 1.0 else 0
+    if op.kind == "conv" and op.cells >= th.conv_min:
+        return REFERENCE_SPARSE_CALLS["window_conv" if is_windowed(op, th) else "pointwise_conv"] - 1
+    if op.role == "proj" and gs:
+        return REFERENCE_SPARSE_CALLS["token_linear"] - 1
+    if op.role == "attn1.q" and gs:  # one per sparse transformer block
+        return REFERENCE_BLOCK_EXTRA_CALLS
+    return 0
 
 
 def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
@@ -181,24 +228,29 @@ SIM_ENGINES = ("fused", "reference")
 def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, block: int = 2,
               hw: Optional[HardwareProfile] = None, dtype: str = "fp16", launch_s: float = 5e-6,
               cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False,
-              engine: str = "fused") -> StepCost:
+              engine: str = "fused", torch_calls: int = 0) -> StepCost:
     """``engine``: ``fused`` = the paper's engine (GroupNorm and the activation/residual passes
     charged to it fused into the sparse conv, at the active fraction); ``reference`` = this
     repo's engine (``impl/fisedit/engine.py``), which applies the cached GroupNorm scale/shift
     and the activations over the full map, clones each sparse op's full cached output and pads
-    each block-sparse conv's full input (all timed; FLOP fractions and caps are the same)."""
+    each block-sparse conv's full input (all timed; FLOP fractions and caps are the same).
+    ``torch_calls``: the dense forward's torch calls, charged with the sparse step's extra ones
+    at ``hw.host_dispatch_s`` (0 on datasheet profiles: nothing charged)."""
     if engine not in SIM_ENGINES:
         raise ValueError(f"sim engine: unknown value {engine!r} (one of: {', '.join(SIM_ENGINES)})")
     mf = MaskFractions(mask, block) if mask is not None else None
     dense_f = sum(o.flops for o in ops)
     sparse_f = 0.0
     dense_k, sparse_k = [], []  # (gpu seconds, launches) per op, in execution order
+    sparse_calls = torch_calls
     # the op that writes each sparse transformer block's output (its last FF linear)
     block_outputs = {o.block: o.name for o in ops if o.block and o.role == "ff" and o.cells >= th.attn_min}
     block_outputs = set(block_outputs.values()) if engine == "reference" else set()
     for o in ops:
         f, gs = op_fraction(o, mf, th, latent_hw)
         sparse_f += o.flops * f
+        if mf is not None:
+            sparse_calls += extra_calls(o, f, gs, th, engine)
         if hw is not None:
             t = op_time_s(o, hw, dtype, launch_s=0.0)
             dense_k.append((t, 1))
@@ -216,9 +268,9 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
                                  + copies, 3))
             else:  # gather + op on the active part + scatter: three launches
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0)
-                                 + gs * b / hw.memory_bw_bytes_per_s + copies, 3))
-    dense_s = stream_time_s(dense_k, launch_s) if hw is not None else 0.0
-    sparse_s = stream_time_s(sparse_k, launch_s) if hw is not None else 0.0
+                                 + gather_scatter_s(o, f, gs, hw, dtype) + copies, 3))
+    dense_s = stream_time_s(dense_k, launch_s) + torch_calls * hw.host_dispatch_s if hw is not None else 0.0
+    sparse_s = stream_time_s(sparse_k, launch_s) + sparse_calls * hw.host_dispatch_s if hw is not None else 0.0
     cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)
     if hw is not None:
         h2d = 0.0 if cache_on_gpu or mask is None else cache_bytes / (hw.host_link_bw_bytes_per_s * pcie_efficiency)

@@ -25,6 +25,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from impl.common.diffusion.windows import gather_tokens, scatter_tokens
+
 from .cache import ActivationCache
 from .mask import layer_mask
 from .sparse import block_mask, conv_geometry, expand_blocks, sparse_conv2d, sparse_token_linear
@@ -254,18 +256,18 @@ class CachedTransformerBlock(_Wrapper):
             idx = st.token_idx(st.tokens_hw(n), h.device)
             out = cached.clone()
             if idx.numel():
-                ha = h[:, idx]
+                ha = gather_tokens(h, idx)
                 if st.radical_attn:
                     na = blk.norm1(ha)
                     a = blk.attn1(na, encoder_hidden_states=na)
                 else:
                     nfull = blk.norm1(h)
-                    a = blk.attn1(nfull[:, idx], encoder_hidden_states=nfull)
+                    a = blk.attn1(gather_tokens(nfull, idx), encoder_hidden_states=nfull)
                 ha = a + ha
                 if blk.attn2 is not None:
                     ha = blk.attn2(blk.norm2(ha), encoder_hidden_states=kw["encoder_hidden_states"]) + ha
                 ha = blk.ff(blk.norm3(ha)) + ha
-                out[:, idx] = ha
+                scatter_tokens(out, idx, ha)
             st.counts["sparse_attention"] += 1
         else:
             out = blk(h, **kw)

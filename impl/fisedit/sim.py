@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.diffusion.cost import BYTES, dense_step_time_s, trace_unet_ops
+from impl.common.diffusion.cost import BYTES, dense_step_time_s, forward_torch_calls, trace_unet_ops
 from impl.common.diffusion.pipelines import SD21_ATTENTION_HEAD_DIM, SD21_UNET
 from impl.common.plots.save import save_png
 
@@ -55,6 +55,7 @@ class Model:
     fallback: float
     cache_dtype: str = "fp16"
     engine: str = "fused"  # costmodel.SIM_ENGINES
+    torch_calls: int = 0  # the dense forward's torch calls, charged at hw.host_dispatch_s (CPU profiles)
     memo: dict = field(default_factory=dict)
 
     @property
@@ -85,7 +86,8 @@ def _sparse_step(m: Model, f: float, with_gain: bool, on_gpu: bool) -> float:
     if key not in m.memo:
         mask = synthetic_mask(m.latent_hw, min(1.0, f), "rect", seed=0)
         sc = step_cost(m.ops, mask, m.th, m.latent_hw, m.block, m.hw, m.dtype, m.launch_s,
-                       cache_bytes=0.0, pcie_efficiency=m.pcie_eff, cache_on_gpu=True, engine=m.engine)
+                       cache_bytes=0.0, pcie_efficiency=m.pcie_eff, cache_on_gpu=True, engine=m.engine,
+                       torch_calls=m.torch_calls)
         compute = sc.sparse_compute_s / (m.gain if with_gain else 1.0)
         h2d = 0.0 if on_gpu else m.step_bytes / (m.hw.host_link_bw_bytes_per_s * m.pcie_eff)
         m.memo[key] = compute + max(0.0, h2d - compute)
@@ -117,10 +119,12 @@ def build_model(system, job: JobContext) -> Model:
     if cache_dtype not in BYTES:
         raise ConfigError(f"system.cache_dtype: unknown value {cache_dtype!r} (one of: auto, {', '.join(BYTES)})")
     step_bytes = cache_bytes_per_step(ops, th, cache_dtype, latent_elems=shape.in_channels * latent_hw[0] * latent_hw[1])
-    dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s)
+    # a CPU profile charges host dispatch per torch call; the count needs one meta-device forward
+    calls = forward_torch_calls(shape, batch=sp.batch, attention_head_dim=heads) if hw.host_dispatch_s else 0
+    dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s, torch_calls=calls)
     return Model(ops, th, latent_hw, hw, sp.dtype, cfg.block, sp.engine_gain, cfg.pcie_efficiency,
                  sp.launch_overhead_s, step_bytes, sp.num_steps, sp.mask_steps, dense, cfg.dense_fallback_ratio,
-                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu, engine=cfg.sim_engine)
+                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu, engine=cfg.sim_engine, torch_calls=calls)
 
 
 def beta_params(mean: float, p90: float) -> tuple:
@@ -148,7 +152,8 @@ def run_sim(system, job: JobContext) -> RunResult:
     info: dict = {"scenario": sp.scenario, "hardware": m.hw.name, "dtype": sp.dtype, "num_steps": m.N,
                   "mask_steps": m.k, "engine_gain": m.gain, "thresholds_cells": vars(m.th),
                   "cache_bytes_per_step": m.step_bytes, "cache_dtype": m.cache_dtype, "dense_step_diffusers_s": m.dense_diff_s,
-                  "dense_step_engine_s": m.dense_engine_s, "n_ops": len(m.ops), "sim_engine": m.engine}
+                  "dense_step_engine_s": m.dense_engine_s, "n_ops": len(m.ops), "sim_engine": m.engine,
+                  "torch_calls_dense_step": m.torch_calls}
     ref_f = sp.mask_mean
     # every variant reports its own per-edit time at the representative f (for compare tables)
     if cfg.variant == "diffusers_dense":

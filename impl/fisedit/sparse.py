@@ -20,7 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks, window_size
+from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_windows, pad_for_windows, scatter_blocks,
+                                           scatter_cells, scatter_tokens, window_size)
 
 
 def _pair(v) -> tuple[int, int]:
@@ -78,13 +79,12 @@ def _sparse_pointwise_conv(x, conv, cell_mask, cached):
     if flat.numel() == 0:
         return out
     B, C = x.shape[:2]
-    xa = x.flatten(2)[:, :, flat]  # (B, C, Na)
+    xa = gather_cells(x, flat)  # (B, C, Na)
     w = conv.weight.view(conv.weight.shape[0], C)
     y = torch.matmul(w, xa)
     if conv.bias is not None:
         y = y + conv.bias[:, None]
-    out.view(B, out.shape[1], -1)[:, :, flat] = y
-    return out
+    return scatter_cells(out, flat, y)
 
 
 def sparse_token_linear(x: torch.Tensor, linear: torch.nn.Linear, token_idx: torch.Tensor,
@@ -92,13 +92,13 @@ def sparse_token_linear(x: torch.Tensor, linear: torch.nn.Linear, token_idx: tor
     """``linear`` on the active tokens of ``x`` (B, N, C), scattered onto ``cached`` (B, N, Cout)."""
     out = cached.clone()
     if token_idx.numel():
-        out[:, token_idx] = F.linear(x[:, token_idx], linear.weight, linear.bias)
+        scatter_tokens(out, token_idx, F.linear(gather_tokens(x, token_idx), linear.weight, linear.bias))
     return out
 
 
 def sparse_self_attention(attn, norm_full: torch.Tensor, token_idx: torch.Tensor, radical: bool = False) -> torch.Tensor:
     """Queries (and the output projection) for active tokens only; K/V from every token of the
     current input (``radical``: from the active tokens only). Returns (B, Na, C)."""
-    q_in = norm_full[:, token_idx]
+    q_in = gather_tokens(norm_full, token_idx)
     kv = q_in if radical else norm_full
     return attn(q_in, encoder_hidden_states=kv)

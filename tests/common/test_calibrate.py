@@ -50,8 +50,11 @@ def test_profile_written_and_valid(calibrated):
     assert hw.mfu == 1.0 and hw.comm_efficiency == 1.0
     assert set(hw.peak_flops) == {"fp32", "bf16"}
     assert set(hw.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.conv_flops.values())
-    for rates in (hw.conv_window_flops, hw.window_gather_bytes_per_s, hw.window_scatter_bytes_per_s, hw.attn_flops):
+    for rates in (hw.conv_window_flops, hw.window_gather_bytes_per_s, hw.window_scatter_bytes_per_s, hw.attn_flops,
+                  hw.cell_gather_bytes_per_s, hw.cell_scatter_bytes_per_s, hw.token_gather_bytes_per_s,
+                  hw.token_scatter_bytes_per_s):
         assert set(rates) == {"fp32", "bf16"} and all(v > 0 for v in rates.values())
+    assert 0 < hw.host_dispatch_s < 1e-3  # CPU host: one tiny call, measured
     for value in [*hw.peak_flops.values(), hw.memory_bytes, hw.memory_bw_bytes_per_s,
                   hw.intra_node_bw_bytes_per_s, hw.intra_node_latency_s, hw.inter_node_bw_bytes_per_s,
                   hw.inter_node_latency_s, hw.host_link_bw_bytes_per_s, hw.host_mem_bw_bytes_per_s,
@@ -135,3 +138,21 @@ def test_bad_knobs_fail_with_one_line_naming_the_field(bad, field):
     with pytest.raises(ConfigError) as err:
         OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Calibrate.Config), bad))
     assert str(err.value).startswith(field + ":") and "\n" not in str(err.value)
+
+
+def test_weights_evictor_runs_untimed_before_every_timed_sample_only():
+    import torch
+
+    from impl.common import calibrate as cal
+
+    cfg = CalibrateConfig(warmup=2, repeats=4, min_repeats=4)
+    log = []
+    samples = cal._timed_samples(lambda: log.append("call"), lambda: None, cfg, lambda: log.append("before"))
+    assert len(samples) == 4
+    assert log == ["call", "call"] + ["before", "call"] * 4  # warm-up calls are not preceded
+    x = torch.randn(8)
+    keep = x.clone()
+    evict = cal.weights_evictor(torch.device("cpu"), x)
+    evict()
+    assert torch.equal(x, keep)  # the input is only read back, never written
+    assert cal.weights_evictor(torch.device("meta"), x) is None  # GPUs (any non-CPU device): not evicted

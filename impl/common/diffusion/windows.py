@@ -54,3 +54,29 @@ def scatter_blocks(out: torch.Tensor, idx: torch.Tensor, y: torch.Tensor, bo: in
     padded = F.pad(out, (0, nbw * bo - Wo, 0, nbh * bo - Ho))
     padded.view(B, Co, nbh, bo, nbw, bo)[:, :, bi, :, bj, :] = yb
     return padded[:, :, :Ho, :Wo].contiguous()
+
+
+# The cell and token gathers of the engine's other sparse ops: a 1x1 conv picks the active
+# cells of every channel (a strided gather along the flattened map), a token op the active
+# rows of a (B, N, C) sequence (C-long contiguous rows). Calibrate times these same functions.
+
+def gather_cells(x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """(B, C, H, W), (Na,) flat cell indices -> (B, C, Na)."""
+    return x.flatten(2)[:, :, flat]
+
+
+def scatter_cells(out: torch.Tensor, flat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Write ``y`` (B, Cout, Na) onto ``out`` (B, Cout, H, W) at the cells ``flat``, in place."""
+    out.view(out.shape[0], out.shape[1], -1)[:, :, flat] = y
+    return out
+
+
+def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """(B, N, C), (Na,) token indices -> (B, Na, C)."""
+    return x[:, idx]
+
+
+def scatter_tokens(out: torch.Tensor, idx: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Write ``y`` (B, Na, C) onto ``out`` (B, N, C) at the tokens ``idx``, in place."""
+    out[:, idx] = y
+    return out
