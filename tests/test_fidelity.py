@@ -258,3 +258,25 @@ def test_serving_profile_fits_per_row_overhead_from_decode_steps_at_batch_B():
     # without the batch profile: batch 1 only, as before
     old = {k: v for k, v in info.items() if "batch" not in k and "kernel" not in k}
     assert "iteration_overhead_per_row_s" not in _serving(RunResult(metrics={}, info=old), wl, _hw()).system["cost"]
+
+
+def test_a_calibrated_profile_without_the_diffusion_rates_is_refused_before_the_real_run(tmp_path):
+    from types import SimpleNamespace
+
+    from bench.fidelity.families import DIFFUSION_RATES, get_family
+    from impl.common.api import ConfigError
+    from impl.common.hardware import HardwareProfile
+
+    fam, wl = get_family("diffusion"), SimpleNamespace(dtype="fp32")
+    fam.check_hw(HardwareProfile(name="cpu-2core"), wl, "cpu-2core")  # datasheet: fallbacks by design
+    full = {f: {"fp32": 1e9} for f in DIFFUSION_RATES}
+    fam.check_hw(HardwareProfile(name="local-t1", measured=True, **full), wl, "local-t1")
+    stale = {**full, "conv_window_flops": {}, "token_gather_bytes_per_s": {"fp16": 1e9}}
+    with pytest.raises(ConfigError, match=r"^system.sim_hardware: calibrated profile local-t1 lacks "
+                                          r"conv_window_flops\[fp32\], token_gather_bytes_per_s\[fp32\] "):
+        fam.check_hw(HardwareProfile(name="local-t1", measured=True, **stale), wl, "local-t1")
+    # the preset with a stale profile stops in preflight, one line, before any real work
+    path = _fixture_profile(tmp_path)
+    rc, last = inprocess_runner([sys.executable, "-m", "bench", "experiment=fidelity/diffusion",
+                                 f"system.sim_hardware={path}", f"results_dir={tmp_path}"], tmp_path)
+    assert rc == 1 and "lacks conv_flops[fp32]" in last and "\n" not in last.strip()

@@ -195,11 +195,33 @@ def _diffusion(real: RunResult, wl: Any, hw: Any = None) -> Profile:
                    {"sim_engine": "reference"})
 
 
+# Per-dtype rates a calibrated profile must hold for the diffusion family: a profile calibrated
+# before they existed would silently price those ops at the fallback rates.
+DIFFUSION_RATES = ("conv_flops", "conv_window_flops", "window_gather_bytes_per_s", "window_scatter_bytes_per_s",
+                   "cell_gather_bytes_per_s", "cell_scatter_bytes_per_s", "token_gather_bytes_per_s",
+                   "token_scatter_bytes_per_s", "attn_flops")
+
+
+def _diffusion_hw(hw: Any, wl: Any, hw_name: str) -> None:
+    if not getattr(hw, "measured", False):
+        return  # a datasheet profile prices at its fallbacks by design
+    missing = [f"{f}[{wl.dtype}]" for f in DIFFUSION_RATES if wl.dtype not in (getattr(hw, f, None) or {})]
+    if missing:
+        raise ConfigError(f"system.sim_hardware: calibrated profile {hw_name} lacks {', '.join(missing)} (calibrated "
+                          f"before these rates existed): delete conf/hardware/{hw_name}.yaml or re-run calibrate")
+
+
+def _no_hw_check(hw: Any, wl: Any, hw_name: str) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
     headlines: tuple[Headline, ...]
     profile: Callable[..., Profile]  # (real result, workload, calibrated hardware profile)
+    # (sim hardware, workload, its name): raises when the profile cannot price the family
+    check_hw: Callable[..., None] = _no_hw_check
 
 
 FAMILIES: dict[str, Family] = {
@@ -208,7 +230,8 @@ FAMILIES: dict[str, Family] = {
     "serving": Family("serving", (Headline("ttft_mean_s", "ttft_mean_s", "ttft_mean_s"),), _serving),
     "diffusion": Family("diffusion", (
         Headline("sparse_step_speedup", "sparse_step_speedup", "sparse_step_speedup"),
-        Headline("dense_step_time_s", "dense_step_time_s", "dense_step_diffusers_s", sim_from_info=True)), _diffusion),
+        Headline("dense_step_time_s", "dense_step_time_s", "dense_step_diffusers_s", sim_from_info=True)), _diffusion,
+        _diffusion_hw),
 }
 
 

@@ -123,6 +123,7 @@ class Fidelity(System):
         fam = get_family(self.cfg.family)
         sim_name = self.cfg.sim_system or self.cfg.real_system
         hw, hw_name = self.sim_profile(job)
+        fam.check_hw(hw, job.workload, hw_name)  # before the real run, not after it
 
         real_sys = build_system(self.cfg.real_system, self.cfg.system_knobs)
         real_sys.check("real", job.workload, hw, job.fault)
