@@ -192,6 +192,14 @@ def weights_evictor(device: torch.device, keep: torch.Tensor) -> Optional[Callab
 CONV_SHAPES = {"cpu": [(2, 128, 48), (2, 256, 24), (2, 256, 12)], "cuda": [(8, 320, 64), (8, 640, 32), (8, 1280, 16)]}
 
 
+def _mix_rate(per_shape: List[tuple]) -> List[float]:
+    """Per sample round i, the total work of the shapes over their total time (the rate a mix
+    of them sees); ``per_shape`` holds (work, [seconds per round])."""
+    n = min(len(secs) for _, secs in per_shape)
+    total = sum(q for q, _ in per_shape)
+    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
+
+
 def measure_conv(dtype: str, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
     """FLOP/s of 3x3, stride-1, same-padded convs, FLOPs = 2 B C^2 9 H W (the direct conv's):
     per sample round, total FLOPs over total time of the shapes (the rate a mix of them sees)."""
@@ -202,9 +210,7 @@ def measure_conv(dtype: str, device: torch.device, sync: Callable[[], None], cfg
         with torch.no_grad():
             per_shape.append((2.0 * b * c * c * 9 * hw * hw,
                               _timed_samples(lambda: conv(x), sync, cfg, weights_evictor(device, x))))
-    n = min(len(secs) for _, secs in per_shape)
-    total = sum(f for f, _ in per_shape)
-    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
+    return _mix_rate(per_shape)
 
 
 # The gathered-window conv calibrate times: the same shapes, at the engine's paper block (2x2
@@ -245,13 +251,7 @@ def measure_window_conv(dtype: str, device: torch.device, sync: Callable[[], Non
                            _timed_samples(lambda: gather_windows(xp, idx, win, bo), sync, cfg)),
                 "scatter": (float(y.numel() * esize), _timed_samples(lambda: scatter_blocks(out, idx, y, bo), sync, cfg)),
             })
-    res: Dict[str, List[float]] = {}
-    for key in ("flops", "gather", "scatter"):
-        rows = [s[key] for s in per_shape]
-        n = min(len(secs) for _, secs in rows)
-        total = sum(q for q, _ in rows)
-        res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
-    return res
+    return {key: _mix_rate([sh[key] for sh in per_shape]) for key in per_shape[0]}
 
 
 def measure_cell_token_gathers(dtype: str, device: torch.device, sync: Callable[[], None],
@@ -281,13 +281,7 @@ def measure_cell_token_gathers(dtype: str, device: torch.device, sync: Callable[
             "token_gather": (nbytes, _timed_samples(lambda: gather_tokens(seq, flat), sync, cfg)),
             "token_scatter": (nbytes, _timed_samples(lambda: scatter_tokens(seq_out, flat, ta), sync, cfg)),
         })
-    res: Dict[str, List[float]] = {}
-    for key in per_shape[0]:
-        rows = [s[key] for s in per_shape]
-        n = min(len(secs) for _, secs in rows)
-        total = sum(q for q, _ in rows)
-        res[key] = [total / sum(secs[i] for _, secs in rows) for i in range(n)]
-    return res
+    return {key: _mix_rate([sh[key] for sh in per_shape]) for key in per_shape[0]}
 
 
 DISPATCH_CALLS = 200  # tiny ops per timed sample: one call is ~1 us, far under the timer's resolution
@@ -323,9 +317,7 @@ def measure_attention(dtype: str, device: torch.device, sync: Callable[[], None]
         with torch.no_grad():
             per_shape.append((4.0 * b * h * nq * nk * d,
                               _timed_samples(lambda: F.scaled_dot_product_attention(q, k, v), sync, cfg)))
-    n = min(len(secs) for _, secs in per_shape)
-    total = sum(f for f, _ in per_shape)
-    return [total / sum(secs[i] for _, secs in per_shape) for i in range(n)]
+    return _mix_rate(per_shape)
 
 
 def measure_matmul(dtype: str, sizes: List[int], device: torch.device, sync: Callable[[], None],
