@@ -109,6 +109,31 @@ def fit_overheads(batch: Sequence[int], excess_s: Sequence[float]) -> tuple[floa
     return c0, c1
 
 
+def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> tuple[float, str]:
+    """Serial cost per CPU-path layer of a CaraServe prefill (``cost.cpu_layer_overhead_s``):
+    over isolated prefills of ``prompt_len`` tokens, each timed cold (``cpu_layers`` layers on the
+    CPU path) and then resident (device path), the wall they add beyond what ``cost`` already
+    charges those layers (``max(base, cpu) - base`` each), per CPU layer (ratio of sums, >= 0).
+    Returns (0, reason) when no prefill ran a CPU layer."""
+    n = sum(int(p["cpu_layers"]) for p in prefills)
+    if not n:
+        return 0.0, "no profiled prefill ran a layer on the CPU path"
+    extra = sum(float(p["cold_s"]) - float(p["warm_s"]) for p in prefills)
+    priced = 0.0
+    for p in prefills:
+        r = int(p["rank"])
+        base = cost.prefill_s([prompt_len], [r]) / cost.num_layers
+        priced += int(p["cpu_layers"]) * max(0.0, cost.cpu_layer_s(((prompt_len, r),)) - base)
+    per = max(0.0, (extra - priced) / n)
+    # the check that the cost is per layer, not per prefill: a + b x layers over the same points
+    a, b = fit_overheads([int(p["cpu_layers"]) for p in prefills],
+                         [float(p["cold_s"]) - float(p["warm_s"]) for p in prefills])
+    ranks = ", ".join(f"r{int(p['rank'])}:{int(p['cpu_layers'])}" for p in prefills)
+    return per, (f"{len(prefills)} isolated prefills of {prompt_len} tokens cold (rank:CPU layers {ranks}) vs resident: "
+                 f"+{extra * 1e3:.2f} ms over {n} CPU layers, {priced * 1e3:.2f} ms of it priced by max(base, cpu): "
+                 f"{per * 1e3:.3f} ms per CPU layer (least squares {a * 1e3:.2f} ms + {b * 1e3:.3f} ms x layers)")
+
+
 def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
     # The sim prices the model the real run executes (its shape at fp32, the CPU run's dtype),
     # not the paper-scale one; prefill and decode come from the calibrated FLOP/s and memory
@@ -163,6 +188,19 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
             prof.sources["cost.prefill_flops_per_s"] = (
                 f"isolated prefill of {L} tokens {float(real.info['isolated_prefill_s']) * 1e3:.2f} ms: "
                 f"{rate / 1e9:.1f} GFLOP/s achieved vs {c0.flops_per_s / 1e9:.1f} calibrated")
+        # CaraServe's CPU path on the real engine: its worker processes are the sim's CPU cores,
+        # and the hand-off to them that does not overlap the device layer is profiled (one
+        # isolated prefill cold vs resident per adapter), priced per CPU layer.
+        if real.info.get("cpu_workers"):
+            prof.system["cost"]["cpu_cores"] = int(real.info["cpu_workers"])
+            prof.sources["cost.cpu_cores"] = f"the real engine's CPU LoRA workers ({int(real.info['cpu_workers'])})"
+        if real.info.get("isolated_cpu_prefills"):
+            import dataclasses as dc
+
+            sim_cost = dc.replace(c0, **prof.system["cost"])
+            per, src = cpu_layer_overhead(sim_cost, L, real.info["isolated_cpu_prefills"])
+            prof.system["cost"]["cpu_layer_overhead_s"] = per
+            prof.sources["cost.cpu_layer_overhead_s"] = src
     # The real engine's adapter pool, not the paper-scale one the sim defaults to (sim_pool_slots
     # 64): with 4 slots and 32 cold adapters every request loads, with 64 a repeat never does.
     if real.info.get("pool_slots"):

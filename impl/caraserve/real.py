@@ -103,6 +103,25 @@ def run_real(system, job: JobContext) -> RunResult:
         from impl.caraserve.cpu_prefill import CPULoRAWorker
 
         worker = CPULoRAWorker(adapters, job.out_dir, max_rows=max(len(p) for p in prompts) + 8)
+    # CaraServe's CPU-assisted prefill, isolated: the median prompt cold (loader copying, the
+    # worker computing the LoRA part of the first layers) and then resident (device path), on two
+    # trace adapters of each rank. The difference is the CPU path's cost that does not overlap
+    # the device layer (the fidelity profile prices it per CPU layer).
+    cpu_prefills = None
+    if worker is not None:
+        from impl.common.llm.engine import time_cpu_assisted_prefills
+
+        by_rank: dict = {}
+        for a in sorted(used, key=lambda a: (ranks[a], a)):
+            by_rank.setdefault(ranks[a], []).append(a)
+        probe = [a for k in range(2) for r in sorted(by_rank) for a in by_rank[r][k:k + 1]]
+        try:
+            cpu_prefills = time_cpu_assisted_prefills(base, adapters, system.sched_config("caraserve"), probe,
+                                                      (prompts[0] * 4)[:med], seconds_for, worker, device)
+        except BaseException:
+            worker.close()
+            raise
+        worker.jobs, worker.wait_s = 0, 0.0  # the trace's own counts below
     runs: dict = {p: [] for p in policies}
     total = len(reqs) * len(policies) * wl.repeats
     try:
@@ -148,6 +167,8 @@ def run_real(system, job: JobContext) -> RunResult:
                                                   for s in runs[p]] for p in policies},
             "cpu_layers": sum(s.cpu_layers for s in st), "device_layers": sum(s.device_layers for s in st)}
     if worker is not None:
+        info["cpu_workers"] = c.cpu_workers
+        info["isolated_cpu_prefills"] = cpu_prefills
         info["cpu_worker_jobs"] = worker.jobs
         info["cpu_worker_wait_s"] = worker.wait_s
     mine = metrics["ttft_mean_s"].value

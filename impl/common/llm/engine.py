@@ -384,3 +384,32 @@ def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Seq
             if k:
                 times.append(dt)
     return {B: statistics.median(runs[B][2]) for B in sizes}
+
+
+def time_cpu_assisted_prefills(model, adapters: dict, cfg: SchedulerConfig, names: Sequence[str],
+                               prompt: Sequence[int], seconds_for: Optional[Callable[[str], float]], cpu,
+                               device: str = "cpu") -> list[dict]:
+    """One isolated cold prefill per adapter in ``names`` through the serving engine (``cfg``'s
+    policy, CaraServe: the loader copies the adapter group by group while the CPU worker ``cpu``
+    computes the LoRA part of the layers whose group is not resident yet), then the same prefill
+    on the same engine once the adapter is resident (the device path). Per adapter: the two
+    prefill iterations' wall time (``cold_s``, ``warm_s``), their serving-thread CPU time, and
+    how many layers the cold one ran on the CPU path (``cpu_layers``; the warm one ran none)."""
+    out = []
+    for name in names:
+        eng = ServingEngine(model, adapters, cfg, seconds_for=seconds_for, cpu=cpu, device=device)
+        try:
+            runs = []
+            for rid in (0, 1):
+                st = eng.serve([EngineRequest(rid=rid, arrival_s=0.0, adapter=name, prompt=list(prompt), output_len=1)])
+                runs.append(st)
+                eng.loader.wait(name)  # the copy finishes before the device-path prefill
+        finally:
+            eng.close()
+        cold, warm = runs
+        if warm.cpu_layers or warm.stall_s:
+            raise RuntimeError(f"adapter {name!r}: the resident prefill ran {warm.cpu_layers} CPU layers and stalled "
+                               f"{warm.stall_s:.4f} s (evicted between the two prefills?)")
+        out.append({"adapter": name, "rank": int(adapters[name].rank), "cold_s": cold.busy_s, "warm_s": warm.busy_s,
+                    "cold_cpu_s": cold.busy_cpu_s, "warm_cpu_s": warm.busy_cpu_s, "cpu_layers": cold.cpu_layers})
+    return out
