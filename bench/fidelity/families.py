@@ -14,6 +14,7 @@ The simulated job then runs on the real job's workload with these fields replace
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -112,26 +113,30 @@ def fit_overheads(batch: Sequence[int], excess_s: Sequence[float]) -> tuple[floa
 def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> tuple[float, str]:
     """Serial cost per CPU-path layer of a CaraServe prefill (``cost.cpu_layer_overhead_s``):
     over isolated prefills of ``prompt_len`` tokens, each timed cold (``cpu_layers`` layers on the
-    CPU path) and then resident (device path), the wall they add beyond what ``cost`` already
-    charges those layers (``max(base, cpu) - base`` each), per CPU layer (ratio of sums, >= 0).
-    Returns (0, reason) when no prefill ran a CPU layer."""
-    n = sum(int(p["cpu_layers"]) for p in prefills)
-    if not n:
+    CPU path) and then resident (device path), the wall each cold one adds beyond what ``cost``
+    already charges its CPU layers (``max(base, cpu) - base`` each), per CPU layer; the median
+    over the prefills (one preempted pair on a shared host does not set it), >= 0. Returns
+    (0, reason) when no prefill ran a CPU layer."""
+    runs = [p for p in prefills if int(p["cpu_layers"]) > 0]
+    if not runs:
         return 0.0, "no profiled prefill ran a layer on the CPU path"
-    extra = sum(float(p["cold_s"]) - float(p["warm_s"]) for p in prefills)
-    priced = 0.0
-    for p in prefills:
-        r = int(p["rank"])
+    per_layer, excess = [], []
+    for p in runs:
+        n, r = int(p["cpu_layers"]), int(p["rank"])
         base = cost.prefill_s([prompt_len], [r]) / cost.num_layers
-        priced += int(p["cpu_layers"]) * max(0.0, cost.cpu_layer_s(((prompt_len, r),)) - base)
-    per = max(0.0, (extra - priced) / n)
+        priced = n * max(0.0, cost.cpu_layer_s(((prompt_len, r),)) - base)
+        excess.append(float(p["cold_s"]) - float(p["warm_s"]) - priced)
+        per_layer.append(excess[-1] / n)
+    per = max(0.0, statistics.median(per_layer))
     # the check that the cost is per layer, not per prefill: a + b x layers over the same points
-    a, b = fit_overheads([int(p["cpu_layers"]) for p in prefills],
-                         [float(p["cold_s"]) - float(p["warm_s"]) for p in prefills])
-    ranks = ", ".join(f"r{int(p['rank'])}:{int(p['cpu_layers'])}" for p in prefills)
-    return per, (f"{len(prefills)} isolated prefills of {prompt_len} tokens cold (rank:CPU layers {ranks}) vs resident: "
-                 f"+{extra * 1e3:.2f} ms over {n} CPU layers, {priced * 1e3:.2f} ms of it priced by max(base, cpu): "
-                 f"{per * 1e3:.3f} ms per CPU layer (least squares {a * 1e3:.2f} ms + {b * 1e3:.3f} ms x layers)")
+    a, b = fit_overheads([int(p["cpu_layers"]) for p in runs], excess)
+    layers = {}
+    for p in runs:
+        layers.setdefault(int(p["cpu_layers"]), []).append(float(p["cold_s"]) - float(p["warm_s"]))
+    by_n = ", ".join(f"{n} layer(s): +{statistics.median(v) * 1e3:.2f} ms (n={len(v)})" for n, v in sorted(layers.items()))
+    return per, (f"{len(runs)} isolated prefills of {prompt_len} tokens, cold minus resident, median by CPU layers: "
+                 f"{by_n}; beyond max(base, cpu), median {per * 1e3:.3f} ms per CPU layer (least squares "
+                 f"{a * 1e3:.2f} ms + {b * 1e3:.3f} ms x layers)")
 
 
 def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:

@@ -105,8 +105,8 @@ def run_real(system, job: JobContext) -> RunResult:
         worker = CPULoRAWorker(adapters, job.out_dir, max_rows=max(len(p) for p in prompts) + 8)
     # CaraServe's CPU-assisted prefill, isolated: the median prompt cold (loader copying, the
     # worker computing the LoRA part of the first layers) and then resident (device path), on two
-    # trace adapters of each rank. The difference is the CPU path's cost that does not overlap
-    # the device layer (the fidelity profile prices it per CPU layer).
+    # trace adapters of each rank, 3 rounds. The difference is the CPU path's cost that does not
+    # overlap the device layer (the fidelity profile prices it per CPU layer).
     cpu_prefills = None
     if worker is not None:
         from impl.common.llm.engine import time_cpu_assisted_prefills
@@ -117,7 +117,8 @@ def run_real(system, job: JobContext) -> RunResult:
         probe = [a for k in range(2) for r in sorted(by_rank) for a in by_rank[r][k:k + 1]]
         try:
             cpu_prefills = time_cpu_assisted_prefills(base, adapters, system.sched_config("caraserve"), probe,
-                                                      (prompts[0] * 4)[:med], seconds_for, worker, device)
+                                                      (prompts[0] * 4)[:med], seconds_for, worker, device,
+                                                      reps=3)
         except BaseException:
             worker.close()
             raise
@@ -165,6 +166,8 @@ def run_real(system, job: JobContext) -> RunResult:
             # (well under 1: it sat off-CPU, e.g. preempted; a slow round with ~1 ran slower on-CPU)
             "per_round_iteration_cpu_share": {p: [s.busy_cpu_s / (s.busy_s - s.stall_s) if s.busy_s > s.stall_s else None
                                                   for s in runs[p]] for p in policies},
+            # per round, per prefill iteration: [request ids, wall s, CPU-path layers]
+            "per_round_prefills": {p: [s.prefill_log for s in runs[p]] for p in policies},
             "cpu_layers": sum(s.cpu_layers for s in st), "device_layers": sum(s.device_layers for s in st)}
     if worker is not None:
         info["cpu_workers"] = c.cpu_workers
