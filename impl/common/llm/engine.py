@@ -392,20 +392,24 @@ def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Seq
 
 def time_cpu_assisted_prefills(model, adapters: dict, cfg: SchedulerConfig, names: Sequence[str],
                                prompt: Sequence[int], seconds_for: Optional[Callable[[str], float]], cpu,
-                               device: str = "cpu", reps: int = 1) -> list[dict]:
+                               device: str = "cpu", reps: int = 1, idle_s: float = 0.0) -> list[dict]:
     """One isolated cold prefill per adapter in ``names`` through the serving engine (``cfg``'s
     policy, CaraServe: the loader copies the adapter group by group while the CPU worker ``cpu``
     computes the LoRA part of the layers whose group is not resident yet), then the same prefill
     on the same engine once the adapter is resident (the device path). Per adapter: the two
     prefill iterations' wall time (``cold_s``, ``warm_s``), their serving-thread CPU time, and
     how many layers the cold one ran on the CPU path (``cpu_layers``; the warm one ran none).
-    ``reps`` rounds over ``names``, each pair on a fresh engine (so the adapter is cold again)."""
+    ``reps`` rounds over ``names``, each pair on a fresh engine (so the adapter is cold again).
+    ``idle_s``: the host idles this long before each of the two prefills, as a trace's requests
+    arrive after a gap (a cold prefill's hand-off to a worker that has slept costs more)."""
     out = []
     for name in [n for _ in range(reps) for n in names]:
         eng = ServingEngine(model, adapters, cfg, seconds_for=seconds_for, cpu=cpu, device=device)
         try:
             runs = []
             for rid in (0, 1):
+                if idle_s > 0:
+                    time.sleep(idle_s)
                 st = eng.serve([EngineRequest(rid=rid, arrival_s=0.0, adapter=name, prompt=list(prompt), output_len=1)])
                 runs.append(st)
                 eng.loader.wait(name)  # the copy finishes before the device-path prefill
