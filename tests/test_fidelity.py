@@ -280,3 +280,49 @@ def test_a_calibrated_profile_without_the_diffusion_rates_is_refused_before_the_
     rc, last = inprocess_runner([sys.executable, "-m", "bench", "experiment=fidelity/diffusion",
                                  f"system.sim_hardware={path}", f"results_dir={tmp_path}"], tmp_path)
     assert rc == 1 and "lacks conv_flops[fp32]" in last and "\n" not in last.strip()
+
+
+def _cold_prefills(cost, L, per_layer, layers=((8, 1), (16, 1), (32, 2), (64, 4)), warm=0.040):
+    """Synthetic isolated prefills: cold = resident + the sim's own CPU-path extra + per_layer x n."""
+    out = []
+    for r, n in layers:
+        base = cost.prefill_s([L], [r]) / cost.num_layers
+        priced = n * max(0.0, cost.cpu_layer_s(((L, r),)) - base)
+        out.append({"rank": r, "cpu_layers": n, "warm_s": warm, "cold_s": warm + priced + per_layer * n})
+    return out
+
+
+def test_cpu_layer_overhead_is_the_cold_prefills_excess_beyond_max_base_cpu_per_layer():
+    from bench.fidelity.families import cpu_layer_overhead
+
+    hidden = _serving_cost(iteration_overhead_s=0.0)  # the CPU path hides behind the device layer
+    per, src = cpu_layer_overhead(hidden, 128, _cold_prefills(hidden, 128, 0.0012))
+    assert per == pytest.approx(0.0012) and "per CPU layer" in src and "(least squares 0.00 ms +" in src  # per layer
+    # a slow host CPU: the sim already charges part of the cold prefill; only the rest is overhead
+    slow = _serving_cost(iteration_overhead_s=0.0, cpu_cores=1, cpu_flops_per_core=1e8)
+    assert slow.cpu_layer_s(((128, 64),)) > slow.prefill_s([128], [64]) / slow.num_layers
+    assert cpu_layer_overhead(slow, 128, _cold_prefills(slow, 128, 0.0012))[0] == pytest.approx(0.0012)
+    assert cpu_layer_overhead(hidden, 128, _cold_prefills(hidden, 128, -0.001))[0] == 0.0  # never negative
+    assert cpu_layer_overhead(hidden, 128, [{"rank": 8, "cpu_layers": 0, "warm_s": 0.04, "cold_s": 0.041}])[0] == 0.0
+    # one pair preempted on a shared host (+60 ms on its cold prefill) does not set the value
+    noisy = _cold_prefills(hidden, 128, 0.0012, layers=((8, 1), (16, 1), (32, 2), (64, 2), (8, 1)))
+    noisy[1]["cold_s"] += 0.060
+    assert cpu_layer_overhead(hidden, 128, noisy)[0] == pytest.approx(0.0012)
+
+
+def test_serving_profile_takes_cpu_workers_and_cpu_layer_overhead():
+    from bench.fidelity.families import _serving
+    from impl.common.api import RunResult
+    from impl.common.workloads.serving import LlamaShape, ServingWorkload
+
+    wl = ServingWorkload(model=LlamaShape(hidden=512, ffn_hidden=1376, heads=8, kv_heads=8, num_layers=4, vocab=1024))
+    info = {"isolated_tpot_s": 0.006, "isolated_prompt_len": 128, "isolated_rank": 8, "cpu_workers": 1}
+    hidden = _serving_cost(iteration_overhead_s=0.0)
+    info["isolated_cpu_prefills"] = _cold_prefills(hidden, 128, 0.0009)
+    prof = _serving(RunResult(metrics={}, info=info), wl, _hw())
+    assert prof.system["cost"]["cpu_cores"] == 1
+    assert prof.system["cost"]["cpu_layer_overhead_s"] == pytest.approx(0.0009, rel=1e-6)
+    assert "per CPU layer" in prof.sources["cost.cpu_layer_overhead_s"]
+    # a policy without the CPU path (no worker, no profile): the knob stays at its default
+    del info["isolated_cpu_prefills"], info["cpu_workers"]
+    assert "cpu_layer_overhead_s" not in _serving(RunResult(metrics={}, info=info), wl, _hw()).system["cost"]

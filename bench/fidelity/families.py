@@ -14,6 +14,7 @@ The simulated job then runs on the real job's workload with these fields replace
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -109,6 +110,35 @@ def fit_overheads(batch: Sequence[int], excess_s: Sequence[float]) -> tuple[floa
     return c0, c1
 
 
+def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> tuple[float, str]:
+    """Serial cost per CPU-path layer of a CaraServe prefill (``cost.cpu_layer_overhead_s``):
+    over isolated prefills of ``prompt_len`` tokens, each timed cold (``cpu_layers`` layers on the
+    CPU path) and then resident (device path), the wall each cold one adds beyond what ``cost``
+    already charges its CPU layers (``max(base, cpu) - base`` each), per CPU layer; the median
+    over the prefills (one preempted pair on a shared host does not set it), >= 0. Returns
+    (0, reason) when no prefill ran a CPU layer."""
+    runs = [p for p in prefills if int(p["cpu_layers"]) > 0]
+    if not runs:
+        return 0.0, "no profiled prefill ran a layer on the CPU path"
+    per_layer, excess = [], []
+    for p in runs:
+        n, r = int(p["cpu_layers"]), int(p["rank"])
+        base = cost.prefill_s([prompt_len], [r]) / cost.num_layers
+        priced = n * max(0.0, cost.cpu_layer_s(((prompt_len, r),)) - base)
+        excess.append(float(p["cold_s"]) - float(p["warm_s"]) - priced)
+        per_layer.append(excess[-1] / n)
+    per = max(0.0, statistics.median(per_layer))
+    # the check that the cost is per layer, not per prefill: a + b x layers over the same points
+    a, b = fit_overheads([int(p["cpu_layers"]) for p in runs], excess)
+    layers = {}
+    for p in runs:
+        layers.setdefault(int(p["cpu_layers"]), []).append(float(p["cold_s"]) - float(p["warm_s"]))
+    by_n = ", ".join(f"{n} layer(s): +{statistics.median(v) * 1e3:.2f} ms (n={len(v)})" for n, v in sorted(layers.items()))
+    return per, (f"{len(runs)} isolated prefills of {prompt_len} tokens, cold minus resident, median by CPU layers: "
+                 f"{by_n}; beyond max(base, cpu), median {per * 1e3:.3f} ms per CPU layer (least squares "
+                 f"{a * 1e3:.2f} ms + {b * 1e3:.3f} ms x layers)")
+
+
 def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
     # The sim prices the model the real run executes (its shape at fp32, the CPU run's dtype),
     # not the paper-scale one; prefill and decode come from the calibrated FLOP/s and memory
@@ -163,6 +193,19 @@ def _serving(real: RunResult, wl: Any, hw: Any = None) -> Profile:
             prof.sources["cost.prefill_flops_per_s"] = (
                 f"isolated prefill of {L} tokens {float(real.info['isolated_prefill_s']) * 1e3:.2f} ms: "
                 f"{rate / 1e9:.1f} GFLOP/s achieved vs {c0.flops_per_s / 1e9:.1f} calibrated")
+        # CaraServe's CPU path on the real engine: its worker processes are the sim's CPU cores,
+        # and the hand-off to them that does not overlap the device layer is profiled (one
+        # isolated prefill cold vs resident per adapter), priced per CPU layer.
+        if real.info.get("cpu_workers"):
+            prof.system["cost"]["cpu_cores"] = int(real.info["cpu_workers"])
+            prof.sources["cost.cpu_cores"] = f"the real engine's CPU LoRA workers ({int(real.info['cpu_workers'])})"
+        if real.info.get("isolated_cpu_prefills"):
+            import dataclasses as dc
+
+            sim_cost = dc.replace(c0, **prof.system["cost"])
+            per, src = cpu_layer_overhead(sim_cost, L, real.info["isolated_cpu_prefills"])
+            prof.system["cost"]["cpu_layer_overhead_s"] = per
+            prof.sources["cost.cpu_layer_overhead_s"] = src
     # The real engine's adapter pool, not the paper-scale one the sim defaults to (sim_pool_slots
     # 64): with 4 slots and 32 cold adapters every request loads, with 64 a repeat never does.
     if real.info.get("pool_slots"):

@@ -117,3 +117,16 @@ def test_decode_batch_profile_times_every_size_even_beyond_the_adapters(tiny):
     base, ads = tiny
     out = time_decode_batches(base, ads, ["a16", "a64"], PROMPT, [4, 1, 2], "bgmv", reps=1)
     assert sorted(out) == [1, 2, 4] and all(t > 0 for t in out.values())
+
+
+def test_cpu_assisted_prefill_profile_pairs_a_cold_prefill_with_the_resident_one(tiny):
+    from impl.common.llm.engine import time_cpu_assisted_prefills
+
+    base, ads = tiny
+    cfg = SchedulerConfig(policy="caraserve", pool_slots=2, load_groups=2)
+    cpu = InlineCPU(ads)
+    # a copy longer than the prefill: the cold one runs its first layer group on the CPU path
+    out = time_cpu_assisted_prefills(base, ads, cfg, ["a16", "a64"], PROMPT, lambda a: 0.05, cpu, reps=2, idle_s=0.001)
+    assert [p["adapter"] for p in out] == ["a16", "a64", "a16", "a64"]
+    assert all(p["cpu_layers"] >= 1 and p["cold_s"] > 0 and p["warm_s"] > 0 for p in out)
+    assert cpu.jobs == 2 * sum(p["cpu_layers"] for p in out)  # only the cold prefills used the CPU path

@@ -139,3 +139,29 @@ def test_unsupported_cpu_worker_count_is_refused():
 
     with pytest.raises(ConfigError, match="system.cpu_workers must be 0"):
         ServingSystem(ServingSystem.Config(cpu_workers=3), "caraserve")
+
+
+def test_cpu_layer_overhead_zero_is_unchanged_and_positive_raises_only_cpu_assisted_prefills(tmp_path):
+    # sparse arrivals: every request is served alone, so a request's TTFT moves only by its own
+    # prefill; the knob is charged once per CPU-path layer and nowhere else
+    j = job(tmp_path, n=40, rate=0.005, adapters=400)
+    knob = 0.003
+    for p in ("caraserve", "ondmd", "cached"):
+        runs = {}
+        for v in (None, 0.0, knob):
+            s = system(p, "mostidle", cost=ServingCostConfig() if v is None else ServingCostConfig(cpu_layer_overhead_s=v))
+            cost = build_cost(s, j)
+            runs[v], _ = simulate_policy(s, j, s.trace(j), cost, p, "mostidle")
+        ttft = {v: {r.rid: r.ttft_s for r in res.records} for v, res in runs.items()}
+        assert ttft[0.0] == ttft[None]
+        if p != "caraserve":
+            assert ttft[knob] == ttft[0.0] and runs[knob].cpu_layers == 0
+            continue
+        rise = {rid: ttft[knob][rid] - ttft[0.0][rid] for rid in ttft[0.0]}
+        # a longer CPU layer lets more of the load land: later layers switch to the device sooner
+        assert 0 < runs[knob].cpu_layers <= runs[0.0].cpu_layers
+        assert sum(rise.values()) == pytest.approx(knob * runs[knob].cpu_layers)  # the CPU path hides here
+        warm = [r.rid for r in runs[0.0].records if not r.cold]
+        assert warm and all(rise[rid] == 0.0 for rid in warm)
+        assert all(rise[r.rid] > 0 for r in runs[0.0].records if r.cold)
+        assert runs[knob].iteration_mean_s["decode"] == runs[0.0].iteration_mean_s["decode"]

@@ -149,6 +149,8 @@ class EngineStats:
     cpu_jobs: int = 0
     cpu_layers: int = 0
     device_layers: int = 0
+    # one row per prefill iteration: (request ids, wall s, layers on the CPU path)
+    prefill_log: list = field(default_factory=list)
 
 
 class ServingEngine:
@@ -297,10 +299,12 @@ class ServingEngine:
                 wait = 0.0005 if nxt is None else max(0.0, min(nxt - now, 0.0005 if sched.busy() else 1.0))
                 time.sleep(wait)
                 continue
-            it0, cpu0 = clock(), time.thread_time()
+            it0, cpu0, cl0 = clock(), time.thread_time(), stats.cpu_layers
             self._run(plan, stats)
             t_end = clock() - t0
             busy += clock() - it0
+            if plan.kind == "prefill":
+                stats.prefill_log.append(([r.rid for r in plan.reqs], clock() - it0, stats.cpu_layers - cl0))
             stats.busy_cpu_s += time.thread_time() - cpu0
             if plan.kind == "prefill":
                 stats.prefill_iters += 1
@@ -384,3 +388,37 @@ def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Seq
             if k:
                 times.append(dt)
     return {B: statistics.median(runs[B][2]) for B in sizes}
+
+
+def time_cpu_assisted_prefills(model, adapters: dict, cfg: SchedulerConfig, names: Sequence[str],
+                               prompt: Sequence[int], seconds_for: Optional[Callable[[str], float]], cpu,
+                               device: str = "cpu", reps: int = 1, idle_s: float = 0.0) -> list[dict]:
+    """One isolated cold prefill per adapter in ``names`` through the serving engine (``cfg``'s
+    policy, CaraServe: the loader copies the adapter group by group while the CPU worker ``cpu``
+    computes the LoRA part of the layers whose group is not resident yet), then the same prefill
+    on the same engine once the adapter is resident (the device path). Per adapter: the two
+    prefill iterations' wall time (``cold_s``, ``warm_s``), their serving-thread CPU time, and
+    how many layers the cold one ran on the CPU path (``cpu_layers``; the warm one ran none).
+    ``reps`` rounds over ``names``, each pair on a fresh engine (so the adapter is cold again).
+    ``idle_s``: the host idles this long before each of the two prefills, as a trace's requests
+    arrive after a gap (a cold prefill's hand-off to a worker that has slept costs more)."""
+    out = []
+    for name in [n for _ in range(reps) for n in names]:
+        eng = ServingEngine(model, adapters, cfg, seconds_for=seconds_for, cpu=cpu, device=device)
+        try:
+            runs = []
+            for rid in (0, 1):
+                if idle_s > 0:
+                    time.sleep(idle_s)
+                st = eng.serve([EngineRequest(rid=rid, arrival_s=0.0, adapter=name, prompt=list(prompt), output_len=1)])
+                runs.append(st)
+                eng.loader.wait(name)  # the copy finishes before the device-path prefill
+        finally:
+            eng.close()
+        cold, warm = runs
+        if warm.cpu_layers or warm.stall_s:
+            raise RuntimeError(f"adapter {name!r}: the resident prefill ran {warm.cpu_layers} CPU layers and stalled "
+                               f"{warm.stall_s:.4f} s (evicted between the two prefills?)")
+        out.append({"adapter": name, "rank": int(adapters[name].rank), "cold_s": cold.busy_s, "warm_s": warm.busy_s,
+                    "cold_cpu_s": cold.busy_cpu_s, "warm_cpu_s": warm.busy_cpu_s, "cpu_layers": cold.cpu_layers})
+    return out

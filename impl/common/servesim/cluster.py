@@ -221,7 +221,8 @@ class SimServer:
         # CaraServe (spec 2.1): layer by layer; a cold request's layer runs on the CPU path unless
         # the layer's group is resident when the layer starts (switch at a layer boundary); the
         # layer waits for the slowest delta. All cold requests on the CPU path in a layer share the
-        # host's cores and link (cost.cpu_layer_s).
+        # host's cores and link (cost.cpu_layer_s). Each of them also pays the serial hand-off
+        # cost.cpu_layer_overhead_s per CPU layer (0 by default).
         base = c.prefill_s(lens, ranks, lora=True) / c.num_layers
         t = now
         memo: dict = {}
@@ -235,7 +236,7 @@ class SimServer:
             jobs = tuple(jobs)
             if jobs not in memo:
                 memo[jobs] = c.cpu_layer_s(jobs)
-            t += max(base, memo[jobs])
+            t += max(base, memo[jobs]) + len(jobs) * c.cpu_layer_overhead_s
         return t - now, stall
 
     def _finish(self, plan: Plan) -> None:

@@ -76,6 +76,12 @@ class ServingCostConfig:
     # runs skinny matmuls plus per-token norm/rotary/softmax/SiLU work that a square-matmul
     # calibration does not see.
     prefill_flops_per_s: float = 0.0
+    # Serial cost per cold request per layer on the CPU path, on top of max(base, cpu) (0 = the
+    # CPU path hides fully behind the device layer, every paper figure). The serving thread's
+    # hand-off to the CPU LoRA worker (copy-in, doorbell, wake-up, result copy-out) does not
+    # overlap the layer on a host with few cores; the fidelity job takes it from one isolated
+    # CPU-assisted prefill against the same prefill on the device path.
+    cpu_layer_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.load_table_ranks) != len(self.load_table_times_s) or len(self.load_table_ranks) == 1:
