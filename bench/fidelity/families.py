@@ -96,18 +96,14 @@ def fit_overheads(batch: Sequence[int], excess_s: Sequence[float]) -> tuple[floa
     n = len(batch)
     if n != len(excess_s) or not n:
         raise ConfigError(f"fit_overheads: {n} batch sizes for {len(excess_s)} excess times")
-    xs, ys = [float(b) for b in batch], [float(e) for e in excess_s]
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return max(0.0, my), 0.0
-    c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    c0 = my - c1 * mx
-    if c1 < 0:
-        return max(0.0, my), 0.0
-    if c0 < 0:
-        return 0.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
-    return c0, c1
+    import numpy as np
+    from scipy.optimize import nnls
+
+    xs, ys = np.asarray(batch, dtype=float), np.asarray(excess_s, dtype=float)
+    if np.ptp(xs) == 0:  # one batch size: the slope is not identified
+        return max(0.0, float(ys.mean())), 0.0
+    (c0, c1), _ = nnls(np.column_stack([np.ones(n), xs]), ys)
+    return float(c0), float(c1)
 
 
 def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> tuple[float, str]:

@@ -168,9 +168,12 @@ def run_real(system, job: JobContext) -> RunResult:
             "a10_profile_load_s_mean_adapter": a10_load,
             "per_round_ttft_mean_s": {p: [float(np.mean([r.ttft_s for r in s.records])) for s in runs[p]] for p in policies},
             # the serving thread's CPU time / wall over its iterations less load stalls, per round
-            # (well under 1: it sat off-CPU, e.g. preempted; a slow round with ~1 ran slower on-CPU)
-            "per_round_iteration_cpu_share": {p: [s.busy_cpu_s / (s.busy_s - s.stall_s) if s.busy_s > s.stall_s else None
-                                                  for s in runs[p]] for p in policies},
+            # (well under 1: it sat off-CPU, e.g. preempted; a slow round with ~1 ran slower on-CPU).
+            # Only with one torch thread: with more, the compute runs on OpenMP threads that
+            # thread_time() does not see, so the share would read low without any preemption.
+            "per_round_iteration_cpu_share": ({p: [s.busy_cpu_s / (s.busy_s - s.stall_s) if s.busy_s > s.stall_s
+                                                   else None for s in runs[p]] for p in policies}
+                                              if torch.get_num_threads() == 1 else None),
             # per round, per prefill iteration: [request ids, wall s, CPU-path layers]
             "per_round_prefills": {p: [s.prefill_log for s in runs[p]] for p in policies},
             "cpu_layers": sum(s.cpu_layers for s in st), "device_layers": sum(s.device_layers for s in st)}

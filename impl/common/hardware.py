@@ -24,7 +24,10 @@ class HardwareProfile:
     # shape (impl.common.diffusion.windows: k=3 windows of 2x2 output blocks): the conv's FLOP/s
     # on the (N, C, 4, 4) tiles (FLOPs of the active blocks only), and the bytes/s of the window
     # gather and the block scatter (advanced indexing over short rows). Absent (datasheet
-    # profiles) = the conv rate and memory_bw_bytes_per_s price them.
+    # profiles) = the conv rate and memory_bw_bytes_per_s price them. Units: these rates count
+    # the bytes moved once (size / t), memory_bw_bytes_per_s counts read + write (STREAM copy),
+    # so the fallback prices a gather of N bytes at N / bw, half its traffic, as the sparse-op
+    # pricing always has (kept: datasheet figures unchanged).
     conv_window_flops: Dict[str, float] = field(default_factory=dict)
     window_gather_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     window_scatter_bytes_per_s: Dict[str, float] = field(default_factory=dict)
