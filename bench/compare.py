@@ -473,7 +473,7 @@ def _fidelity_view(records: list, results: pathlib.Path, out: pathlib.Path, no_p
     rows = fidelity_rows(records)
     if not rows:
         return _fail(f"no fidelity records in {results} (run `mlsys-bench --multirun experiment=fidelity/<family>`)")
-    print(f"{len(rows)} sim-vs-real rows in {results}; newest record per family, situation and fault; "
+    print(f"{len(rows)} sim-vs-real rows in {results}; newest record per family, situation, workload and fault; "
           f"error % = (sim - real) / real; invalid = the real run's host was contended")
     print()
     print(format_rows(rows), end="")

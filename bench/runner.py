@@ -196,8 +196,8 @@ def _store_fidelity(cfg: DictConfig, record: dict) -> None:
     fid = (record.get("info") or {}).get("fidelity")
     if record["status"] != "ok" or not fid:
         return
-    from bench.fidelity.store import update
+    from bench.fidelity.store import situation_key, update
 
-    update(_fidelity_store(cfg), fid["family"], fid["situation"],
+    update(_fidelity_store(cfg), fid["family"], situation_key(fid["situation"], record["workload"], record["fault"]),
            {"run_id": record["run_id"], "date": record["created"], "rows": fid["rows"],
             "experiment": record["experiment"], "workload": record["workload"], "fault": record["fault"]})

@@ -51,6 +51,14 @@ def test_sim_record_provenance_names_family_fidelity_null_then_measured(tmp_path
     latest = _run(SIM_PIPELINE, results)["provenance"]["fidelity"]["latest"]
     assert latest["max_abs_error_pct"] == 12.0 and latest["mean_abs_error_pct"] == 8.0
     assert latest["date"].startswith("2026-01-03") and latest["situations"] == 2 and latest["host"]
+    # one situation on two workloads (e.g. two mask ratios) keeps both: the worse one stays visible
+    for wl, err in (("fisedit_cpu_wide[mask_ratio=0.1]", 25.0), ("fisedit_cpu_wide[mask_ratio=0.35]", 7.0)):
+        store.update(store.store_path(None, results), "diffusion", store.situation_key("fisedit", wl, "none"),
+                     {"run_id": wl, "date": "2026-01-04T00:00:00+00:00",
+                      "rows": [{"metric": "sparse_step_speedup", "real": 1.0, "sim": 1 + err / 100,
+                                "sim_over_real": 1 + err / 100, "error_pct": err}]})
+    diff = store.family_fidelity(store.store_path(None, results), "diffusion")
+    assert diff["situations"] == 2 and diff["max_abs_error_pct"] == 25.0
     # another host's measurement is not this machine's
     assert store.family_fidelity(store.store_path(None, results), "pipeline", host="elsewhere") is None
     assert family_of("diffusion_edit") == "diffusion" and family_of("varlen") == "varlen"
@@ -88,7 +96,8 @@ def test_fidelity_job_records_sim_over_real_and_updates_the_store(tmp_path):
     assert "sim_op_time_s" in fid["from_real_run"] and fid["real_target"] == "impl.adaptra.system.PipelineTraining"
     saved = json.loads((results / "fidelity.json").read_text())
     [host] = saved["hosts"]
-    assert saved["hosts"][host]["pipeline"]["zb"]["run_id"] == rec["run_id"]
+    key = store.situation_key("zb", rec["workload"], rec["fault"])
+    assert saved["hosts"][host]["pipeline"][key]["run_id"] == rec["run_id"]
     rows = fidelity_rows(load_records(results))
     assert [(r["family"], r["metric"]) for r in rows] == [("pipeline", "iteration_time_s")]
     assert "error %" in format_rows(rows)

@@ -5,7 +5,7 @@ written atomically under a file lock by every valid fidelity job and read by
 :mod:`bench.provenance` for every sim record::
 
     {"schema": "mlsys-bench.fidelity/1",
-     "hosts": {"<hostname>": {"<family>": {"<situation>": {
+     "hosts": {"<hostname>": {"<family>": {"<situation> | <workload> | <fault>": {
          "run_id", "date", "host", "rows": [{"metric", "real", "sim", "sim_over_real", "error_pct"}]}}}}}
 
 A family's fidelity (what a sim record carries) is summarised over its latest situations:
@@ -40,6 +40,13 @@ def _read(path: pathlib.Path) -> dict:
         return {"schema": SCHEMA, "hosts": {}}
     data.setdefault("hosts", {})
     return data
+
+
+def situation_key(situation: str, workload: Optional[str] = None, fault: Optional[str] = None) -> str:
+    """A store key per measured case: one situation is run on several workloads or faults (two
+    mask ratios, with and without a link delay); keyed by the situation alone, the newest would
+    replace the others and a family's worst error could drop out of every sim record."""
+    return " | ".join(str(x) for x in (situation, workload, fault) if x not in (None, ""))
 
 
 def update(path: pathlib.Path, family: str, situation: str, entry: dict, host: Optional[str] = None) -> None:

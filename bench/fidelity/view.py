@@ -28,12 +28,12 @@ def fidelity_rows(records: list[dict], include_invalid: bool = True) -> list[dic
                          "real": r["real"], "sim": r["sim"], "error_pct": r["error_pct"],
                          "status": rec["status"], "host": host, "date": rec["created"][:10],
                          "run_id": rec["run_id"], "invalid_reasons": rec.get("invalid_reasons") or []})
-    return sorted(rows, key=lambda r: (r["family"], r["situation"], str(r["fault"]), r["metric"]))
+    return sorted(rows, key=lambda r: (r["family"], r["situation"], str(r["workload"]), str(r["fault"]), r["metric"]))
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = ["family", "situation", "fault", "metric", "real", "sim", "error %", "status", "host", "date"]
-    body = [[r["family"], r["situation"], str(r["fault"]), r["metric"], f"{r['real']:.4g} {r['unit']}".strip(),
+    head = ["family", "situation", "workload", "fault", "metric", "real", "sim", "error %", "status", "host", "date"]
+    body = [[r["family"], r["situation"], str(r.get("workload") or ""), str(r["fault"]), r["metric"], f"{r['real']:.4g} {r['unit']}".strip(),
              f"{r['sim']:.4g} {r['unit']}".strip(), f"{r['error_pct']:+.1f}", r["status"], r["host"], r["date"]]
             for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
