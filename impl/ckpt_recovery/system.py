@@ -44,8 +44,7 @@ class CkptRecovery(System):
         return ("sim", "real") if self.cfg.policy in REAL_POLICIES else ("sim",)
 
     def check(self, mode, wl, hardware, fault) -> None:
-        if getattr(wl, "kind", None) != "hybrid":
-            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'hybrid' workload, got {getattr(wl, 'kind', None)!r}")
+        self.require_workload(wl, "hybrid")
         if mode == "real":
             from .real import check_real
 

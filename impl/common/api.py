@@ -114,6 +114,16 @@ class System(abc.ABC):
         self.cfg = cfg
         self.name = name
 
+    def require_workload(self, workload: Any, kind: str) -> None:
+        """One line when the workload is not of the ``kind`` this system runs."""
+        if getattr(workload, "kind", None) != kind:
+            raise ConfigError(f"workload.kind: system {self.name!r} needs a {kind!r} workload, "
+                              f"got {getattr(workload, 'kind', None)!r}")
+
+    def require_no_fault(self, fault: Any) -> None:
+        if fault.kind != "none":
+            raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
+
     def check(self, mode: str, workload: Any, hardware: Any, fault: Any) -> None:
         """Checks that need the whole job (a fault on a link the workload lacks, a knob that
         only one mode has). Raise ConfigError; called before any job of a sweep starts."""

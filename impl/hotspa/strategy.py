@@ -6,21 +6,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from impl.common.api import ConfigError
+from impl.common.parallel.dims import ParallelDims
 from impl.common.varlen.packing import check_boundaries
 
 
-@dataclass(frozen=True, order=True)
-class Strategy:
-    dp: int
-    tp: int
-    pp: int
-
-    @property
-    def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def __str__(self) -> str:
-        return f"({self.dp},{self.tp},{self.pp})"
+Strategy = ParallelDims  # one strategy per length group
 
 
 def parse_strategy(value: Sequence[int], num_gpus: int, field: str) -> Strategy:

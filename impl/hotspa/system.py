@@ -60,10 +60,8 @@ class HotSPa(System):
         return ("sim",) if self.cfg.policy == "deepspeed_static" else ("sim", "real")
 
     def check(self, mode, wl, hardware, fault) -> None:
-        if getattr(wl, "kind", None) != "varlen":
-            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'varlen' workload, got {getattr(wl, 'kind', None)!r}")
-        if fault.kind != "none":
-            raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
+        self.require_workload(wl, "varlen")
+        self.require_no_fault(fault)
         wl.validate()
         if mode == "real":
             from .real import check_real

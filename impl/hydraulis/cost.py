@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
+from impl.common.parallel.dims import ParallelDims
 from impl.common.cost.varlen_model import Layout, analytic_seq_cost
 
 GIB = 2.0 ** 30
@@ -184,20 +185,7 @@ def _load(path: str, _mtime: int) -> CostData:
 # ---------------------------------------------------------------------------- memory
 
 
-@dataclass(frozen=True)
-class OptLayout:
-    """The optimizer (master weights + states) layout (os_dp, os_tp, os_pp), spec 2.2."""
-
-    dp: int
-    tp: int
-    pp: int
-
-    @property
-    def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def __str__(self) -> str:
-        return f"({self.dp},{self.tp},{self.pp})"
+OptLayout = ParallelDims  # the optimizer (master weights + states) layout (os_dp, os_tp, os_pp), spec 2.2
 
 
 @dataclass(frozen=True)

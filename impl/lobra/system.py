@@ -101,11 +101,8 @@ class LobRA(System):
                 raise ConfigError(f"system.real.interleave: unknown policy {p!r} (one of: {', '.join(POLICIES)})")
 
     def check(self, mode, wl, hardware, fault) -> None:
-        if getattr(wl, "kind", None) != "multitask_lora":
-            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'multitask_lora' workload, "
-                              f"got {getattr(wl, 'kind', None)!r}")
-        if fault.kind != "none":
-            raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
+        self.require_workload(wl, "multitask_lora")
+        self.require_no_fault(fault)
         wl.validate()
         if mode == "sim":
             if "bf16" not in hardware.peak_flops:

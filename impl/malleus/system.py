@@ -121,8 +121,7 @@ class HybridTraining(System):
     def check(self, mode, wl, hardware, fault) -> None:
         """Whole-job checks, at preflight: workload and fault kinds, the planner's inputs, the
         nominal layout's memory, and the planner's grouping at every change of the fault."""
-        if getattr(wl, "kind", None) != "hybrid":
-            raise ConfigError(f"workload.kind: system {self.name!r} needs a 'hybrid' workload, got {getattr(wl, 'kind', None)!r}")
+        self.require_workload(wl, "hybrid")
         if fault.kind not in SUPPORTED_FAULTS:
             raise ConfigError(f"fault.kind: system {self.name!r} does not support fault {fault.kind!r} "
                               f"(supports: {', '.join(SUPPORTED_FAULTS)})")
