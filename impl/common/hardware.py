@@ -5,7 +5,39 @@ Profiles live in ``conf/hardware/*.yaml``; ``local.yaml`` is written by ``system
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
+
+
+@dataclass
+class MegatronKnobs:
+    """The physical knobs of the Megatron-LM step model (:mod:`impl.common.megatron.step`), as
+    fitted by ``mlsys-bench-calibrate-megatron`` from measured launches. A profile without them
+    prices Megatron from its datasheet figures (``mfu``, ``comm_efficiency``, the links, the
+    memory size) through :meth:`HardwareProfile.megatron_knobs`."""
+
+    # Achieved fraction of the bf16 peak of a large GEMM, and the GEMM row count (tokens of one
+    # micro-batch) at which the achieved rate halves: time = flops / (peak * eff) * (1 + half_rows / rows).
+    gemm_efficiency: float = 0.4
+    gemm_half_rows: float = 0.0
+    # Achieved fraction of the bf16 peak of causal flash attention (FLOPs 6 * h * s^2 / 2 per layer).
+    attn_efficiency: float = 0.4
+    # Achieved bus bandwidth (bytes/s per GPU) of NCCL collectives and P2P inside a node and across nodes.
+    intra_node_bus_bw_bytes_per_s: float = 360e9
+    inter_node_bus_bw_bytes_per_s: float = 40e9
+    # Host/launch time per transformer layer and micro-batch (forward + backward), and per iteration.
+    layer_overhead_s: float = 0.0
+    iteration_overhead_s: float = 0.0
+    # Activation bytes kept per token, layer and hidden unit without recomputation: the part every
+    # TP rank keeps whole without sequence parallelism, and the part TP splits (Korthikanti et al.
+    # 2022 with flash attention: 10 and 24).
+    act_whole_bytes: float = 10.0
+    act_sharded_bytes: float = 24.0
+    # Bytes per logit element held at the loss peak (fp32 logits and the loss's working copies).
+    logits_bytes: float = 4.0
+    # Allocated bytes besides states, activations and logits (workspaces, buffers), and what
+    # PyTorch may allocate on one GPU before an out-of-memory error.
+    memory_overhead_bytes: float = 0.0
+    allocatable_bytes: float = 0.0
 
 
 @dataclass
@@ -67,6 +99,21 @@ class HardwareProfile:
     # Measured collective figures (calibration only; null for datasheet profiles).
     allreduce_bw_bytes_per_s: Optional[float] = None
     allreduce_latency_s: Optional[float] = None
+    # Megatron step-model knobs fitted from measured runs (null: priced from the datasheet).
+    megatron: Optional[MegatronKnobs] = None
+    # Where fitted fields came from: input file and sha256, knob values, residuals (free-form).
+    calibration: Dict[str, Any] = field(default_factory=dict)
+
+    def megatron_knobs(self) -> MegatronKnobs:
+        """The fitted knobs, else the datasheet reading: ``mfu`` of peak for GEMMs and attention,
+        ``comm_efficiency`` of each link, Korthikanti's activation bytes, all of memory."""
+        if self.megatron is not None:
+            return self.megatron
+        eff = self.comm_efficiency
+        return MegatronKnobs(gemm_efficiency=self.mfu, attn_efficiency=self.mfu,
+                             intra_node_bus_bw_bytes_per_s=self.intra_node_bw_bytes_per_s * eff,
+                             inter_node_bus_bw_bytes_per_s=self.inter_node_bw_bytes_per_s * eff,
+                             allocatable_bytes=self.memory_bytes)
 
     def flops(self, dtype: str) -> float:
         """Achievable FLOP/s for ``dtype`` (peak x mfu)."""
@@ -116,3 +163,36 @@ class HardwareProfile:
     def token_scatter_bw(self, dtype: str) -> float:
         """Bytes/s of a token scatter: measured, else the streaming memory bandwidth."""
         return self.token_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+
+def hardware_dir() -> "pathlib.Path":
+    """The package's ``conf/hardware`` folder."""
+    import pathlib
+
+    import conf
+
+    return pathlib.Path(conf.__file__).resolve().parent / "hardware"
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A profile by name (``conf/hardware/<name>.yaml``, the working directory's ``conf/`` first,
+    as Hydra searches) or by path, type-checked against :class:`HardwareProfile`."""
+    import pathlib
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from impl.common.api import ConfigError
+
+    p = pathlib.Path(name_or_path)
+    if not p.suffix:
+        local = pathlib.Path.cwd() / "conf" / "hardware" / f"{name_or_path}.yaml"
+        p = local if local.is_file() else hardware_dir() / f"{name_or_path}.yaml"
+    if not p.is_file():
+        known = ", ".join(sorted(x.stem for x in hardware_dir().glob("*.yaml")))
+        raise ConfigError(f"hardware: no profile {name_or_path!r} (known: {known})")
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(HardwareProfile), OmegaConf.load(p))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"hardware {p}: {str(e).splitlines()[0]}") from None
+    return OmegaConf.to_object(node)

@@ -1,0 +1,275 @@
+"""Fit a hardware profile's Megatron knobs (:class:`~impl.common.hardware.MegatronKnobs`, 12 of
+them) to measured launches, and price launches with a profile. Fitting only writes knobs;
+pricing only reads them; every error quoted is on launches the fit did not see (K folds).
+
+- Time (7 knobs: GEMM efficiency and half-rate rows, attention efficiency, intra- and inter-node
+  bus bandwidth, per-layer and per-iteration overhead): bounded least squares on
+  log(predicted / measured) iteration time over every timed launch, pad and pack alike (soft-L1
+  loss: a launch slowed by a neighbour's job does not pull every knob).
+- Memory (4 knobs: whole and TP-split activation bytes per token-layer, bytes per logit, fixed
+  overhead): non-negative least squares on the relative error of the peak allocated memory of the
+  launches that printed it, at the rank the model says peaks (re-chosen until it settles).
+- Fit verdict (1 knob: allocatable bytes): the threshold on the predicted whole-run peak that
+  classifies the most finished and out-of-memory launches right; the middle of the best interval.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from impl.common.api import ConfigError
+from impl.common.hardware import HardwareProfile, MegatronKnobs
+
+from .runs import DocLengths, Launch, work_of
+from .step import (F_ATTN, F_GEMM, F_GEMM_ROWS, F_INTER, F_INTRA, F_ITER, F_LAYERS, M_LOGITS, M_ONE, M_SHARDED,
+                   M_STATES, M_WHOLE, StepFeatures, features, iteration_times_s, phi_of, theta_of)
+
+TIME_KNOBS = (F_GEMM, F_GEMM_ROWS, F_ATTN, F_INTRA, F_INTER, F_LAYERS, F_ITER)
+# Scales the optimizer works in (seconds per unit at a plausible value), so every variable is O(1).
+_SCALE = {F_GEMM: 1 / (989e12 * 0.5), F_GEMM_ROWS: 500 / (989e12 * 0.5), F_ATTN: 1 / (989e12 * 0.3),
+          F_INTRA: 1 / 100e9, F_INTER: 1 / 20e9, F_LAYERS: 1e-4, F_ITER: 0.1}
+MIB = 2.0 ** 20
+
+
+@dataclass
+class Priced:
+    """A launch with its features (None when its layout cannot run: ``error`` says why)."""
+
+    launch: Launch
+    feats: Optional[StepFeatures]
+    error: str = ""
+
+
+def featurize(launches: Sequence[Launch], hw: HardwareProfile, docs: Optional[DocLengths] = None) -> list[Priced]:
+    docs = docs or DocLengths(launches)
+    out = []
+    for la in launches:
+        if la.layout is None or la.model is None:
+            continue
+        if la.skip_reason:
+            out.append(Priced(la, None, la.skip_reason))
+            continue
+        try:
+            out.append(Priced(la, features(la.model, la.layout, hw, work_of(la, docs))))
+        except ConfigError as e:
+            out.append(Priced(la, None, str(e)))
+    return out
+
+
+def _theta_from(x: np.ndarray, base: np.ndarray) -> np.ndarray:
+    th = base.copy()
+    for i, k in enumerate(TIME_KNOBS):
+        th[k] = x[i] * _SCALE[k]
+    return th
+
+
+def fit_time(priced: Sequence[Priced], theta0: np.ndarray) -> tuple[np.ndarray, dict]:
+    rows = [p for p in priced if p.feats is not None and p.launch.measured_iteration_ms]
+    if len(rows) < len(TIME_KNOBS):
+        raise ConfigError(f"--runs: {len(rows)} timed launches cannot fit {len(TIME_KNOBS)} time knobs")
+    meas = np.log(np.array([p.launch.measured_iteration_ms / 1e3 for p in rows]))
+
+    def resid(x):
+        th = _theta_from(x, theta0)
+        pred = np.array([p.feats.iteration_s(th) for p in rows])
+        return np.log(np.maximum(pred, 1e-9)) - meas
+
+    x0 = np.array([max(theta0[k], 1e-3 * _SCALE[k]) / _SCALE[k] for k in TIME_KNOBS])
+    # Lower bounds keep every rate finite (a bandwidth of at most 100x its scale, overheads >= 0).
+    lo = np.array([1e-2, 0.0, 1e-2, 1e-2, 1e-2, 0.0, 0.0])
+    hi = np.full(len(x0), np.inf)
+    sol = least_squares(resid, np.clip(x0, lo, None), bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+                        x_scale="jac", max_nfev=400)
+    th = _theta_from(sol.x, theta0)
+    r = resid(sol.x)
+    return th, {"time_launches": len(rows), "time_log_residual_median_abs": round(float(np.median(np.abs(r))), 4)}
+
+
+def _mem_rows(priced: Sequence[Priced]) -> list[Priced]:
+    return [p for p in priced if p.feats is not None and p.launch.measured_peak_allocated_mb]
+
+
+_MEM_SCALE = np.array([10.0, 24.0, 4.0, 2.0 * 2 ** 30])  # whole, sharded, logits, overhead
+
+
+def fit_memory(priced: Sequence[Priced], phi0: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Soft-L1 least squares on the relative error of the peak (the max over ranks, as measured):
+    a few launches whose data order put an unusually long window in flight do not pull the
+    activation bytes of every other launch."""
+    rows = _mem_rows(priced)
+    if len(rows) < 4:
+        raise ConfigError(f"--runs: {len(rows)} launches with a printed peak cannot fit 4 memory knobs")
+    meas = np.array([p.launch.measured_peak_allocated_mb * MIB for p in rows])
+    Ms = np.stack([_pad_stages(printed(p), 64) for p in rows])  # (n, stages, N_MEM)
+    cols = [M_WHOLE, M_SHARDED, M_LOGITS, M_ONE]
+
+    def phi_at(x):
+        phi = phi0.copy()
+        phi[cols] = x * _MEM_SCALE
+        return phi
+
+    def resid(x):
+        return (Ms @ phi_at(x)).max(axis=1) / meas - 1.0
+
+    x0 = np.maximum(phi0[cols] / _MEM_SCALE, 0.1)
+    sol = least_squares(resid, x0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.05, x_scale="jac")
+    rel = np.abs(resid(sol.x))
+    return phi_at(sol.x), {"memory_launches": len(rows), "memory_rel_error_median": round(float(np.median(rel)), 4)}
+
+
+def printed(p: Priced) -> np.ndarray:
+    """Memory features of the stages whose peak the launch printed (what its measured max covers)."""
+    st = [s for s in p.launch.printed_stages if s < p.feats.M_report.shape[0]]
+    return p.feats.M_report[st] if st else p.feats.M_report
+
+
+def _pad_stages(M: np.ndarray, n: int) -> np.ndarray:
+    """Stack launches of different pp: extra all-zero stages never win the max (states > 0)."""
+    out = np.zeros((n, M.shape[1]))
+    out[:M.shape[0]] = M
+    return out
+
+
+def fit_allocatable(priced: Sequence[Priced], phi: np.ndarray, capacity: float) -> tuple[float, dict]:
+    rows = [p for p in priced if p.feats is not None and p.launch.measured_fits is not None]
+    if not rows:
+        return capacity, {"verdict_launches": 0}
+    peak = np.array([float(p.feats.memory_bytes(phi, run=True).max()) for p in rows])
+    fits = np.array([bool(p.launch.measured_fits) for p in rows])
+    cand = np.unique(np.concatenate([peak, [capacity]]))
+    cand = cand[cand <= capacity]
+    # right(A) = fitting launches with peak <= A + OOM launches with peak > A
+    order = np.argsort(peak)
+    best, best_lo, best_hi = -1, 0.0, capacity
+    srt_peak, srt_fit = peak[order], fits[order]
+    fit_le = np.cumsum(srt_fit)
+    oom_total = int((~fits).sum())
+    oom_le = np.cumsum(~srt_fit)
+    for i, a in enumerate(srt_peak):
+        if a > capacity:
+            break
+        right = int(fit_le[i]) + oom_total - int(oom_le[i])
+        nxt = min(srt_peak[i + 1] if i + 1 < len(srt_peak) else capacity, capacity)
+        if right > best:
+            best, best_lo, best_hi = right, a, nxt
+    allocatable = 0.5 * (best_lo + best_hi) if best >= 0 else capacity
+    return float(allocatable), {"verdict_launches": len(rows), "verdict_right_in_fit": round(best / len(rows), 4)}
+
+
+def knobs_from(theta: np.ndarray, phi: np.ndarray, allocatable: float, hw: HardwareProfile) -> MegatronKnobs:
+    peak = hw.peak_flops["bf16"]
+    return MegatronKnobs(
+        gemm_efficiency=float(1.0 / (peak * theta[F_GEMM])),
+        gemm_half_rows=float(theta[F_GEMM_ROWS] / theta[F_GEMM]),
+        attn_efficiency=float(1.0 / (peak * theta[F_ATTN])),
+        intra_node_bus_bw_bytes_per_s=float(1.0 / theta[F_INTRA]),
+        inter_node_bus_bw_bytes_per_s=float(1.0 / theta[F_INTER]),
+        layer_overhead_s=float(theta[F_LAYERS]), iteration_overhead_s=float(theta[F_ITER]),
+        act_whole_bytes=float(phi[M_WHOLE]), act_sharded_bytes=float(phi[M_SHARDED]),
+        logits_bytes=float(phi[M_LOGITS]), memory_overhead_bytes=float(phi[M_ONE]),
+        allocatable_bytes=float(allocatable))
+
+
+def fit(priced: Sequence[Priced], hw: HardwareProfile) -> tuple[MegatronKnobs, dict]:
+    """All 12 knobs from ``priced`` (features computed on ``hw``), and the fit's residuals."""
+    k0 = hw.megatron_knobs()
+    theta, tinfo = fit_time(priced, theta_of(hw, k0))
+    phi, minfo = fit_memory(priced, phi_of(k0))
+    alloc, vinfo = fit_allocatable(priced, phi, hw.memory_bytes)
+    return knobs_from(theta, phi, alloc, hw), {**tinfo, **minfo, **vinfo}
+
+
+def with_knobs(hw: HardwareProfile, knobs: MegatronKnobs, calibration: dict) -> HardwareProfile:
+    return dataclasses.replace(hw, megatron=knobs, calibration=calibration)
+
+
+# ---- predictions ---------------------------------------------------------------------------
+
+def predict(p: Priced, hw: HardwareProfile, knobs: Optional[MegatronKnobs] = None) -> dict:
+    """One predictions.jsonl line: the prediction and the measured values beside it."""
+    la = p.launch
+    row = {"id": la.id, "status": la.status, "mode": la.layout.mode, "model": la.model.name,
+           "gpus": la.layout.gpus, "context": la.layout.context, "dp": la.layout.dp, "tp": la.layout.tp,
+           "pp": la.layout.pp, "mbs": la.layout.mbs,
+           "measured_fits": la.measured_fits, "measured_iteration_ms": la.measured_iteration_ms,
+           "measured_peak_allocated_mb": la.measured_peak_allocated_mb}
+    if p.feats is None:
+        return {**row, "predicted_fits": False, "predicted_peak_allocated_mb": None, "predicted_iteration_ms": None,
+                "predicted_peak_allocated_mb_printed_ranks": None,
+                "predicted_error": p.error}
+    k = knobs or hw.megatron_knobs()
+    theta, phi = theta_of(hw, k), phi_of(k)
+    peak = float(p.feats.memory_bytes(phi).max())
+    peak_printed = float((printed(p) @ phi).max())
+    run_peak = float(p.feats.memory_bytes(phi, run=True).max())
+    fits = run_peak <= (k.allocatable_bytes or hw.memory_bytes)
+    it = float(np.mean(iteration_times_s(p.feats.T, p.feats.G, theta)))
+    return {**row, "predicted_fits": bool(fits), "predicted_peak_allocated_mb": round(peak / MIB, 1),
+            "predicted_peak_allocated_mb_printed_ranks": round(peak_printed / MIB, 1),
+            "printed_stages": list(la.printed_stages),
+            "predicted_iteration_ms": round(it * 1e3, 2) if fits else None,
+            "predicted_iteration_ms_if_run": round(it * 1e3, 2)}
+
+
+def folds_of(priced: Sequence[Priced], k: int, seed: int = 0) -> list[int]:
+    """Fold of each launch: a seeded permutation of the file's order, dealt round-robin."""
+    perm = np.random.default_rng(seed).permutation(len(priced))
+    fold = [0] * len(priced)
+    for rank, i in enumerate(perm):
+        fold[i] = rank % k
+    return fold
+
+
+def cross_validate(priced: Sequence[Priced], hw: HardwareProfile, k: int, seed: int = 0,
+                   progress=None) -> tuple[list[dict], list[dict]]:
+    """Held-out predictions of every launch (fit on the other k-1 folds) and each fold's knobs."""
+    if k < 2:
+        raise ConfigError(f"--folds: needs >= 2 folds, got {k}")
+    fold = folds_of(priced, k, seed)
+    preds: list[Optional[dict]] = [None] * len(priced)
+    per_fold = []
+    for f in range(k):
+        train = [p for p, g in zip(priced, fold) if g != f]
+        knobs, info = fit(train, hw)
+        per_fold.append({"fold": f, "knobs": dataclasses.asdict(knobs), **info})
+        for i, (p, g) in enumerate(zip(priced, fold)):
+            if g == f:
+                preds[i] = {**predict(p, hw, knobs), "fold": f}
+        if progress:
+            progress(f)
+    return [x for x in preds if x is not None], per_fold
+
+
+# ---- the error table ---------------------------------------------------------------------
+
+def error_table(preds: Sequence[dict]) -> dict:
+    """Median and 90th-percentile |error| of pad time, pack time and memory; verdict accuracy."""
+    out = {}
+    for mode in ("pad", "pack"):
+        e = [abs(r["predicted_iteration_ms_if_run"] / r["measured_iteration_ms"] - 1) for r in preds
+             if r["mode"] == mode and r.get("measured_iteration_ms") and r.get("predicted_iteration_ms_if_run")]
+        out[f"{mode}_time"] = _summary(e)
+    # The measured peak covers the ranks the log printed (some logs kept one node's prints only).
+    e = [abs(r["predicted_peak_allocated_mb_printed_ranks"] / r["measured_peak_allocated_mb"] - 1) for r in preds
+         if r.get("measured_peak_allocated_mb") and r.get("predicted_peak_allocated_mb_printed_ranks")]
+    out["memory"] = _summary(e)
+    v = [r for r in preds if r.get("measured_fits") is not None]
+    right = sum(bool(r["predicted_fits"]) == bool(r["measured_fits"]) for r in v)
+    conf = {"fits_predicted_fits": sum(bool(r["measured_fits"]) and bool(r["predicted_fits"]) for r in v),
+            "fits_predicted_oom": sum(bool(r["measured_fits"]) and not r["predicted_fits"] for r in v),
+            "oom_predicted_fits": sum((not r["measured_fits"]) and bool(r["predicted_fits"]) for r in v),
+            "oom_predicted_oom": sum((not r["measured_fits"]) and not r["predicted_fits"] for r in v)}
+    out["verdict"] = {"n": len(v), "right": right, "accuracy": round(right / len(v), 4) if v else math.nan, **conf}
+    return out
+
+
+def _summary(e: Sequence[float]) -> dict:
+    if not e:
+        return {"n": 0, "median_abs": math.nan, "p90_abs": math.nan}
+    a = np.asarray(e)
+    return {"n": int(a.size), "median_abs": round(float(np.median(a)), 4), "p90_abs": round(float(np.percentile(a, 90)), 4)}

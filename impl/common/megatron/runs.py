@@ -1,0 +1,318 @@
+"""Measured Megatron-LM launches (the runs-file format of ``conf/data/megatron_h100_feb2024.jsonl.gz``,
+fields in ``conf/data/README.md``): parse and check every line, turn a launch into the step
+model's inputs (model, layout, micro-batch work) and its measured outcome.
+
+Pack-mode documents come from the launch's own ``seq_len_histogram`` (``real_seq_len``: documents
+per power-of-two bucket, already cut to the context) when it printed one, else from the file's
+pooled histogram at the same context. Reconstructed, documented in ``bench/fidelity/README.md``:
+a document is log-uniform within its bucket's octave (b/2, b]; of the top bucket (the context C),
+the share cut to exactly C is the file's P(len > C | len > C/2) measured at a longer context
+(for the longest context, the share one octave down).
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import pathlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from impl.common.api import ConfigError
+
+from .model import MegatronLayout, MegatronModel
+from .step import REPORT_ITERS, MicroBatchWork, pack_work, pad_work
+
+STATUSES = ("ok", "oom", "error", "incomplete")
+BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+TOP = ">16k"
+_LAYOUT_FIELDS = ("dp", "tp", "pp", "mbs", "gbs", "seq_length")
+
+
+@dataclass
+class Launch:
+    """One line of a runs file, checked."""
+
+    id: str
+    status: str
+    model: Optional[MegatronModel]
+    layout: Optional[MegatronLayout]
+    line: int
+    train_iters: int = 100
+    measured_iteration_ms: Optional[float] = None
+    measured_peak_allocated_mb: Optional[float] = None
+    printed_params: dict = field(default_factory=dict)  # (tp rank, pp rank) -> count
+    printed_padded_vocab: Optional[int] = None
+    histogram: Optional[dict] = None  # bucket upper bound (int, or TOP) -> documents
+    num_nodes: Optional[int] = None
+    name: str = ""  # the model's name in the file (7b, 13b)
+    skip_reason: str = ""  # why a launch with a layout is not priced
+
+    reports: int = 0  # iteration reports printed
+    printed_stages: tuple = ()  # pipeline stages whose memory the log printed (empty: unknown = all)
+
+    @property
+    def measured_fits(self) -> Optional[bool]:
+        """Ran (ok, or cut by the time limit after printing an iteration) = fits; out of memory =
+        does not; a launch cut before its first report, or another error, tells nothing."""
+        if self.status == "incomplete":
+            return True if self.reports > 0 else None
+        return {"ok": True, "oom": False}.get(self.status)
+
+    @property
+    def mode(self) -> Optional[str]:
+        return self.layout.mode if self.layout else None
+
+
+def _err(path: str, line: int, field_name: str, why: str) -> ConfigError:
+    return ConfigError(f"{path}:{line}: {field_name}: {why}")
+
+
+def _int(rec: dict, key: str, path: str, line: int, where: str) -> int:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _err(path, line, f"{where}.{key}", f"must be a positive integer, got {v!r}")
+    return v
+
+
+def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronModel]:
+    """The model the launch printed; None when it printed neither its arguments nor its dims
+    (:func:`load_runs` then takes the dims of another launch of the same model name)."""
+    cfg = rec.get("config") or {}
+    if not isinstance(cfg, dict):
+        raise _err(path, line, "config", f"must be an object, got {type(cfg).__name__}")
+    arch = eff.get("arch") or "gpt"
+    if cfg.get("num_layers") is not None:
+        keys = {"num_layers": "num_layers", "hidden": "hidden_size", "ffn_hidden": "ffn_hidden_size",
+                "heads": "num_attention_heads"}
+        dims = {k: cfg.get(c) for k, c in keys.items()}
+        for k, v in dims.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise _err(path, line, f"config.{keys[k]}", f"must be a positive integer, got {v!r}")
+    else:
+        spec = eff.get("model_dims")
+        if spec is None:
+            return None
+        try:
+            parts = dict((p.rstrip("0123456789"), int(p[len(p.rstrip("0123456789")):])) for p in str(spec).split("-"))
+            dims = {"num_layers": parts["L"], "hidden": parts["h"], "ffn_hidden": parts["ffn"], "heads": parts["heads"]}
+        except (KeyError, ValueError):
+            raise _err(path, line, "effective.model_dims", f"expected like 'L32-h4096-ffn16384-heads32', got {spec!r}") from None
+    vocab = cfg.get("tokenizer_vocab_size")
+    if vocab is None:
+        return None
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise _err(path, line, "config.tokenizer_vocab_size", f"must be a positive integer, got {vocab!r}")
+    ctx = _int(eff, "seq_length", path, line, "effective")
+    untie = cfg.get("untie_embeddings_and_output_weights")
+    try:
+        return MegatronModel(arch=arch, vocab=vocab, max_position_embeddings=int(cfg.get("max_position_embeddings") or ctx),
+                             untie_embeddings=None if untie is None else bool(untie),
+                             make_vocab_size_divisible_by=int(cfg.get("make_vocab_size_divisible_by") or 128),
+                             name=str(eff.get("model") or ""), **dims)
+    except ConfigError as e:
+        raise _err(path, line, "effective", str(e)) from None
+
+
+def parse_line(text: str, line: int, path: str = "runs") -> Launch:
+    """One runs-file line; a malformed one raises a one-line :class:`ConfigError` naming the line and field."""
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _err(path, line, "json", f"not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise _err(path, line, "json", f"expected an object, got {type(rec).__name__}")
+    rid = rec.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise _err(path, line, "id", f"must be a non-empty string, got {rid!r}")
+    status = rec.get("status")
+    if status not in STATUSES:
+        raise _err(path, line, "status", f"unknown {status!r} (one of: {', '.join(STATUSES)})")
+    eff = rec.get("effective")
+    out = Launch(id=rid, status=status, model=None, layout=None, line=line, num_nodes=rec.get("num_nodes"))
+    out.name = str((eff or {}).get("model") or "") if isinstance(eff, dict) else ""
+    if eff is None:
+        return out
+    if not isinstance(eff, dict):
+        raise _err(path, line, "effective", f"must be an object or null, got {type(eff).__name__}")
+    vals = {k: _int(eff, k, path, line, "effective") for k in _LAYOUT_FIELDS}
+    mode = eff.get("mode")
+    if mode not in ("pad", "pack"):
+        raise _err(path, line, "effective.mode", f"unknown {mode!r} (one of: pad, pack)")
+    if isinstance(eff.get("gpus"), int) and eff["gpus"] != vals["dp"] * vals["tp"] * vals["pp"]:
+        # Well-formed but self-contradictory (the log's file name and its layout disagree): not
+        # priced, and said so, rather than guessing which of the two is right.
+        out.skip_reason = f"effective.gpus {eff['gpus']} != dp x tp x pp = {vals['dp'] * vals['tp'] * vals['pp']}"
+        return out
+    rc = eff.get("recompute")
+    try:
+        out.layout = MegatronLayout(dp=vals["dp"], tp=vals["tp"], pp=vals["pp"], mbs=vals["mbs"], gbs=vals["gbs"],
+                                    context=vals["seq_length"], mode=mode,
+                                    sequence_parallel=bool(eff.get("sequence_parallel")),
+                                    recompute="none" if rc in (None, "none") else str(rc))
+    except ConfigError as e:
+        raise _err(path, line, "effective", str(e)) from None
+    out.model = _model_of(rec, eff, path, line)
+    cfg = rec.get("config") or {}
+    out.train_iters = int(cfg.get("train_iters") or 100)
+    pv = cfg.get("padded_vocab_size")
+    out.printed_padded_vocab = pv if isinstance(pv, int) else None
+    its = rec.get("iterations") or []
+    if not isinstance(its, list):
+        raise _err(path, line, "iterations", f"must be a list, got {type(its).__name__}")
+    out.reports = len(its)
+    summ = rec.get("summary") or {}
+    med = summ.get("median_ms_excl_first")
+    if med is not None:
+        if not isinstance(med, (int, float)) or not math.isfinite(med) or med <= 0:
+            raise _err(path, line, "summary.median_ms_excl_first", f"must be a positive number, got {med!r}")
+        out.measured_iteration_ms = float(med)
+    peak = rec.get("max_allocated_mb_max_over_ranks")
+    if peak is not None:
+        if not isinstance(peak, (int, float)) or not math.isfinite(peak) or peak <= 0:
+            raise _err(path, line, "max_allocated_mb_max_over_ranks", f"must be a positive number, got {peak!r}")
+        out.measured_peak_allocated_mb = float(peak)
+    ranks = []
+    for m in rec.get("memory_per_rank") or []:
+        r = m.get("rank") if isinstance(m, dict) else None
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise _err(path, line, "memory_per_rank.rank", f"must be a rank number, got {r!r}")
+        ranks.append(r)
+    # Global rank -> pipeline stage (Megatron's order: tp fastest, then dp, then pp). Some logs
+    # kept only the second node's prints: the measured peak is then that stage's alone.
+    out.printed_stages = tuple(sorted({r // (vals["tp"] * vals["dp"]) for r in ranks if r < out.layout.gpus}))
+    for k, v in (rec.get("params_per_tp_pp_rank") or {}).items():
+        try:
+            t, p = (int(x) for x in str(k).split(","))
+        except ValueError:
+            raise _err(path, line, "params_per_tp_pp_rank", f"key {k!r} is not 'tp,pp'") from None
+        out.printed_params[(t, p)] = int(v)
+    hist = ((rec.get("seq_len_histogram") or {}).get("rank0_or_first") or {}).get("real_seq_len")
+    if hist:
+        try:
+            out.histogram = {(TOP if k == TOP else int(k)): int(v) for k, v in hist.items()}
+        except (TypeError, ValueError):
+            raise _err(path, line, "seq_len_histogram.rank0_or_first.real_seq_len",
+                       "keys must be bucket bounds and values counts") from None
+    return out
+
+
+def _open(path: pathlib.Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+
+
+def load_runs(path: str | pathlib.Path) -> list[Launch]:
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--runs: no such file {p}")
+    out = []
+    with _open(p) as fh:
+        for i, text in enumerate(fh, 1):
+            if text.strip():
+                out.append(parse_line(text, i, str(p)))
+    if not out:
+        raise ConfigError(f"--runs: {p} holds no launch")
+    by_name = {la.model.name: la.model for la in out if la.model is not None and la.model.name}
+    for la in out:
+        if la.model is None and la.layout is not None and la.name in by_name:
+            base = by_name[la.name]
+            la.model = replace(base, max_position_embeddings=max(la.layout.context, 1))
+    return out
+
+
+def file_sha256(path: str | pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class DocLengths:
+    """Document lengths per context for pack-mode launches (see the module doc)."""
+
+    def __init__(self, launches: Iterable[Launch], own: bool = False) -> None:
+        # own=False: every launch of a context draws from the file's pooled histogram there (one
+        # dataset, one order; a run's own histogram is its first replica's share of it).
+        self.own = own
+        self.cache: dict = {}
+        self.pooled: dict[int, dict] = {}
+        for la in launches:
+            if la.histogram and la.layout:
+                pool = self.pooled.setdefault(la.layout.context, {})
+                for k, v in la.histogram.items():
+                    pool[k] = pool.get(k, 0) + v
+
+    def cut_share(self, context: int) -> float:
+        """Share of the top bucket's documents that are longer than ``context`` (cut to it)."""
+        for c in sorted(self.pooled):
+            if c >= 2 * context:
+                h = self.pooled[c]
+                above = sum(v for k, v in h.items() if k == TOP or k > context)
+                top = above + h.get(context, 0)
+                if top:
+                    return above / top
+        if context // 2 >= BUCKETS[0] and context // 2 in self.pooled:
+            return self.cut_share(context // 2)
+        lower = [c for c in self.pooled if c < context]
+        return self.cut_share(max(lower)) if lower else 0.0
+
+    def histogram(self, la: Launch) -> dict:
+        h = (la.histogram if self.own else None) or self.pooled.get(la.layout.context)
+        if not h:
+            raise ConfigError(f"runs line {la.line} ({la.id}): pack mode needs a length histogram and the file has none "
+                              f"at context {la.layout.context}")
+        return h
+
+    def sample(self, la: Launch, iterations: int, rng: np.random.Generator, streams: int = 1) -> np.ndarray:
+        """(streams, iterations, gbs) document lengths for one pack launch."""
+        ctx = la.layout.context
+        h = self.histogram(la)
+        bounds = np.array([b for b in BUCKETS if b <= ctx], dtype=float)
+        counts = np.array([h.get(int(b), 0) for b in bounds], dtype=float)
+        if counts.sum() <= 0:
+            raise ConfigError(f"runs line {la.line} ({la.id}): seq_len_histogram has no document <= {ctx}")
+        n = streams * iterations * la.layout.gbs
+        b = bounds[rng.choice(len(bounds), size=n, p=counts / counts.sum())]
+        lengths = np.ceil(b / 2.0 * np.exp2(rng.random(n)))
+        cut = (b == ctx) & (rng.random(n) < self.cut_share(ctx))
+        lengths[cut] = ctx
+        return np.minimum(lengths, ctx).reshape(streams, iterations, la.layout.gbs)
+
+
+# Independent document streams a pack launch's peaks are averaged over: the reported peak (10
+# iterations of one replica) is noisier than the whole run's, which needs fewer.
+STREAMS = 8
+RUN_STREAMS = 2
+
+
+def seed_of(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+def work_of(la: Launch, docs: DocLengths, streams: int = STREAMS) -> MicroBatchWork:
+    """The micro-batches the step model prices for this launch. The launches of a file read one
+    dataset in one order (seed 1234: two launches of one layout print the same peak to the byte),
+    so the streams are seeded by the context and the histogram, not by the launch: launches of a
+    context see the same documents, cut differently by their layouts."""
+    if la.layout.mode == "pad":
+        return pad_work(la.layout)
+    key = (la.layout.context, la.layout.gbs, la.train_iters, streams, docs.own)
+    if docs.own:
+        key += (la.id,)
+    if key not in docs.cache:
+        rng = np.random.default_rng(seed_of("|".join(map(str, key))))
+        docs.cache[key] = (docs.sample(la, REPORT_ITERS, rng, streams), docs.sample(la, la.train_iters, rng, RUN_STREAMS))
+    report, run = docs.cache[key]
+    return pack_work(la.layout, report, run)
+
+
+def as_dict(la: Launch) -> dict[str, Any]:
+    lay = la.layout
+    return {"id": la.id, "status": la.status, "model": la.model.name if la.model else None,
+            "mode": lay.mode if lay else None, "gpus": lay.gpus if lay else None,
+            "context": lay.context if lay else None, "dp": lay.dp if lay else None, "tp": lay.tp if lay else None,
+            "pp": lay.pp if lay else None, "mbs": lay.mbs if lay else None}

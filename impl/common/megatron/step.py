@@ -1,0 +1,347 @@
+"""One Megatron-LM training iteration: time and peak allocated memory per pipeline rank of a
+static layout, as named terms that every Megatron-like baseline of the harness shares.
+
+Time. Each micro-batch on each pipeline stage costs (forward + backward, no overlap of
+compute and communication, as the measured launches ran):
+- GEMMs: 6 x rows x (weight-matrix parameters) / tp per layer, at ``peak * gemm_efficiency``,
+  slowed by ``1 + gemm_half_rows / rows`` (a GEMM of few rows streams its weights: the cost of a
+  small micro-batch does not shrink with its tokens);
+- causal flash attention: 6 x h x sum(s^2) / 2 / tp per layer, at ``peak * attn_efficiency``;
+- the output layer on the last stage: 6 x grid x h x V / tp, where ``grid`` is the LM head's rows
+  (pad: mbs x context; pack: also mbs x context, because the fork pads hidden states back to the
+  micro-batch grid before the LM head), and its loss, memory-bound over the fp32 logits;
+- TP: four all-reduces per layer (two forward, two backward; with sequence parallelism four
+  all-gathers and four reduce-scatters, the same bus bytes) of rows x h x 2 B, plus the
+  embedding's forward and the LM head's backward one, on NVLink inside a node and on IB when
+  the TP group spans nodes; each collective pays the link latency;
+- PP: per stage boundary a forward activation and a backward gradient of rows x h x 2 B / tp
+  (Megatron's scatter-gather), on the link between the two stages' GPUs;
+- ``layer_overhead_s`` per layer (kernel launches and host work that the GPU waits for).
+1F1B over m micro-batches of stage times t[j, s]: sum_j max_s t + sum_s mean_j t - mean_j max_s t
+((m + pp - 1) t when every time is t); the slowest data-parallel rank gates. Then once per
+iteration: the distributed optimizer's reduce-scatter of fp32 gradients and all-gather of bf16
+parameters over dp (all-reduce without it), the tied-embedding all-reduce between the first and
+last stage, Adam over the rank's shard (memory-bound), and ``iteration_overhead_s``.
+
+Memory (bytes, per pipeline rank, what ``torch.cuda.max_memory_allocated`` reports):
+- states: bf16 parameters (2 B) and fp32 gradient buffer (4 B) per parameter of the rank, fp32
+  master + Adam m, v (12 B) over dp with the distributed optimizer (else whole);
+- activations: under 1F1B stage s holds min(pp - s, m) micro-batches in flight; per token and
+  layer ``act_whole_bytes * h`` on every TP rank plus ``act_sharded_bytes * h / tp`` (both / tp
+  with sequence parallelism; full recompute keeps only each layer's 2 B x h input and one layer's
+  working set); packed micro-batches vary, so the peak is the largest sum over in-flight windows;
+- logits on the last stage: grid x V / tp x ``logits_bytes``;
+- ``memory_overhead_bytes``. A launch fits when every rank's peak is <= ``allocatable_bytes``.
+
+Every term is linear in one knob (or in none), so the fit (:mod:`impl.common.megatron.fit`)
+prices with this same code through :class:`StepFeatures`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from impl.common.api import ConfigError
+from impl.common.cost.comm import same_node
+from impl.common.hardware import HardwareProfile, MegatronKnobs
+
+from .model import MegatronLayout, MegatronModel, padded_vocab
+
+BF16 = 2.0
+# Adam over one parameter of the shard: read fp32 grad, master, m, v; write master, m, v and the
+# bf16 parameter; the gradient norm reads the grad once more.
+OPT_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2 + 4
+# The loss over one fp32 logit (vocab-parallel cross-entropy): cast, max, exp, sum, grad.
+CE_BYTES_PER_LOGIT = 24.0
+TP_COLLECTIVES_PER_LAYER = 4  # all-reduces (no SP) or AG+RS pairs (SP), forward + backward
+# Memory-peak spans: Megatron prints max allocated after 10 iterations; a launch runs train_iters.
+REPORT_ITERS = 10
+
+# Time features, one coefficient each (theta): see theta_of.
+F_GEMM, F_GEMM_ROWS, F_ATTN, F_INTRA, F_INTER, F_LAYERS, F_ITER, F_FIXED = range(8)
+N_TIME = 8
+# Memory features: states (fixed), whole and sharded activation units, logit elements, 1.
+M_STATES, M_WHOLE, M_SHARDED, M_LOGITS, M_ONE = range(5)
+N_MEM = 5
+
+
+def theta_of(hw: HardwareProfile, k: MegatronKnobs) -> np.ndarray:
+    """Seconds per unit of each time feature."""
+    peak = hw.peak_flops.get("bf16")
+    if not peak:
+        raise ConfigError(f"hardware {hw.name}: no bf16 peak FLOP/s to price Megatron with")
+    for name in ("gemm_efficiency", "attn_efficiency", "intra_node_bus_bw_bytes_per_s",
+                 "inter_node_bus_bw_bytes_per_s"):
+        if not getattr(k, name) > 0:
+            raise ConfigError(f"hardware.megatron.{name}: must be > 0, got {getattr(k, name)}")
+    th = np.zeros(N_TIME)
+    th[F_GEMM] = 1.0 / (peak * k.gemm_efficiency)
+    th[F_GEMM_ROWS] = k.gemm_half_rows / (peak * k.gemm_efficiency)
+    th[F_ATTN] = 1.0 / (peak * k.attn_efficiency)
+    th[F_INTRA] = 1.0 / k.intra_node_bus_bw_bytes_per_s
+    th[F_INTER] = 1.0 / k.inter_node_bus_bw_bytes_per_s
+    th[F_LAYERS] = k.layer_overhead_s
+    th[F_ITER] = k.iteration_overhead_s
+    th[F_FIXED] = 1.0
+    return th
+
+
+def phi_of(k: MegatronKnobs) -> np.ndarray:
+    """Bytes per unit of each memory feature."""
+    return np.array([1.0, k.act_whole_bytes, k.act_sharded_bytes, k.logits_bytes, k.memory_overhead_bytes])
+
+
+@dataclass
+class MicroBatchWork:
+    """The micro-batches of some iterations, each (iteration, dp rank, micro-batch) entry: rows
+    through the layers, sum of squared document lengths (attention) and LM-head rows.
+    ``peak_rows`` holds whole runs of independent streams for the memory peaks."""
+
+    rows: np.ndarray
+    attn_sq: np.ndarray
+    grid: np.ndarray
+    peak_rows: Optional[np.ndarray] = None  # (streams, iterations, dp, m)
+    run_rows: Optional[np.ndarray] = None  # the same over whole runs (default: peak_rows)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.rows.shape)  # type: ignore[return-value]
+
+
+def pad_work(lay: MegatronLayout) -> MicroBatchWork:
+    """Pad mode: every micro-batch is mbs x context tokens (one iteration is all of them)."""
+    n = float(lay.mbs * lay.context)
+    full = np.full((1, 1, lay.microbatches), n)
+    return MicroBatchWork(rows=full, attn_sq=full * lay.context, grid=full.copy())
+
+
+def pack_work(lay: MegatronLayout, doc_lengths: np.ndarray, run_doc_lengths: Optional[np.ndarray] = None) -> MicroBatchWork:
+    """Pack mode from documents (streams, iterations, gbs) already cut to the context: a
+    micro-batch is mbs consecutive documents of its data-parallel rank, one row of their summed
+    length (padded to a multiple of tp with sequence parallelism); the LM head still sees
+    mbs x context rows. Time is averaged over the first iteration of every stream; a memory peak
+    is a maximum over a run, a noisy statistic of one stream, so it is averaged over the streams.
+    ``run_doc_lengths`` (streams, train iterations, gbs) spans the whole run for the fit verdict
+    (default: the same documents)."""
+    rows, per = _pack_rows(lay, doc_lengths)
+    sq = (per[:, 0] ** 2).sum(axis=3)
+    grid = np.full_like(rows[:, 0], float(lay.mbs * lay.context))
+    run_rows = _pack_rows(lay, run_doc_lengths)[0] if run_doc_lengths is not None else None
+    return MicroBatchWork(rows=rows[:, 0], attn_sq=sq, grid=grid, peak_rows=rows, run_rows=run_rows)
+
+
+def _pack_rows(lay: MegatronLayout, doc_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    docs = np.asarray(doc_lengths, dtype=float)
+    if docs.ndim == 2:
+        docs = docs[None]
+    if docs.ndim != 3 or docs.shape[2] != lay.gbs:
+        raise ConfigError(f"pack_work: documents must be (streams, iterations, gbs={lay.gbs}), got {docs.shape}")
+    r, it = docs.shape[:2]
+    per = docs.reshape(r, it, lay.dp, lay.microbatches, lay.mbs)
+    rows = per.sum(axis=4)
+    if lay.sequence_parallel and lay.tp > 1:
+        rows = np.ceil(rows / lay.tp) * lay.tp
+    return rows, per
+
+
+@dataclass
+class StepFeatures:
+    """A launch's work in units the knobs price: ``T`` (iters, dp, m, pp, N_TIME) per micro-batch
+    and stage, ``G`` (N_TIME,) once per iteration, ``M_report`` / ``M_run`` (pp, N_MEM) per stage at
+    the reported peak (first data-parallel rank, first REPORT_ITERS iterations) and over the run."""
+
+    T: np.ndarray
+    G: np.ndarray
+    M_report: np.ndarray
+    M_run: np.ndarray
+
+    def iteration_s(self, theta: np.ndarray) -> float:
+        return float(np.mean(iteration_times_s(self.T, self.G, theta)))
+
+    def memory_bytes(self, phi: np.ndarray, run: bool = False) -> np.ndarray:
+        return (self.M_run if run else self.M_report) @ phi
+
+
+def iteration_times_s(T: np.ndarray, G: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """1F1B per data-parallel rank, the slowest rank, plus the per-iteration terms; one per iteration."""
+    t = T @ theta  # (iters, dp, m, pp)
+    worst = t.max(axis=3)
+    pipe = worst.sum(axis=2) + t.mean(axis=2).sum(axis=2) - worst.mean(axis=2)
+    return pipe.max(axis=1) + float(G @ theta)
+
+
+def _window_max(c: np.ndarray, k: int) -> float:
+    """Largest sum of k consecutive micro-batches within one iteration of one rank, per stream
+    (the first axis), averaged over the streams; ``c`` is the zero-led cumulative sum over the
+    micro-batches (:func:`_cumsum`)."""
+    m = c.shape[-1] - 1
+    k = max(1, min(k, m))
+    w = c[..., k:] - c[..., :-k]
+    return float(w.reshape(w.shape[0], -1).max(axis=1).mean())
+
+
+def _cumsum(rows: np.ndarray) -> np.ndarray:
+    c = np.zeros(rows.shape[:-1] + (rows.shape[-1] + 1,))
+    np.cumsum(rows, axis=-1, out=c[..., 1:])
+    return c
+
+
+def _row_max(rows: np.ndarray) -> float:
+    return float(rows.reshape(rows.shape[0], -1).max(axis=1).mean())
+
+
+def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
+             work: Optional[MicroBatchWork] = None) -> StepFeatures:
+    """The launch's work in knob units (see the module doc for each term)."""
+    lay.check(model)
+    work = work if work is not None else pad_work(lay)
+    h, tp, pp, dp = model.hidden, lay.tp, lay.pp, lay.dp
+    gpn = lay.gpus_per_node
+    V = padded_vocab(model.vocab, tp, model.make_vocab_size_divisible_by)
+    Ls = model.num_layers // pp
+    P = model.params_per_rank(tp, pp)
+    hbm = hw.memory_bw_bytes_per_s
+    if not hbm > 0:
+        raise ConfigError(f"hardware {hw.name}: memory_bw_bytes_per_s must be > 0 to price Megatron")
+    lat_intra, lat_inter = hw.intra_node_latency_s, hw.inter_node_latency_s
+    rows, sq, grid = work.rows, work.attn_sq, work.grid
+    it, ndp, m = rows.shape
+    T = np.zeros((it, ndp, m, pp, N_TIME))
+    recompute = 4.0 / 3.0 if lay.recompute == "full" else 1.0  # one more forward
+
+    mat = model.layer_matrix_params() / tp
+    layer_gemm = 6.0 * mat * Ls * recompute
+    for s in range(pp):
+        f = T[:, :, :, s, :]
+        f[..., F_GEMM] = layer_gemm * rows
+        f[..., F_GEMM_ROWS] = layer_gemm
+        f[..., F_ATTN] = 6.0 * h * sq / 2.0 / tp * Ls * recompute
+        f[..., F_LAYERS] = Ls
+        if tp > 1:
+            n_coll = TP_COLLECTIVES_PER_LAYER * Ls
+            coll_rows = n_coll * rows
+            if s == 0:
+                coll_rows = coll_rows + rows
+                n_coll += 1
+            if s == pp - 1:
+                coll_rows = coll_rows + grid
+                n_coll += 1
+            bus = 2.0 * (tp - 1) / tp * BF16 * h * coll_rows
+            inter = tp > gpn
+            f[..., F_INTER if inter else F_INTRA] += bus
+            f[..., F_FIXED] += n_coll * (lat_inter if inter else lat_intra)
+        if s == pp - 1:
+            f[..., F_GEMM] += 6.0 * h * V / tp * grid
+            f[..., F_GEMM_ROWS] += 6.0 * h * V / tp
+            f[..., F_FIXED] += CE_BYTES_PER_LOGIT * grid * V / tp / hbm
+        for nb in ([s - 1] if s > 0 else []) + ([s + 1] if s < pp - 1 else []):
+            intra = same_node(s, nb, tp, dp, gpn)
+            f[..., F_INTRA if intra else F_INTER] += 2.0 * BF16 * h * rows / tp
+            f[..., F_FIXED] += 2.0 * (lat_intra if intra else lat_inter)
+
+    G = np.zeros(N_TIME)
+    Pmax = max(P)
+    if dp > 1:
+        intra = dp * tp <= gpn
+        if lay.distributed_optimizer:
+            bus = (dp - 1) / dp * (4.0 + BF16) * Pmax  # reduce-scatter fp32 grads + all-gather bf16 params
+            n_coll = 2
+        else:
+            bus = 2.0 * (dp - 1) / dp * 4.0 * Pmax
+            n_coll = 1
+        G[F_INTRA if intra else F_INTER] += bus
+        G[F_FIXED] += n_coll * (lat_intra if intra else lat_inter)
+    if pp > 1 and model.tied:
+        intra = same_node(0, pp - 1, tp, dp, gpn)
+        G[F_INTRA if intra else F_INTER] += 4.0 * V / tp * h
+        G[F_FIXED] += lat_intra if intra else lat_inter
+    shard = dp if lay.distributed_optimizer else 1
+    G[F_FIXED] += OPT_BYTES_PER_PARAM * Pmax / shard / hbm
+    G[F_ITER] = 1.0
+
+    peak_rows = work.peak_rows if work.peak_rows is not None else work.rows[None]
+    run_rows = work.run_rows if work.run_rows is not None else peak_rows
+    M_report = _memory_features(model, lay, P, V, peak_rows[:, :REPORT_ITERS, :1], work.grid)
+    M_run = _memory_features(model, lay, P, V, run_rows, work.grid)
+    return StepFeatures(T=T, G=G, M_report=M_report, M_run=M_run)
+
+
+def _memory_features(model: MegatronModel, lay: MegatronLayout, P: list[int], V: int,
+                     rows: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    h, tp, pp = model.hidden, lay.tp, lay.pp
+    Ls = model.num_layers // pp
+    m = rows.shape[-1]
+    shard = lay.dp if lay.distributed_optimizer else 1
+    M = np.zeros((pp, N_MEM))
+    c = _cumsum(rows)
+    biggest = _row_max(rows)
+    for s in range(pp):
+        M[s, M_STATES] = (BF16 + 4.0) * P[s] + 12.0 * P[s] / shard
+        in_flight = min(pp - s, m)
+        if lay.recompute == "full":
+            # Each layer's input (2 B x h) for every in-flight micro-batch, and one layer's
+            # working set of the largest micro-batch while it is recomputed.
+            held = _window_max(c, in_flight)
+            M[s, M_STATES] += BF16 * h * held * Ls / (tp if lay.sequence_parallel else 1)
+            units = biggest * h
+        else:
+            units = _window_max(c, in_flight) * h * Ls
+        if s == pp - 1:
+            # The last stage's peak is at the loss: the micro-batch's activations and its logits.
+            last = biggest * h * (Ls if lay.recompute != "full" else 1)
+            units = max(units, last) if pp == 1 else last
+            M[s, M_LOGITS] = float(grid.max()) * V / tp
+        if lay.sequence_parallel:
+            M[s, M_WHOLE] = units / tp
+        else:
+            M[s, M_WHOLE] = units
+        M[s, M_SHARDED] = units / tp
+        M[s, M_ONE] = 1.0
+    return M
+
+
+@dataclass
+class StepEstimate:
+    """What the model says of one launch."""
+
+    iteration_s: float
+    peak_allocated_bytes: list[float]  # per pipeline rank, reported span (first DP replica)
+    peak_run_bytes: list[float]  # per pipeline rank, whole run, every DP replica
+    allocatable_bytes: float
+    breakdown_s: dict = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return max(self.peak_run_bytes) <= self.allocatable_bytes
+
+    @property
+    def max_peak_allocated_bytes(self) -> float:
+        return max(self.peak_allocated_bytes)
+
+
+def _breakdown(F: StepFeatures, theta: np.ndarray) -> dict:
+    """Seconds of each term on the slowest stage, summed over its micro-batches (first iteration,
+    first rank), and the per-iteration terms: where the time goes."""
+    t = F.T[0, 0]  # (m, pp, K)
+    s = int(np.argmax((t @ theta).sum(axis=0)))
+    per = t[:, s, :] * theta
+    names = {F_GEMM: "gemm_s", F_GEMM_ROWS: "gemm_small_rows_s", F_ATTN: "attention_s", F_INTRA: "intra_node_comm_s",
+             F_INTER: "inter_node_comm_s", F_LAYERS: "layer_overhead_s", F_FIXED: "latency_and_memory_bound_s"}
+    out = {v: round(float(per[:, k].sum()), 6) for k, v in names.items()}
+    out["per_iteration_s"] = round(float(F.G @ theta), 6)
+    out["slowest_stage"] = s
+    return out
+
+
+def price(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
+          work: Optional[MicroBatchWork] = None, knobs: Optional[MegatronKnobs] = None) -> StepEstimate:
+    """Time per iteration and peak allocated memory per pipeline rank of one static launch."""
+    k = knobs or hw.megatron_knobs()
+    F = features(model, lay, hw, work)
+    theta, phi = theta_of(hw, k), phi_of(k)
+    allocatable = k.allocatable_bytes or hw.memory_bytes
+    return StepEstimate(iteration_s=F.iteration_s(theta), peak_allocated_bytes=[float(x) for x in F.memory_bytes(phi)],
+                        peak_run_bytes=[float(x) for x in F.memory_bytes(phi, run=True)],
+                        allocatable_bytes=float(allocatable), breakdown_s=_breakdown(F, theta))
