@@ -179,10 +179,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 # ---- calibration ------------------------------------------------------------------------------
 
 HEADER = """# {name}: {base} with Megatron-LM step-model knobs fitted to measured launches.
-# Written by `mlsys-bench-calibrate-megatron --runs {runs_name} --hardware {base}`; the datasheet
-# fields are {base}'s (conf/hardware/{base}.yaml, sources there); `megatron` holds the 12 fitted
-# knobs (impl/common/hardware.MegatronKnobs documents each) and `calibration` the fit's input
-# (file, sha256), residuals and 5-fold cross-validated errors. Do not edit by hand: re-fit.
+# Written by `mlsys-bench-calibrate-megatron --runs {runs_name} --hardware {base}`; do not edit by
+# hand: re-fit. `megatron` holds the 12 fitted knobs (impl/common/hardware.MegatronKnobs documents
+# each) and `calibration` the fit's input (file, sha256), residuals and cross-validated errors.
+# Sources: the datasheet fields are {base}'s (conf/hardware/{base}.yaml cites them); the measured
+#   launches are the training logs of https://github.com/Sakura-gh/Megatron-LM (branch sync_files,
+#   commit 838d7c8), copied to conf/data/ (conf/data/README.md).
+"""
+
+DERIVED_HEADER = """# {name}: {target} with Megatron-LM step-model knobs derived from {base} by datasheet ratios.
+# Written by `mlsys-bench-calibrate-megatron --derive {target} --from {base}`; do not edit by hand.
+# Sources: the datasheet fields are {target}'s (conf/hardware/{target}.yaml cites them); the knobs
+#   are {base}'s (fitted to the measured H100 launches of https://github.com/Sakura-gh/Megatron-LM,
+#   conf/data/README.md), scaled as impl/common/megatron/derive.py documents: efficiencies are
+#   fractions of each GPU's own peak (kept), bus bandwidths scale with the datasheet link ratio,
+#   host overheads and the software's bytes per token are kept, the allocatable memory keeps the
+#   same headroom below the GPU's memory. Not measured on {target}.
 """
 
 
@@ -207,6 +219,15 @@ def calibrate(runs: str, base: str, output: pathlib.Path, name: Optional[str] = 
     return prof
 
 
+def derive(target: str, base: str, output: pathlib.Path) -> HardwareProfile:
+    from impl.common.calibrate import write_profile_atomic
+    from impl.common.megatron.derive import derived_profile
+
+    prof = derived_profile(load_hardware(base), load_hardware(target), name=output.stem)
+    write_profile_atomic(prof, output, DERIVED_HEADER.format(name=output.stem, target=target, base=base))
+    return prof
+
+
 def _without_knobs(hw: HardwareProfile) -> HardwareProfile:
     import dataclasses
 
@@ -220,8 +241,18 @@ def calibrate_main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--hardware", default="h100-sxm", help="datasheet profile the launches ran on")
     ap.add_argument("--output", default="conf/hardware/h100-megatron.yaml")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds recorded in the provenance (0: none)")
+    ap.add_argument("--derive", metavar="TARGET", default=None,
+                    help="instead of fitting: derive TARGET's knobs (a datasheet profile) from --from by datasheet ratios")
+    ap.add_argument("--from", dest="base", default=DEFAULT_HARDWARE, help="calibrated profile --derive starts from")
     a = ap.parse_args(argv)
     try:
+        if a.derive:
+            out = pathlib.Path(a.output if a.output != "conf/hardware/h100-megatron.yaml"
+                               else f"conf/hardware/{a.derive}-megatron.yaml")
+            prof = derive(a.derive, a.base, out)
+            print(json.dumps({"profile": str(out), "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron).items()},
+                              "derived_from": a.base}, indent=1))
+            return 0
         prof = calibrate(a.runs or _default_runs(), a.hardware, pathlib.Path(a.output), folds=a.folds)
     except ConfigError as e:
         print(f"mlsys-bench-calibrate-megatron: error: {e}", file=sys.stderr)

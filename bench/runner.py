@@ -150,7 +150,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "fault": choices["fault"] or "none",
         "seed": int(cfg.seed),
         "metrics": {k: m.to_dict() for k, m in (result.metrics.items() if result else [])},
-        "provenance": provenance.collect(result.emulated if result else [], _sim_fidelity(cfg, resolved)),
+        "provenance": provenance.collect(result.emulated if result else [], _sim_fidelity(cfg, resolved, result)),
         "config": resolved,
         "overrides": list(overrides),
         "wandb": wandb_info,
@@ -180,14 +180,37 @@ def _fidelity_store(cfg: DictConfig):
     return store_path(cfg.get("fidelity_store"), cfg.results_dir)
 
 
-def _sim_fidelity(cfg: DictConfig, resolved: dict) -> Optional[dict]:
-    """A sim record's family fidelity (None for real records: they are the measurement)."""
+def _sim_fidelity(cfg: DictConfig, resolved: dict, result=None) -> Optional[dict]:
+    """A sim record's family fidelity (None for real records: they are the measurement); a
+    record priced through the Megatron step model (``info.megatron_step_model``) also names the
+    paper-scale family of its profile."""
     if str(resolved.get("mode")) != "sim":
         return None
     from bench.fidelity.families import family_of
     from bench.fidelity.store import provenance_entry
 
-    return provenance_entry(_fidelity_store(cfg), family_of((resolved.get("workload") or {}).get("kind")))
+    entry = provenance_entry(_fidelity_store(cfg), family_of((resolved.get("workload") or {}).get("kind")))
+    paper = paper_scale_entry(resolved.get("hardware") or {})
+    if paper and result is not None and (result.info or {}).get("megatron_step_model"):
+        entry["paper_scale"] = paper
+    return entry
+
+
+PAPER_SCALE_FAMILY = "paper scale (H100 Megatron)"
+
+
+def paper_scale_entry(hardware: dict) -> Optional[dict]:
+    """For a profile with Megatron knobs: the paper-scale family's cross-validated error against
+    the measured H100 launches it was fitted on (or the profile it was derived from)."""
+    cal = dict(hardware.get("calibration") or {})
+    if not hardware.get("megatron") or not cal:
+        return None
+    derived = cal.get("derived_from")
+    base = cal.get("base_calibration") or {} if derived else cal
+    cv = base.get("cross_validated") or {}
+    return {"family": PAPER_SCALE_FAMILY, "profile": hardware.get("name"), "derived_from": derived,
+            "runs_file": base.get("runs_file"), "runs_sha256": base.get("runs_sha256"),
+            "cross_validated": {k: cv[k] for k in ("folds", "pad_time", "pack_time", "memory", "verdict") if k in cv}}
 
 
 def _store_fidelity(cfg: DictConfig, record: dict) -> None:

@@ -280,5 +280,28 @@ def build_report(results: pathlib.Path | str, out: pathlib.Path | str,
                                             encoding="utf-8")
     index = out / "index.html"
     index.write_text(env.get_template("index.html.j2").render(
-        skipped=skipped, n_records=len(scanned.records), **common), encoding="utf-8")
+        skipped=skipped, n_records=len(scanned.records), paper_scale=paper_scale_rows(), **common), encoding="utf-8")
     return index
+
+
+def paper_scale_rows() -> list[dict]:
+    """The fidelity family "paper scale (H100 Megatron)": each shipped profile whose Megatron
+    knobs were fitted to measured launches, with its cross-validated errors (derived profiles
+    name the profile they come from: not measured on their own GPU)."""
+    from impl.common.hardware import hardware_dir, load_hardware
+
+    rows = []
+    for path in sorted(hardware_dir().glob("*-megatron.yaml")):
+        hw = load_hardware(str(path))
+        cal = hw.calibration or {}
+        base = cal.get("base_calibration") or cal
+        cv = base.get("cross_validated") or {}
+        if not cv:
+            continue
+        pct = lambda k, q: f"{100 * cv[k][q]:.1f}%" if k in cv else "-"  # noqa: E731
+        rows.append({"profile": hw.name, "derived_from": cal.get("derived_from"), "runs": base.get("runs_file"),
+                     "launches": base.get("launches"), "folds": cv.get("folds"),
+                     "pad": f"{pct('pad_time', 'median_abs')} / {pct('pad_time', 'p90_abs')}",
+                     "pack": pct("pack_time", "median_abs"), "memory": pct("memory", "median_abs"),
+                     "verdict": f"{100 * cv['verdict']['accuracy']:.1f}%" if "verdict" in cv else "-"})
+    return rows

@@ -159,3 +159,14 @@ def test_logger_override_is_checked_and_disabled_wandb_logs_nothing(report_resul
                  "logger.mode=disabled"]) == 0
     assert "report artifact logged (disabled" in capsys.readouterr().out
     assert not (tmp_path / "wandb").exists()
+
+
+def test_index_shows_the_paper_scale_family_with_cross_validated_errors(site):
+    from impl.common.hardware import load_hardware
+
+    text = html.unescape((site / "index.html").read_text())
+    assert 'id="paper-scale-table"' in text and 'Fidelity family "paper scale (H100 Megatron)"' in text
+    cv = load_hardware("h100-megatron").calibration["cross_validated"]
+    row = re.search(r"<tr><td>h100-megatron</td><td>\(fitted\)</td>.*?</tr>", text, re.S).group(0)
+    assert f"{100 * cv['pad_time']['median_abs']:.1f}%" in row and f"{100 * cv['verdict']['accuracy']:.1f}%" in row
+    assert re.search(r"<tr><td>a800-80g-megatron</td><td>h100-megatron</td>", text)

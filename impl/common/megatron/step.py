@@ -241,6 +241,9 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             f[..., F_INTRA if intra else F_INTER] += 2.0 * BF16 * h * rows / tp
             f[..., F_FIXED] += 2.0 * (lat_intra if intra else lat_inter)
 
+    # An empty placeholder micro-batch (a rank with fewer micro-batches than the others) costs nothing.
+    T *= (rows > 0)[..., None, None]
+
     G = np.zeros(N_TIME)
     Pmax = max(P)
     if dp > 1:
@@ -345,3 +348,26 @@ def price(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     return StepEstimate(iteration_s=F.iteration_s(theta), peak_allocated_bytes=[float(x) for x in F.memory_bytes(phi)],
                         peak_run_bytes=[float(x) for x in F.memory_bytes(phi, run=True)],
                         allocatable_bytes=float(allocatable), breakdown_s=_breakdown(F, theta))
+
+
+def work_from_microbatches(ranks: "list[list[list[int]]]", lm_head_rows: str = "row",
+                           context: int = 0) -> MicroBatchWork:
+    """Micro-batches as a planner holds them: per data-parallel rank, a list of packed rows, each
+    a list of document lengths. Ranks with fewer rows are padded with empty ones (priced at zero).
+    ``lm_head_rows``: ``row`` (the LM head sees the row's tokens) or ``grid`` (Megatron's pack
+    mode in the measured fork: mbs x context rows, with mbs the row's document count)."""
+    if lm_head_rows not in ("row", "grid"):
+        raise ConfigError(f"lm_head_rows: unknown {lm_head_rows!r} (one of: row, grid)")
+    if not ranks or not any(ranks):
+        raise ConfigError("work_from_microbatches: no micro-batch on any rank")
+    m = max(len(r) for r in ranks)
+    rows = np.zeros((1, len(ranks), m))
+    sq = np.zeros_like(rows)
+    grid = np.zeros_like(rows)
+    for d, rank in enumerate(ranks):
+        for j, docs in enumerate(rank):
+            a = np.asarray(docs, dtype=float)
+            rows[0, d, j] = a.sum()
+            sq[0, d, j] = (a * a).sum()
+            grid[0, d, j] = a.sum() if lm_head_rows == "row" else len(a) * context
+    return MicroBatchWork(rows=rows, attn_sq=sq, grid=grid, peak_rows=rows[None])
