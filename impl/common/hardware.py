@@ -104,6 +104,14 @@ class HardwareProfile:
     # Where fitted fields came from: input file and sha256, knob values, residuals (free-form).
     calibration: Dict[str, Any] = field(default_factory=dict)
 
+    def bus_bw_bytes_per_s(self, intra_node: bool) -> float:
+        """Achieved collective bandwidth per GPU: the fitted Megatron bus bandwidth when the
+        profile has one, else the datasheet link x ``comm_efficiency``."""
+        if self.megatron is not None:
+            return (self.megatron.intra_node_bus_bw_bytes_per_s if intra_node
+                    else self.megatron.inter_node_bus_bw_bytes_per_s)
+        return (self.intra_node_bw_bytes_per_s if intra_node else self.inter_node_bw_bytes_per_s) * self.comm_efficiency
+
     def megatron_knobs(self) -> MegatronKnobs:
         """The fitted knobs, else the datasheet reading: ``mfu`` of peak for GEMMs and attention,
         ``comm_efficiency`` of each link, Korthikanti's activation bytes, all of memory."""

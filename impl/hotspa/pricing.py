@@ -118,7 +118,7 @@ class Env:
         nbytes = bytes_per_param * self.model_params / lay.param_shard
         span = s.dp * s.tp  # Megatron layout: a stage's DP (and SP) ranks are dp*tp consecutive GPUs
         intra = span <= self.gpn and self.gpn % span == 0
-        bw = (self.hw.intra_node_bw_bytes_per_s if intra else self.hw.inter_node_bw_bytes_per_s) * self.hw.comm_efficiency
+        bw = self.hw.bus_bw_bytes_per_s(intra)
         lat = self.hw.intra_node_latency_s if intra else self.hw.inter_node_latency_s
         factor = {"rs": 1.0, "ag": 1.0, "ar": 2.0}[kind]
         return factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * lat
@@ -130,8 +130,10 @@ class Env:
         return float(model_params(self.model))
 
     def optimizer_s(self) -> float:
-        """Adam on this GPU's ZeRO-1 shard (|θ|/N parameters), memory-bound."""
-        return OPT_BYTES_PER_PARAM * self.model_params / self.N / self.hw.memory_bw_bytes_per_s
+        """Adam on this GPU's ZeRO-1 shard (|θ|/N parameters), memory-bound; on a profile with
+        fitted Megatron knobs, plus the fitted per-iteration overhead (measured on every launch)."""
+        extra = self.hw.megatron.iteration_overhead_s if self.hw.megatron is not None else 0.0
+        return OPT_BYTES_PER_PARAM * self.model_params / self.N / self.hw.memory_bw_bytes_per_s + extra
 
 
 def mb_time_s(cost: SeqCost, mb: MicroBatch) -> float:

@@ -106,6 +106,26 @@ def test_planner_microbatches_price_as_the_layout_they_fill(hw):
         work_from_microbatches([[[1]]], lm_head_rows="pad")
 
 
+def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
+    """Planners price micro-batches through a·Σs²+b·s+c: on a calibrated profile those terms are
+    the step model's own (one packed row of two documents, slowest stage, per-iteration terms
+    excluded), and the harness's varlen cost model routes Megatron-TP layouts through them."""
+    from impl.common.cost.varlen_model import Layout, analytic_seq_cost
+    from impl.common.megatron import work_from_microbatches
+    from impl.common.megatron.step import features, seq_cost_terms, theta_of
+    from impl.common.workloads.pipeline import ModelShape
+
+    lay = MegatronLayout(dp=1, tp=4, pp=2, mbs=1, gbs=1, context=8192)
+    a, b, c = seq_cost_terms(GPT7B, lay, hw)
+    docs = [3000, 1500]
+    F = features(GPT7B, lay, hw, work_from_microbatches([[docs]]))
+    t = (F.T[0, 0, 0] @ theta_of(hw, hw.megatron)).max()
+    assert a * sum(x * x for x in docs) + b * sum(docs) + c == pytest.approx(t, rel=1e-9)
+    shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
+    assert analytic_seq_cost(shape, Layout(2, 4, 1), hw).source == "megatron-calibrated"
+    assert analytic_seq_cost(shape, Layout(2, 4, 1), load_hardware("h100-sxm")).source == "analytic"
+
+
 def test_derived_profiles_scale_links_and_keep_headroom():
     h100, a800, a100 = (load_hardware(n) for n in ("h100-megatron", "a800-80g-megatron", "a100-40g-megatron"))
     for d, ds in ((a800, "a800-80g"), (a100, "a100-40g")):

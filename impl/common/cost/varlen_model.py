@@ -87,7 +87,11 @@ def _link(hw: HardwareProfile, intra: bool) -> tuple[float, float]:
 def analytic_seq_cost(model, layout: Layout, hw: HardwareProfile, *, mfu: float | None = None,
                       dtype: str = "bf16") -> SeqCost:
     """Time of one packed micro-batch (forward + backward) on one pipeline stage; see the
-    module doc for every term."""
+    module doc for every term. A profile with fitted Megatron knobs (``hw.megatron``) prices a
+    Megatron-TP layout through the calibrated step model instead (:func:`megatron_seq_cost`;
+    ``mfu`` is then not used: the fitted GEMM and attention efficiencies are)."""
+    if hw.megatron is not None and layout.parallel == "tp" and dtype == "bf16":
+        return megatron_seq_cost(model, layout, hw)
     if dtype not in hw.peak_flops:
         raise ConfigError(f"hardware {hw.name}: no peak FLOP/s for dtype {dtype!r}")
     eff = hw.mfu if mfu is None else mfu
@@ -113,6 +117,18 @@ def analytic_seq_cost(model, layout: Layout, hw: HardwareProfile, *, mfu: float 
     return SeqCost(a=a, b=b, c=c, r2=1.0, source="analytic")
 
 
+def megatron_seq_cost(model, layout: Layout, hw: HardwareProfile, sequence_parallel: bool = True) -> SeqCost:
+    """:func:`impl.common.megatron.step.seq_cost_terms` for a harness model shape."""
+    from impl.common.megatron.model import MegatronLayout, MegatronModel
+    from impl.common.megatron.step import seq_cost_terms
+
+    m = MegatronModel.from_shape(model, context=int(getattr(model, "seq_len", 0) or 0))
+    lay = MegatronLayout(dp=layout.dp, tp=layout.tp, pp=layout.pp, mbs=1, gbs=layout.dp, context=max(1, m.max_position_embeddings),
+                         sequence_parallel=sequence_parallel, gpus_per_node=hw.gpus_per_node)
+    a, b, c = seq_cost_terms(m, lay, hw)
+    return SeqCost(a=a, b=b, c=c, r2=1.0, source="megatron-calibrated")
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """Per-GPU memory of a layout; ``capacity_bytes`` is what one GPU may use."""
@@ -121,12 +137,23 @@ class MemoryModel:
     zero1: bool = True
     act_bytes_per_token_layer: float = ACT_BYTES_PER_TOKEN_LAYER
     sequence_parallel: bool = True  # False: Megatron TP without SP (10 + 24/tp per token-layer)
+    # Of act_bytes_per_token_layer, the part TP splits without SP (the rest stays whole).
+    tp_sharded_bytes: float = TP_SHARDED_ACT_BYTES
+    logits_bytes: float = 4.0  # per logit element at the loss peak
 
     @classmethod
     def for_hardware(cls, hw: HardwareProfile, reserve_bytes: float = 0.0, **kw) -> "MemoryModel":
+        """Capacity = memory - reserve. A profile with fitted Megatron knobs sets the capacity to
+        its allocatable bytes (less its fixed overhead; the reserve is then not taken: the fit
+        measured the headroom) and the activation and logit bytes to the fitted ones."""
         if reserve_bytes < 0 or reserve_bytes >= hw.memory_bytes:
             raise ConfigError(f"memory reserve: {reserve_bytes:.3g} B must be in [0, {hw.memory_bytes:.3g}) "
                               f"(hardware {hw.name} memory)")
+        k = hw.megatron
+        if k is not None:
+            kw = {**kw, "act_bytes_per_token_layer": k.act_whole_bytes + k.act_sharded_bytes,
+                  "tp_sharded_bytes": k.act_sharded_bytes, "logits_bytes": k.logits_bytes}
+            return cls(capacity_bytes=k.allocatable_bytes - k.memory_overhead_bytes, **kw)
         return cls(capacity_bytes=hw.memory_bytes - reserve_bytes, **kw)
 
     def state_bytes(self, model, layout: Layout, num_gpus: int) -> dict[str, float]:
@@ -142,10 +169,10 @@ class MemoryModel:
         in_flight = layout.pp  # 1F1B: stage 0 holds pp micro-batches
         per_layer = self.act_bytes_per_token_layer / layout.tp
         if not self.sequence_parallel and layout.parallel == "tp":
-            whole = max(0.0, self.act_bytes_per_token_layer - TP_SHARDED_ACT_BYTES)
+            whole = max(0.0, self.act_bytes_per_token_layer - self.tp_sharded_bytes)
             per_layer = whole + (self.act_bytes_per_token_layer - whole) / layout.tp
         act = per_layer * model.hidden * n_layers * in_flight
-        logits = 4.0 * model.vocab / layout.tp
+        logits = self.logits_bytes * model.vocab / layout.tp
         return act + logits
 
     def bytes_at(self, model, layout: Layout, num_gpus: int, seq_len: int) -> float:

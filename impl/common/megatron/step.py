@@ -371,3 +371,31 @@ def work_from_microbatches(ranks: "list[list[list[int]]]", lm_head_rows: str = "
             sq[0, d, j] = (a * a).sum()
             grid[0, d, j] = a.sum() if lm_head_rows == "row" else len(a) * context
     return MicroBatchWork(rows=rows, attn_sq=sq, grid=grid, peak_rows=rows[None])
+
+
+def seq_cost_terms(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
+                   knobs: Optional[MegatronKnobs] = None) -> tuple[float, float, float]:
+    """The step model's time of one packed micro-batch on the slowest pipeline stage as
+    ``a * sum(s^2) + b * rows + c`` (the LM head on the row's tokens), for planners that price
+    micro-batches one by one (:class:`~impl.common.cost.seqlen.SeqCost`). Exact: every term of a
+    micro-batch is affine in its rows and its sum of squares, so three probes determine it."""
+    k = knobs or hw.megatron_knobs()
+    theta = theta_of(hw, k)
+    probe = MicroBatchWork(rows=np.array([[[1.0, 2.0, 2.0]]]), attn_sq=np.array([[[0.0, 0.0, 1.0]]]),
+                           grid=np.array([[[1.0, 2.0, 2.0]]]))
+    t = features(model, lay.with_(gbs=3 * lay.dp * lay.mbs), hw, probe).T[0, 0] @ theta  # (3, pp)
+    b = t[1] - t[0]
+    a = t[2] - t[1]
+    c = t[0] - b
+    typical = 4096.0
+    s = int(np.argmax(a * typical * typical + b * typical + c))
+    return float(a[s]), float(b[s]), float(c[s])
+
+
+def per_iteration_s(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
+                    knobs: Optional[MegatronKnobs] = None) -> float:
+    """The once-per-iteration terms (DP gradient/parameter collectives, tied-embedding sync, the
+    optimizer, the fixed overhead) of the step model."""
+    k = knobs or hw.megatron_knobs()
+    F = features(model, lay, hw, pad_work(lay))
+    return float(F.G @ theta_of(hw, k))
