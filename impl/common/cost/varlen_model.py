@@ -122,7 +122,18 @@ def megatron_seq_cost(model, layout: Layout, hw: HardwareProfile, sequence_paral
     from impl.common.megatron.model import MegatronLayout, MegatronModel
     from impl.common.megatron.step import seq_cost_terms
 
+    import dataclasses
+    import math as _m
+
     m = MegatronModel.from_shape(model, context=int(getattr(model, "seq_len", 0) or 0))
+    if m.num_layers % layout.pp:
+        # Planners here split layers unevenly (layer_split): the slowest stage holds ceil(L/pp)
+        # layers, which is the stage a SeqCost describes; price a model of pp such stages.
+        m = dataclasses.replace(m, num_layers=_m.ceil(m.num_layers / layout.pp) * layout.pp)
+    if m.heads % layout.tp and not m.kv_heads:
+        # Some planners' pools list a tp that does not divide the heads (Megatron would refuse
+        # it); no cost term depends on the head count, so price it as if the heads split.
+        m = dataclasses.replace(m, heads=layout.tp)
     lay = MegatronLayout(dp=layout.dp, tp=layout.tp, pp=layout.pp, mbs=1, gbs=layout.dp, context=max(1, m.max_position_embeddings),
                          sequence_parallel=sequence_parallel, gpus_per_node=hw.gpus_per_node)
     a, b, c = seq_cost_terms(m, lay, hw)
