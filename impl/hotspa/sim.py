@@ -104,6 +104,8 @@ def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
         prices = [price_grouped_step(env, b.ids, b.lengths, gp, pad=pad, align=cfg.align, policy=cfg.switch_policy,
                                      fused=cfg.sim.buffer_fusion, replicas=cfg.sim.replicas,
                                      report_policies=cfg.sim.report_policies) for b in batches]
+    elif cfg.policy == "megatron_grid":
+        return _simulate_grid(wl, hardware, seed, batches, info)
     else:
         parallel = "ulysses" if cfg.policy == "deepspeed_static" else "tp"
         plan_batches = _batches(wl, seed + 1, cfg.sim.plan_sample_steps)
@@ -137,6 +139,27 @@ def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
     info["group_micro_batches_step0"] = prices[0].group_micro_batches
     info["schedule_step0"] = prices[0].order
     info["memory_capacity_gib"] = env.mem.capacity_bytes / 2**30
+    return m, info
+
+
+def _simulate_grid(wl, hardware, seed: int, batches, info: dict) -> tuple[dict[str, Metric], dict]:
+    """The authors' grid-rule Megatron baseline on the step model (:mod:`.grid_baseline`)."""
+    from .grid_baseline import best_grid, model_of, step_prices
+
+    model = model_of(wl)
+    plan = _batches(wl, seed + 1, 2)
+    best, ginfo = best_grid(model, wl, hardware, plan)
+    ests = [step_prices(model, best, [b], wl.context, hardware, wl.gpus_per_node) for b in batches]
+    steps = [e.iteration_s for e in ests]
+    tokens = sum(int(sum(int(x) for x in b.lengths)) for b in batches)
+    info.update(strategies=[str(best)], boundaries=[wl.context, 0], megatron_step_model=True, **ginfo,
+                fits_every_step=all(e.fits for e in ests), breakdown_step0=ests[0].breakdown_s)
+    zero = Metric.from_samples([0.0] * len(steps), "s")
+    m = {"step_time_s": Metric.from_samples(steps, "s"), "switch_time_s": zero,
+         "compute_time_s": Metric.from_samples(steps, "s"), "dp_sync_time_s": zero,
+         "throughput_tokens_per_s": Metric.scalar(tokens / sum(steps), "tokens/s", "higher"),
+         "switch_fraction": Metric.scalar(0.0, "ratio"),
+         "peak_memory_gib": Metric.scalar(max(e.max_peak_allocated_bytes for e in ests) / 2**30, "GiB")}
     return m, info
 
 

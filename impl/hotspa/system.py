@@ -6,6 +6,8 @@
 | hotspa_static     | HotSPa's engine with the home strategy only (no switching)      | sim, real |
 | megatron_static   | best single (dp,tp,pp) that fits the context, greedy packing    | sim, real |
 | deepspeed_static  | as megatron_static with Ulysses SP instead of TP               | sim       |
+| megatron_grid     | the authors' grid rule (tp across nodes, mbs 1-32, the fork's   | sim       |
+|                   | packing) on the Megatron step model, fitting layouts only       |           |
 
 Real mode lives in :mod:`impl.hotspa.real`, sim mode in :mod:`impl.hotspa.sim`; the knobs only
 one mode reads sit in the nested ``real`` / ``sim`` nodes.
@@ -21,7 +23,7 @@ from .presets import PRESET_GROUPINGS
 from .real_config import RealKnobs
 from .sim_config import SimKnobs
 
-POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static")
+POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static", "megatron_grid")
 SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
 GROUPINGS = (*PRESET_GROUPINGS, "planned", "explicit")
 
@@ -57,7 +59,7 @@ class HotSPa(System):
 
     @property
     def modes(self):  # type: ignore[override]
-        return ("sim",) if self.cfg.policy == "deepspeed_static" else ("sim", "real")
+        return ("sim",) if self.cfg.policy in ("deepspeed_static", "megatron_grid") else ("sim", "real")
 
     def check(self, mode, wl, hardware, fault) -> None:
         self.require_workload(wl, "varlen")
