@@ -6,11 +6,16 @@ Two tiers from one snapshot (the D2H copy overlapped with the next step, as ours
   storage) is sent to its k holders (:func:`impl.common.checkpoint.peer.placement`: never the
   owner's node, spread over the others). Per node: max(bytes sent, bytes received) over the
   node's NICs (``PAPER_PROFILES["network"]``, 400 GB/s) + one request per received file. The
-  copy shares those NICs with training: while it runs, training's inter-node traffic (DP
-  gradient sync across nodes, pipeline sends between nodes: ``busy_frac`` of a step, from the
-  iteration cost model) waits for it, so each copy stalls training by ``busy_frac`` x the
-  copy's wire time and the copy itself stretches by the same. A peer commit is "done" when its
-  last holder committed: lag = snapshot + copy; interval = max(lag, step) (skip-not-wait).
+  copy shares those NICs with training, on a lower-priority InfiniBand service level (Gemini
+  schedules its copies into training's idle network time the same way): training's own
+  inter-node traffic (DP gradient sync across nodes, each micro-batch's sends across a
+  pipeline boundary between nodes: ``busy_frac`` of a step, from the iteration cost model)
+  keeps priority, so the copy gets only the idle share and takes wire / (1 - busy_frac), and
+  each of training's inter-node transfers during the copy waits behind at most one packet
+  already on the wire (``IB_MTU_BYTES`` at a GPU's NIC rate): that wait x transfers per step
+  x the steps the copy spans is the copy's stall on training. Interval: Young/Daly on that
+  stall, no shorter than the lag or a step (skip-not-wait); a peer commit is "done" when its
+  last holder committed: lag = snapshot + copy.
   A loss at a uniform phase falls back to the newest *copied* commit: the window in which a
   fresh commit has no peer copy yet is the lag (rework = interval / 2 + lag, sim_cost).
   The owner's node keeps its own files too (its own holder; written from the snapshot by a
@@ -32,6 +37,7 @@ every slice from storage (a mix would load two different steps), with that tier'
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import AbstractSet
 
@@ -40,10 +46,12 @@ from impl.common.parallel.cost import HybridCostModel, iteration_cost
 from impl.common.parallel.plan import Plan
 from impl.common.storage.emulator import PAPER_PROFILES
 
-from .sim_cost import SaveCost, _per_node_counts, _rank_nodes, save_cost
+from .sim_cost import SaveCost, _per_node_counts, _rank_nodes, young_daly_s
 from .sim_io import CheckpointIO
 
 NET = PAPER_PROFILES["network"]
+IB_MTU_BYTES = 4096  # InfiniBand's largest MTU: what a higher-priority packet can wait behind
+MAX_BUSY = 0.95  # a copy always gets some idle share (a step's compute never overlaps every byte)
 
 
 def place(io: CheckpointIO, saved: Plan, k: int, num_nodes: int, own: bool = True) -> dict[str, tuple[int, ...]]:
@@ -77,19 +85,25 @@ def check(io: CheckpointIO, saved: Plan, k: int, num_nodes: int, rank_state: flo
                       "system.sim.host_mem_bytes_per_node")
 
 
-def busy_frac(plan: Plan, cm: HybridCostModel) -> float:
-    """Share of a step in which training's own traffic uses the inter-node NICs: the DP
-    gradient sync when replicas span nodes, plus each micro-batch's activation and gradient
-    sends across a pipeline boundary between nodes."""
+def nic_traffic(plan: Plan, cm: HybridCostModel) -> tuple[float, int]:
+    """(share of a step in which training's own traffic uses the inter-node NICs, its
+    inter-node transfers per step): the DP gradient sync when replicas span nodes, plus each
+    micro-batch's activation and gradient sends across a pipeline boundary between nodes."""
     it = iteration_cost(plan, [1.0] * plan.num_gpus, cm)
     replica_nodes = {plan.groups[p.groups[0]].node for p in plan.pipelines}
-    sync = it.grad_sync_s if plan.dp > 1 and len(replica_nodes) > 1 else 0.0
-    p2p = 0.0
+    syncs = plan.dp > 1 and len(replica_nodes) > 1
+    p2p, transfers = 0.0, 0
     for p in plan.pipelines:
         cross = sum(1 for j in range(p.num_stages - 1)
                     if plan.groups[p.groups[j]].node != plan.groups[p.groups[j + 1]].node)
         p2p = max(p2p, 2.0 * cross * p.micro_batches * cm.p2p_s(False))
-    return min(1.0, (sync + p2p) / it.iteration_time_s)
+        transfers = max(transfers, 2 * cross * p.micro_batches)
+    busy = ((it.grad_sync_s if syncs else 0.0) + p2p) / it.iteration_time_s
+    return min(busy, MAX_BUSY), transfers + (plan.num_layers if syncs else 0)
+
+
+def busy_frac(plan: Plan, cm: HybridCostModel) -> float:
+    return nic_traffic(plan, cm)[0]
 
 
 def copy_wire_s(io: CheckpointIO, saved: Plan, k: int, num_nodes: int) -> float:
@@ -111,11 +125,15 @@ def copy_wire_s(io: CheckpointIO, saved: Plan, k: int, num_nodes: int) -> float:
 
 def peer_save(io: CheckpointIO, saved: Plan, cm: HybridCostModel, k: int, num_nodes: int, staging_s: float,
               step_s: float, mtbf_s: float) -> tuple[SaveCost, float, float]:
-    """(the peer tier's save cost, copy wire time, busy fraction)."""
+    """(the peer tier's save cost, copy wire time alone, busy fraction)."""
     wire = copy_wire_s(io, saved, k, num_nodes)
-    f = busy_frac(saved, cm)
-    sv = save_cost("overlapped", staging_s, wire * (1.0 + f), 0.0, step_s, mtbf_s, 0.0, fixed_interval_s=step_s)
-    return SaveCost(sv.stall_s + f * wire, sv.lag_s, sv.interval_s), wire, f
+    f, transfers = nic_traffic(saved, cm)
+    copy_s = wire / (1.0 - f)
+    steps = math.ceil(copy_s / step_s)
+    preempt = steps * transfers * IB_MTU_BYTES / cm.inter_bw_bytes_per_s
+    stall = max(0.0, staging_s - step_s) + preempt
+    lag = staging_s + copy_s
+    return SaveCost(stall, lag, max(young_daly_s(stall, mtbf_s), lag, step_s)), wire, f
 
 
 @dataclass(frozen=True)

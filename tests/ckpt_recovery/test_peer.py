@@ -175,9 +175,8 @@ def _sc(wl="ckpt_s3_34b", **kw):
 def test_host_memory_overflow_is_one_line():
     wl = _wl("ckpt_s4_70b")
     knobs = dataclasses.replace(SimKnobs(), peer_copies=2, host_mem_bytes_per_node=2.5e12)
-    sysm = CkptRecovery(CkptRecovery.Config(policy="ckpt_recovery", sim=knobs), "ckpt_recovery_peer")
     with pytest.raises(ConfigError) as e:
-        check_sim(sysm, wl, _hw(), GpuLoss(ranks=[5]))
+        Scenario("ckpt_recovery", wl, _hw(), knobs)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("system.sim.host_mem_bytes_per_node: peer copies do not fit on node")
     assert msg.endswith("> 2500 GB")
@@ -218,12 +217,16 @@ def test_sim_node_loss_loads_from_peers_and_a_correlated_loss_counts_storage_sli
     assert f["t_lost_s"] < plain["t_lost_s"] / 2
 
 
-def test_sim_copy_traffic_interferes_in_proportion_to_inter_node_traffic():
+def test_sim_copy_gets_the_idle_nic_share_and_training_waits_a_packet_per_transfer():
     sc = _sc("ckpt_s1_7b")
     ps = sc.peer_save()
     wire, f = sc._memo["peer_save"][1:]
-    assert 0 < f < 1 and wire > 0
+    busy, transfers = sim_peer.nic_traffic(sc.base, sc.cm)
+    assert 0 < f == busy < 1 and wire > 0 and transfers > 0
     staging = sc.rank_state / sc.k.d2h_bytes_per_s
-    assert ps.stall_s == pytest.approx(max(0.0, staging - sc.base_step_s) + f * wire)
-    assert ps.lag_s == pytest.approx(staging + wire * (1 + f))
-    assert sim_peer.busy_frac(sc.base, sc.cm) == f
+    copy = wire / (1 - f)
+    assert ps.lag_s == pytest.approx(staging + copy)
+    steps = -(-copy // sc.base_step_s)
+    packet = sim_peer.IB_MTU_BYTES / sc.cm.inter_bw_bytes_per_s
+    assert ps.stall_s == pytest.approx(max(0.0, staging - sc.base_step_s) + steps * transfers * packet)
+    assert ps.interval_s >= max(ps.lag_s, sc.base_step_s)
