@@ -249,11 +249,12 @@ class Scenario:
 
     def reload_s(self, prof: StorageProfile, new: Plan, down_nodes: frozenset) -> float:
         """Back from an idle wait: the full layout's newest checkpoint into ``new``."""
+        t_storage = self.load(prof, self.base, new, from_ram=self.pm.ram_tier, down_nodes=None)[0]
         if self.peer:
             pl = self.peer_load(self.base, new, down_nodes)
             if pl.from_peers:
-                return pl.t_s
-        return self.load(prof, self.base, new, from_ram=self.pm.ram_tier, down_nodes=None)[0]
+                return min(pl.t_s, t_storage)
+        return t_storage
 
     def local_load(self, prof: StorageProfile, saved: Plan, new: Plan, down_nodes: frozenset) -> sim_local.LocalLoad:
         key = ("local_load", prof, saved.signature(), new.signature(), down_nodes)
@@ -281,19 +282,21 @@ class Scenario:
         ram = self.pm.ram_tier and not ram_lost
         target = new if new is not None else self.base  # idle: reload the same layout after repair
         pl = self.peer_load(self.base, target, down_nodes, copies_lost) if self.peer else None
-        if pl is not None and pl.from_peers:
-            sv = self.peer_save()
-        else:
-            sv = self.ram_save() if ram else self.save(prof)
+        sv = self.ram_save() if ram else self.save(prof)
+        t_load, io = self.load(prof, self.base, target, from_ram=ram, down_nodes=down_nodes)
+        # the loader knows both tiers' newest steps: it takes the peer commit unless the storage
+        # one costs less in load + rework (a store as fast as peer RAM, a fresh storage commit)
+        use_peer = pl is not None and pl.from_peers and (
+            pl.t_s + self.peer_save().rework_s(mid_save) <= t_load + sv.rework_s(mid_save))
+        if use_peer:
+            sv, t_load = self.peer_save(), pl.t_s
         plan_s = getattr(k, self.pm.plan_knob)
         out = {"t_detect_s": k.detect_s, "t_restart_s": k.restart_s, "t_plan_s": plan_s, "t_rework_s": sv.rework_s(mid_save),
                "t_convert_s": self.convert_s(prof) if not ram and self.converts(self.base, target) else 0.0}
-        t_load, io = self.load(prof, self.base, target, from_ram=ram, down_nodes=down_nodes)
         if pl is not None:
-            if pl.from_peers:
-                t_load = pl.t_s
-            out.update({"peer_slices": float(pl.peer_slices), "storage_slices": float(pl.storage_slices),
-                        "lost_copy_files": float(pl.lost_files)})
+            every = float(pl.peer_slices + pl.storage_slices)
+            out.update({"peer_slices": every if use_peer else 0.0, "storage_slices": 0.0 if use_peer else every,
+                        "lost_copy_files": float(pl.lost_files), "loaded_from_peers": float(use_peer)})
         out["t_load_s"] = t_load - out["t_convert_s"]
         if self.local:
             ll = self.local_load(prof, self.base, target, down_nodes)
@@ -318,8 +321,10 @@ class Scenario:
             return 0.0
         sv = self.ram_save() if self.pm.ram_tier else self.save(prof)
         t_load, _ = self.load(prof, new, self.base, from_ram=self.pm.ram_tier)
-        if self.peer:  # every node back: the degraded layout's newest peer commit
-            sv, t_load = self.peer_save(), self.peer_load(new, self.base, frozenset()).t_s
+        if self.peer:  # every node back: the degraded layout's newest peer or storage commit
+            ps, t_peer = self.peer_save(), self.peer_load(new, self.base, frozenset()).t_s
+            if ps.stall_s + ps.lag_s + t_peer <= sv.stall_s + sv.lag_s + t_load:
+                sv, t_load = ps, t_peer
         return sv.stall_s + sv.lag_s + self.k.restart_s + getattr(self.k, self.pm.plan_knob) + t_load
 
 
@@ -438,7 +443,7 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
             corr = e.node is not None and rng is not None and float(rng.random()) < sc.k.peer_correlated_frac
             f = sc.failure(prof, key, False, 0.0, ram_lost=ram_lost, down_nodes=frozenset(node_down), copies_lost=corr)
             storage_slices += f.get("storage_slices", 0.0)
-            fallbacks += int(f.get("lost_copy_files", 0.0) > 0)
+            fallbacks += int(f.get("loaded_from_peers", 1.0) == 0.0)
             down = f["t_detect_s"] + f["t_rework_s"] + (f["t_restart_s"] + f["t_plan_s"] + f["t_convert_s"] + f["t_load_s"]
                                                        if new is not None else 0.0)
             lost_per_failure.append(f["t_lost_s"] - f["t_idle_s"] + (e.repair_s if new is None else 0.0))
@@ -503,7 +508,7 @@ UNITS = {"ettr": ("fraction", "higher"), "throughput_kept": ("fraction", "higher
          "storage_read_share": ("fraction", "lower"), "storage_read_share_node": ("fraction", "lower"),
          "peer_slices": ("slices", "higher"), "storage_slices": ("slices", "lower"),
          "storage_slices_correlated": ("slices", "lower"), "lost_copy_files": ("files", "lower"),
-         "peer_fallbacks": ("failures", "lower"), "net_busy_frac": ("fraction", "lower"),
+         "peer_fallbacks": ("failures", "lower"), "loaded_from_peers": ("fraction", "higher"), "net_busy_frac": ("fraction", "lower"),
          "host_mem_bytes": ("bytes", "lower")}
 PER_PROFILE = ("t_stall_s", "t_commit_s", "interval_s", "t_load_s", "t_convert_s", "t_rework_s", "t_lost_s", "ettr",
                "storage_read_share", "t_load_node_s", "storage_slices", "peer_fallbacks")
