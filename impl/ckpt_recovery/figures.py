@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from impl.common.plots.records import mode_legend_entry, mode_style, plottable  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
-SYSTEMS = ("ckpt_recovery", "ckpt_recovery_local", "dcp_sync", "dcp_async", "restart_all", "ucp_like", "gemini_like")
+SYSTEMS = ("ckpt_recovery", "ckpt_recovery_local", "ckpt_recovery_peer", "dcp_sync", "dcp_async", "restart_all", "ucp_like", "gemini_like")
 PROFILES = ("nas5", "nas20", "nvme", "network")
 
 

@@ -33,7 +33,7 @@ from impl.common.storage.emulator import PAPER_PROFILES, StorageProfile, paper_p
 from .sim_cost import SaveCost, read_time_s, save_cost, write_time_s
 from .sim_io import CheckpointIO, LoadIO
 from .sim_layouts import after_loss, describe, rectangular, step_time_s
-from . import sim_local
+from . import sim_local, sim_peer
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,16 @@ def check_sim(system, wl, hw, fault) -> None:
                           f"got k={k.local_copies} with policy {system.cfg.policy!r}")
     if k.local_copies < 0:
         raise ConfigError(f"system.sim.local_copies: must be >= 0, got {k.local_copies}")
+    if k.peer_copies and (system.cfg.policy != "ckpt_recovery" or not 0 < k.peer_copies < nodes or k.local_copies):
+        raise ConfigError(f"system.sim.peer_copies: needs policy ckpt_recovery, no local_copies and 0 <= k < {nodes} "
+                          f"nodes, got k={k.peer_copies} with policy {system.cfg.policy!r}, local_copies={k.local_copies}")
+    if k.peer_copies < 0:
+        raise ConfigError(f"system.sim.peer_copies: must be >= 0, got {k.peer_copies}")
+    if not 0 <= k.peer_correlated_frac <= 1:
+        raise ConfigError(f"system.sim.peer_correlated_frac: must be in [0, 1], got {k.peer_correlated_frac}")
+    for name in ("host_mem_bytes_per_node", "train_host_bytes_per_gpu"):
+        if getattr(k, name) < 0:
+            raise ConfigError(f"system.sim.{name}: must be >= 0, got {getattr(k, name)}")
     cm = HybridCostModel.build(wl, hw)
     pcfg = planner_config(wl, hw, cm)
     check_uniform_fits(pcfg.uniform(), pcfg)
@@ -119,6 +129,11 @@ class Scenario:
         self.rank_state = self.io.state_bytes / (wl.tp * wl.pp)
         self.num_nodes = wl.num_gpus // wl.gpus_per_node
         self.local = knobs.local_copies if self.pm.fmt == "splits" else 0
+        self.peer = knobs.peer_copies if self.pm.fmt == "splits" else 0
+        if self.peer:
+            # at run time, not in check_sim: a sweep's preflight would stop every other system's
+            # job over this one's refusal; the job's record fails with this line instead
+            sim_peer.check(self.io, self.base, self.peer, self.num_nodes, self.rank_state, knobs)
         self._plans: dict = {}
         self._memo: dict = {}
 
@@ -171,10 +186,20 @@ class Scenario:
         return save_cost("overlapped", staging, write, 0.0, self.base_step_s, self.mtbf_s, 0.0,
                          fixed_interval_s=self.base_step_s)
 
+    def peer_save(self) -> SaveCost:
+        """The peer tier: every snapshot's files copied into k other hosts' memory (sim_peer)."""
+        if "peer_save" not in self._memo:
+            staging = self.rank_state / self.k.d2h_bytes_per_s
+            self._memo["peer_save"] = sim_peer.peer_save(self.io, self.base, self.cm, self.peer, self.num_nodes,
+                                                         staging, self.base_step_s, self.mtbf_s)
+        return self._memo["peer_save"][0]
+
     def overhead(self, prof: StorageProfile) -> float:
         o = self.save(prof).overhead
         if self.pm.ram_tier:
             o = 1.0 - (1.0 - o) * (1.0 - self.ram_save().overhead)
+        if self.peer:
+            o = 1.0 - (1.0 - o) * (1.0 - self.peer_save().overhead)
         return o
 
     # ---- loads ----------------------------------------------------------------------------
@@ -216,6 +241,21 @@ class Scenario:
         io = self.load_io(self.pm.fmt, saved, new)
         return (self.convert_s(prof) if self.converts(saved, new) else 0.0) + read_time_s(prof, io, new), io
 
+    def peer_load(self, saved: Plan, new: Plan, down_nodes: frozenset, copies_lost: bool = False) -> sim_peer.PeerLoad:
+        key = ("peer_load", saved.signature(), new.signature(), down_nodes, copies_lost)
+        if key not in self._memo:
+            self._memo[key] = sim_peer.load(self.io, saved, new, self.peer, self.num_nodes, down_nodes, copies_lost)
+        return self._memo[key]
+
+    def reload_s(self, prof: StorageProfile, new: Plan, down_nodes: frozenset) -> float:
+        """Back from an idle wait: the full layout's newest checkpoint into ``new``."""
+        t_storage = self.load(prof, self.base, new, from_ram=self.pm.ram_tier, down_nodes=None)[0]
+        if self.peer:
+            pl = self.peer_load(self.base, new, down_nodes)
+            if pl.from_peers:
+                return min(pl.t_s, t_storage)
+        return t_storage
+
     def local_load(self, prof: StorageProfile, saved: Plan, new: Plan, down_nodes: frozenset) -> sim_local.LocalLoad:
         key = ("local_load", prof, saved.signature(), new.signature(), down_nodes)
         if key not in self._memo:
@@ -224,26 +264,39 @@ class Scenario:
 
     # ---- one failure ------------------------------------------------------------------------
     def failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool = False,
-                down_nodes: frozenset = frozenset()) -> dict:
+                down_nodes: frozenset = frozenset(), copies_lost: bool = False) -> dict:
         """Costs of one loss of ``lost`` GPUs from the full layout (seconds); ``down_nodes``: the
-        dead nodes (their local copies are gone)."""
-        down_nodes = frozenset(down_nodes) if self.local else frozenset()
-        key = ("failure", prof, tuple(sorted(lost)), mid_save, repair_s, ram_lost, down_nodes)
+        dead nodes (their local / peer copies are gone); ``copies_lost``: a correlated loss took
+        every copy of the files a dead node held (peer copies only)."""
+        down_nodes = frozenset(down_nodes) if self.local or self.peer else frozenset()
+        copies_lost = bool(copies_lost and self.peer and down_nodes)
+        key = ("failure", prof, tuple(sorted(lost)), mid_save, repair_s, ram_lost, down_nodes, copies_lost)
         if key not in self._memo:
-            self._memo[key] = self._failure(prof, lost, mid_save, repair_s, ram_lost, down_nodes)
+            self._memo[key] = self._failure(prof, lost, mid_save, repair_s, ram_lost, down_nodes, copies_lost)
         return dict(self._memo[key])
 
     def _failure(self, prof: StorageProfile, lost, mid_save: bool, repair_s: float, ram_lost: bool,
-                 down_nodes: frozenset = frozenset()) -> dict:
+                 down_nodes: frozenset = frozenset(), copies_lost: bool = False) -> dict:
         k = self.k
         new = self.plan_after(lost)
         ram = self.pm.ram_tier and not ram_lost
-        sv = self.ram_save() if ram else self.save(prof)
-        plan_s = getattr(k, self.pm.plan_knob)
         target = new if new is not None else self.base  # idle: reload the same layout after repair
+        pl = self.peer_load(self.base, target, down_nodes, copies_lost) if self.peer else None
+        sv = self.ram_save() if ram else self.save(prof)
+        t_load, io = self.load(prof, self.base, target, from_ram=ram, down_nodes=down_nodes)
+        # the loader knows both tiers' newest steps: it takes the peer commit unless the storage
+        # one costs less in load + rework (a store as fast as peer RAM, a fresh storage commit)
+        use_peer = pl is not None and pl.from_peers and (
+            pl.t_s + self.peer_save().rework_s(mid_save) <= t_load + sv.rework_s(mid_save))
+        if use_peer:
+            sv, t_load = self.peer_save(), pl.t_s
+        plan_s = getattr(k, self.pm.plan_knob)
         out = {"t_detect_s": k.detect_s, "t_restart_s": k.restart_s, "t_plan_s": plan_s, "t_rework_s": sv.rework_s(mid_save),
                "t_convert_s": self.convert_s(prof) if not ram and self.converts(self.base, target) else 0.0}
-        t_load, io = self.load(prof, self.base, target, from_ram=ram, down_nodes=down_nodes)
+        if pl is not None:
+            every = float(pl.peer_slices + pl.storage_slices)
+            out.update({"peer_slices": every if use_peer else 0.0, "storage_slices": 0.0 if use_peer else every,
+                        "lost_copy_files": float(pl.lost_files), "loaded_from_peers": float(use_peer)})
         out["t_load_s"] = t_load - out["t_convert_s"]
         if self.local:
             ll = self.local_load(prof, self.base, target, down_nodes)
@@ -268,6 +321,10 @@ class Scenario:
             return 0.0
         sv = self.ram_save() if self.pm.ram_tier else self.save(prof)
         t_load, _ = self.load(prof, new, self.base, from_ram=self.pm.ram_tier)
+        if self.peer:  # every node back: the degraded layout's newest peer or storage commit
+            ps, t_peer = self.peer_save(), self.peer_load(new, self.base, frozenset()).t_s
+            if ps.stall_s + ps.lag_s + t_peer <= sv.stall_s + sv.lag_s + t_load:
+                sv, t_load = ps, t_peer
         return sv.stall_s + sv.lag_s + self.k.restart_s + getattr(self.k, self.pm.plan_knob) + t_load
 
 
@@ -282,6 +339,13 @@ def fault_metrics(sc: Scenario, fault, prof: StorageProfile) -> dict:
     sv = sc.save(prof)
     per_failure = f["t_lost_s"] + f["t_degraded_s"] + f["t_rejoin_s"]
     out = dict(f)
+    c = k.peer_correlated_frac if sc.peer and down else 0.0
+    if c:  # expected cost over the loss that also takes every copy of the files the node held
+        g = sc.failure(prof, lost, fault.mid_save, repair_s, down_nodes=down, copies_lost=True)
+        per_failure = (1.0 - c) * per_failure + c * (g["t_lost_s"] + g["t_degraded_s"] + g["t_rejoin_s"])
+        out.update({"t_lost_correlated_s": g["t_lost_s"], "storage_slices_correlated": g["storage_slices"]})
+    if sc.peer:
+        out.update(peer_info(sc))
     out.update({"t_stall_s": sv.stall_s, "t_commit_s": sv.lag_s, "interval_s": sv.interval_s,
                 "ckpt_overhead": sc.overhead(prof), "mtbf_h": sc.mtbf_s / HOUR,
                 "ettr": (1.0 - sc.overhead(prof)) * max(0.0, 1.0 - per_failure / sc.mtbf_s)})
@@ -338,7 +402,16 @@ def canonical(lost, num_gpus: int, gpn: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], horizon_s: float) -> dict:
+def peer_info(sc: Scenario) -> dict:
+    ps = sc.peer_save()
+    _, wire, f = sc._memo["peer_save"]
+    mem = max(h.total for h in sim_peer.host_memory(sc.io, sc.base, sc.peer, sc.num_nodes, sc.rank_state, sc.k))
+    return {"t_peer_stall_s": ps.stall_s, "t_peer_lag_s": ps.lag_s, "peer_interval_s": ps.interval_s,
+            "t_copy_s": wire, "net_busy_frac": f, "host_mem_bytes": mem}
+
+
+def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], horizon_s: float,
+              rng: Optional[np.random.Generator] = None) -> dict:
     """Useful time of one system over one trace. Downtime (detect, restart, load, rework,
     rejoin) and idle waits run at rate 0; otherwise the layout of the current lost set at its
     throughput, less the checkpoint stall share."""
@@ -355,6 +428,7 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
     avail_at, t_prev, work, rate = 0.0, 0.0, 0.0, 1.0
     cur: Optional[Plan] = sc.base
     lost_per_failure = []
+    storage_slices, fallbacks = 0.0, 0
     for t, kind, e in changes:
         work += rate * eff * max(0.0, t - max(t_prev, avail_at))
         t_prev = t
@@ -365,7 +439,11 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
                 node_down.add(e.node)
             key = canonical(lost, N, gpn)
             new = sc.plan_after(key)
-            f = sc.failure(prof, key, False, 0.0, ram_lost=ram_lost, down_nodes=frozenset(node_down))
+            # one draw per node failure whatever the system, so every profile sees the same ones
+            corr = e.node is not None and rng is not None and float(rng.random()) < sc.k.peer_correlated_frac
+            f = sc.failure(prof, key, False, 0.0, ram_lost=ram_lost, down_nodes=frozenset(node_down), copies_lost=corr)
+            storage_slices += f.get("storage_slices", 0.0)
+            fallbacks += int(f.get("loaded_from_peers", 1.0) == 0.0)
             down = f["t_detect_s"] + f["t_rework_s"] + (f["t_restart_s"] + f["t_plan_s"] + f["t_convert_s"] + f["t_load_s"]
                                                        if new is not None else 0.0)
             lost_per_failure.append(f["t_lost_s"] - f["t_idle_s"] + (e.repair_s if new is None else 0.0))
@@ -375,8 +453,8 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
             new = sc.plan_after(canonical(lost, N, gpn))
             if new is None:
                 down = 0.0
-            elif cur is None:  # back from idle: restart and reload (from storage: copies not tracked)
-                t_load, _ = sc.load(prof, sc.base, new, from_ram=sc.pm.ram_tier, down_nodes=None)
+            elif cur is None:  # back from idle: restart and reload (storage, or peer memory)
+                t_load = sc.reload_s(prof, new, frozenset(node_down))
                 down = sc.k.restart_s + getattr(sc.k, sc.pm.plan_knob) + t_load
             elif lost:  # still degraded: keep the running layout until every GPU is back
                 new, down = cur, 0.0
@@ -386,19 +464,23 @@ def run_trace(sc: Scenario, prof: StorageProfile, events: list[FailureEvent], ho
         cur = new
         rate = sc.kept(new)
     work += rate * eff * max(0.0, horizon_s - max(t_prev, avail_at))
-    return {"ettr": work / horizon_s, "failures": float(len(events)), "lost": lost_per_failure}
+    return {"ettr": work / horizon_s, "failures": float(len(events)), "lost": lost_per_failure,
+            "storage_slices": storage_slices, "peer_fallbacks": float(fallbacks)}
 
 
 def poisson_metrics(sc: Scenario, prof: StorageProfile, seed: int) -> dict:
     k = sc.k
     horizon = k.days * 24 * HOUR
-    ettrs, fails, lost = [], [], []
+    ettrs, fails, lost, sslices, fallbacks = [], [], [], [], []
     for trial in range(k.trials):
         ev = failure_trace(sc.wl.num_gpus, sc.wl.gpus_per_node, k, seed * 1000003 + trial)
-        r = run_trace(sc, prof, ev, horizon)
+        rng = np.random.default_rng([seed * 1000003 + trial, 27]) if sc.peer else None  # correlated losses
+        r = run_trace(sc, prof, ev, horizon, rng)
         ettrs.append(r["ettr"])
         fails.append(r["failures"])
         lost += r["lost"]
+        sslices.append(r["storage_slices"])
+        fallbacks.append(r["peer_fallbacks"])
     gpn = sc.wl.gpus_per_node
     one = sc.failure(prof, canonical([0], sc.wl.num_gpus, gpn), False, 0.0)
     last = sc.wl.num_gpus // gpn - 1  # canonical() puts a lost node last
@@ -413,16 +495,23 @@ def poisson_metrics(sc: Scenario, prof: StorageProfile, seed: int) -> dict:
             "ckpt_overhead": sc.overhead(prof), "mtbf_h": sc.mtbf_s / HOUR,
             **({"t_copy_s": one["t_copy_s"], "storage_read_share": one["storage_read_share"],
                 "t_load_node_s": node["t_load_s"], "storage_read_share_node": node["storage_read_share"]}
-               if sc.local else {})}
+               if sc.local else {}),
+            **({**peer_info(sc), "t_load_node_s": node["t_load_s"], "peer_slices": one["peer_slices"],
+                "storage_slices": statistics.fmean(sslices), "peer_fallbacks": statistics.fmean(fallbacks)}
+               if sc.peer else {})}
 
 
 UNITS = {"ettr": ("fraction", "higher"), "throughput_kept": ("fraction", "higher"),
          "throughput_kept_node": ("fraction", "higher"), "gpus_used": ("GPUs", "higher"),
          "read_calls": ("calls", "lower"), "read_bytes_ratio": ("x", "lower"), "ckpt_overhead": ("fraction", "lower"),
          "mtbf_h": ("h", "higher"), "failures_per_trial": ("failures", "lower"),
-         "storage_read_share": ("fraction", "lower"), "storage_read_share_node": ("fraction", "lower")}
+         "storage_read_share": ("fraction", "lower"), "storage_read_share_node": ("fraction", "lower"),
+         "peer_slices": ("slices", "higher"), "storage_slices": ("slices", "lower"),
+         "storage_slices_correlated": ("slices", "lower"), "lost_copy_files": ("files", "lower"),
+         "peer_fallbacks": ("failures", "lower"), "loaded_from_peers": ("fraction", "higher"), "net_busy_frac": ("fraction", "lower"),
+         "host_mem_bytes": ("bytes", "lower")}
 PER_PROFILE = ("t_stall_s", "t_commit_s", "interval_s", "t_load_s", "t_convert_s", "t_rework_s", "t_lost_s", "ettr",
-               "storage_read_share", "t_load_node_s")
+               "storage_read_share", "t_load_node_s", "storage_slices", "peer_fallbacks")
 
 
 def _metric(name: str, v) -> Metric:
@@ -456,6 +545,8 @@ def run_sim(system, job) -> RunResult:
             "reconstructed": "spec ckpt_recovery 6: inputs tagged [R] in README_sim.md"}
     if sc.local:
         info["local_copies"] = sc.local
+    if sc.peer:
+        info["peer_copies"] = sc.peer
     if k.failures == "fault":
         lost = lost_gpus(job.fault, job.workload.gpus_per_node)
         info["lost_gpus"] = list(lost)

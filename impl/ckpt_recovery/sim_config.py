@@ -22,6 +22,15 @@ class SimKnobs:
     # Spec 2.1 option (ours only): after each commit, every rank file is also copied to the local
     # NVMe of this many other nodes; a load reads a file from a surviving copy, else from storage.
     local_copies: int = 0
+    # Issue 27 (ours only, system ckpt_recovery_peer): after each snapshot, every rank file is
+    # also copied into the host memory of this many other nodes (sim_peer).
+    peer_copies: int = 0
+    host_mem_bytes_per_node: float = 2.0e12  # [R] DGX H100: 2 TB of system memory
+    train_host_bytes_per_gpu: float = 100.0e9  # [R] training's own host memory per GPU (loader, pinned buffers, CUDA/NCCL)
+    # Share of node losses that also take every copy of each file with a copy on the dead node
+    # (its failure domain held them all); their recovery reads storage. Only copies are lost,
+    # no GPU (the failure trace stays the one every system sees).
+    peer_correlated_frac: float = 0.0
     # Failure model (spec 6: Llama 3 405B, 419 interruptions / 54 days / 16,384 GPUs).
     failure_rate_per_gpu_h: float = 2.0e-5
     single_gpu_frac: float = 0.587

@@ -168,7 +168,8 @@ class CheckpointIO:
 
     def _ours_reads(self, saved: Plan, new: Plan) -> tuple:
         """Per distinct reader of the new layout: (rank, how many ranks read like it, file ->
-        [requests, bytes] it reads there: the file's header plus one request per merged block)."""
+        [requests, bytes, slices] it reads there: the file's header plus one request per merged
+        block, and the splits those blocks hold)."""
         key = ("ours_reads", saved.signature(), new.signature())
         if key not in self._cache:
             files, manifest = self._files(saved)
@@ -178,9 +179,10 @@ class CheckpointIO:
             for r, n in _roles(lay):
                 per: dict[str, list] = {}
                 for b in read_plan(self.metas, lay, r, self.S, idx):
-                    c = per.setdefault(b.file, [1, float(HEADER_BYTES)])
+                    c = per.setdefault(b.file, [1, float(HEADER_BYTES), 0])
                     c[0] += 1
                     c[1] += b.length
+                    c[2] += len(b.needs)
                 out.append((r, n, per))
             self._cache[key] = tuple(out)
         return self._cache[key]
@@ -200,6 +202,10 @@ class CheckpointIO:
         """Per distinct reader of ``load_ours``: (file -> (requests, bytes) it reads there, how
         many ranks read like it); the manifest request is not in it."""
         return tuple(({f: (c[0], c[1]) for f, c in per.items()}, n) for _, n, per in self._ours_reads(saved, new))
+
+    def slices_by_file(self, saved: Plan, new: Plan) -> tuple[tuple[dict, int], ...]:
+        """Per distinct reader: (file -> splits it reads there, how many ranks read like it)."""
+        return tuple(({f: c[2] for f, c in per.items()}, n) for _, n, per in self._ours_reads(saved, new))
 
     def file_ranks(self, saved: Plan) -> dict[str, int]:
         """file -> the rank that writes it (lowest-owner save)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -42,23 +42,29 @@ class LoadStats:
 
 
 def load_rank(ck: Checkpoint, layout: Layout, rank: int, storage: Optional[Storage] = None,
-              metas: Optional[Sequence[TensorMeta]] = None) -> tuple[dict[str, torch.Tensor], LoadStats]:
-    """``rank``'s local tensors under ``layout`` from checkpoint ``ck`` (any saved layout)."""
+              metas: Optional[Sequence[TensorMeta]] = None,
+              locate: Optional[Callable[[str], tuple[str, Storage]]] = None) -> tuple[dict[str, torch.Tensor], LoadStats]:
+    """``rank``'s local tensors under ``layout`` from checkpoint ``ck`` (any saved layout).
+    ``locate``: file -> (path, the Storage that counts its reads), for a commit whose files
+    sit in several places (peer holders, :mod:`.peer`); default ``ck.dir`` through ``storage``."""
     storage = storage or Storage()
+    locate = locate or (lambda fname: (os.path.join(ck.dir, fname), storage))
     S = ck.splits
     ck_metas = ck.metas
     if metas is not None:
         ck.check_model(metas)
     check_rank(ck_metas, layout.ranks.get(rank, {}), rank, S)
     st = LoadStats()
-    calls0, bytes0 = storage.stats.read_calls, storage.stats.read_bytes
+    used: dict[int, tuple[Storage, int, float]] = {}  # id -> (storage, calls, bytes) before
     t0 = time.perf_counter()
     files = ck.manifest["files"]
-    headers, handles = {}, {}
+    headers, handles, paths = {}, {}, {}
     try:
         for fname in files_needed(ck_metas, layout, rank, S, files):
-            p = os.path.join(ck.dir, fname)
-            h = storage.open_read(p)
+            p, src = locate(fname)
+            paths[fname] = p
+            used.setdefault(id(src), (src, src.stats.read_calls, src.stats.read_bytes))
+            h = src.open_read(p)
             handles[fname] = h
             first = h.pread(0, 8)
             n = header_length(first) if len(first) == 8 else 8
@@ -75,12 +81,12 @@ def load_rank(ck: Checkpoint, layout: Layout, rank: int, storage: Optional[Stora
         for b in blocks:
             buf = memoryview(handles[b.file].pread(b.offset, b.length))
             if len(buf) != b.length:
-                raise CheckpointError(f"{os.path.join(ck.dir, b.file)}: truncated (short read at byte {b.offset})")
+                raise CheckpointError(f"{paths[b.file]}: truncated (short read at byte {b.offset})")
             for n in b.needs:
                 lo = n.entry.offset - b.offset
                 piece = buf[lo:lo + n.entry.length]
                 if sha256(piece) != files[b.file]["keys"][n.entry.key][2]:
-                    raise CheckpointError(f"{os.path.join(ck.dir, b.file)}: checksum mismatch in key {n.entry.key}")
+                    raise CheckpointError(f"{paths[b.file]}: checksum mismatch in key {n.entry.key}")
                 raw[(n.name, n.split)] = to_tensor(piece, n.entry)
                 st.covered.append((n.name, n.split))
                 st.bytes_needed += n.entry.length
@@ -95,8 +101,8 @@ def load_rank(ck: Checkpoint, layout: Layout, rank: int, storage: Optional[Stora
             parts = [raw[(m.name, j)] for j in split_range(own[m.name], S, m)]
             out[m.name] = join(parts, m) if m.dim is not None else parts[0]
     t3 = time.perf_counter()
-    st.read_calls = storage.stats.read_calls - calls0
-    st.bytes_read = storage.stats.read_bytes - bytes0
+    st.read_calls = sum(src.stats.read_calls - c0 for src, c0, _ in used.values())
+    st.bytes_read = sum(src.stats.read_bytes - b0 for src, _, b0 in used.values())
     st.blocks, st.files = len(blocks), len(headers)
     st.t_metadata_s, st.t_io_s, st.t_assembly_s = t1 - t0, t2 - t1, t3 - t2
     return out, st
