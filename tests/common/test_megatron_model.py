@@ -13,6 +13,7 @@ from impl.common.api import ConfigError
 from impl.common.hardware import MegatronKnobs, load_hardware
 from impl.common.megatron import MegatronLayout, MegatronModel, pack_work, pad_work, padded_vocab, price
 from impl.common.megatron import fit as megafit
+from impl.common.megatron.step import features, theta_of
 from impl.common.megatron.runs import load_runs, parse_line
 
 import pathlib
@@ -124,6 +125,35 @@ def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
     shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
     assert analytic_seq_cost(shape, Layout(2, 4, 1), hw).source == "megatron-calibrated"
     assert analytic_seq_cost(shape, Layout(2, 4, 1), load_hardware("h100-sxm")).source == "analytic"
+
+
+def test_hybrid_cost_model_layer_time_is_the_step_models_on_a_calibrated_profile():
+    """Malleus' and the checkpoint systems' per-layer cost: the step model's layer terms on a
+    calibrated profile (a pipeline stage of n layers costs n of them plus its edges), the FLOP
+    estimate on a datasheet one (unchanged)."""
+    from types import SimpleNamespace
+
+    from impl.common.megatron.step import layer_time_s
+    from impl.common.parallel.cost import HybridCostModel
+    from impl.common.workloads.pipeline import ModelShape
+
+    shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
+    wl = SimpleNamespace(model=shape, micro_batch_size=1, dtype="bf16", tp=4, mfu=None)
+    cal, ds = load_hardware("a800-80g-megatron"), load_hardware("a800-80g")
+    hc = HybridCostModel.build(wl, cal)
+    m = MegatronModel.from_shape(shape)
+    assert hc.layer_time_s(4) == pytest.approx(layer_time_s(m, 4, 4096.0, 4096.0 ** 2, cal), rel=1e-12)
+    lay = MegatronLayout(dp=1, tp=4, pp=4, mbs=1, gbs=1, context=4096)
+    stage1 = (features(m, lay, cal).T[0, 0, 0, 1] @ theta_of(cal, cal.megatron))  # a middle stage: 8 layers + p2p
+    assert stage1 > 8 * hc.layer_time_s(4)
+    hd = HybridCostModel.build(wl, ds)
+    from impl.common.cost.comm import ring_allreduce_time_s
+    from impl.common.cost.transformer import layer_fwd_flops
+
+    flops = 3.0 * layer_fwd_flops(shape, 1) / (4 * ds.peak_flops["bf16"] * ds.mfu)
+    ar = ring_allreduce_time_s(4096 * 4096 * 2.0, 4, ds.intra_node_bw_bytes_per_s * ds.comm_efficiency,
+                               ds.intra_node_latency_s)
+    assert hd.calibrated_hw is None and hd.layer_time_s(4) == pytest.approx(flops + 4 * ar, rel=1e-12)
 
 
 def test_derived_profiles_scale_links_and_keep_headroom():

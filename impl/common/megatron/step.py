@@ -192,6 +192,34 @@ def _row_max(rows: np.ndarray) -> float:
     return float(rows.reshape(rows.shape[0], -1).max(axis=1).mean())
 
 
+def layer_terms(model: MegatronModel, tp: int, rows, attn_sq, hw: HardwareProfile, gpus_per_node: int,
+                recompute: float = 1.0) -> np.ndarray:
+    """Time features (..., N_TIME) of one transformer layer, forward + backward, for micro-batches
+    of ``rows`` tokens and ``attn_sq`` = sum of squared document lengths: the GEMMs, causal
+    attention, the four TP collectives with their latency, one layer's overhead."""
+    rows = np.asarray(rows, dtype=float)
+    sq = np.asarray(attn_sq, dtype=float)
+    f = np.zeros(rows.shape + (N_TIME,))
+    gemm = 6.0 * model.layer_matrix_params() / tp * recompute
+    f[..., F_GEMM] = gemm * rows
+    f[..., F_GEMM_ROWS] = gemm
+    f[..., F_ATTN] = 6.0 * model.hidden * sq / 2.0 / tp * recompute
+    f[..., F_LAYERS] = 1.0
+    if tp > 1:
+        inter = tp > gpus_per_node
+        f[..., F_INTER if inter else F_INTRA] = (TP_COLLECTIVES_PER_LAYER * 2.0 * (tp - 1) / tp * BF16
+                                                 * model.hidden * rows)
+        f[..., F_FIXED] = TP_COLLECTIVES_PER_LAYER * (hw.inter_node_latency_s if inter else hw.intra_node_latency_s)
+    return f
+
+
+def layer_time_s(model: MegatronModel, tp: int, rows: float, attn_sq: float, hw: HardwareProfile,
+                 gpus_per_node: Optional[int] = None, knobs: Optional[MegatronKnobs] = None) -> float:
+    """Seconds of one layer's forward + backward for one micro-batch (see :func:`layer_terms`)."""
+    k = knobs or hw.megatron_knobs()
+    return float(layer_terms(model, tp, rows, attn_sq, hw, gpus_per_node or hw.gpus_per_node) @ theta_of(hw, k))
+
+
 def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
              work: Optional[MicroBatchWork] = None) -> StepFeatures:
     """The launch's work in knob units (see the module doc for each term)."""
@@ -211,27 +239,16 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     T = np.zeros((it, ndp, m, pp, N_TIME))
     recompute = 4.0 / 3.0 if lay.recompute == "full" else 1.0  # one more forward
 
-    mat = model.layer_matrix_params() / tp
-    layer_gemm = 6.0 * mat * Ls * recompute
+    layers = layer_terms(model, tp, rows, sq, hw, gpn, recompute)
+    inter = tp > gpn
     for s in range(pp):
         f = T[:, :, :, s, :]
-        f[..., F_GEMM] = layer_gemm * rows
-        f[..., F_GEMM_ROWS] = layer_gemm
-        f[..., F_ATTN] = 6.0 * h * sq / 2.0 / tp * Ls * recompute
-        f[..., F_LAYERS] = Ls
+        f[...] = layers * Ls
         if tp > 1:
-            n_coll = TP_COLLECTIVES_PER_LAYER * Ls
-            coll_rows = n_coll * rows
-            if s == 0:
-                coll_rows = coll_rows + rows
-                n_coll += 1
-            if s == pp - 1:
-                coll_rows = coll_rows + grid
-                n_coll += 1
-            bus = 2.0 * (tp - 1) / tp * BF16 * h * coll_rows
-            inter = tp > gpn
-            f[..., F_INTER if inter else F_INTRA] += bus
-            f[..., F_FIXED] += n_coll * (lat_inter if inter else lat_intra)
+            # The embedding's forward and the LM head's backward all-reduce.
+            extra = (rows if s == 0 else 0.0) + (grid if s == pp - 1 else 0.0)
+            f[..., F_INTER if inter else F_INTRA] += 2.0 * (tp - 1) / tp * BF16 * h * extra
+            f[..., F_FIXED] += ((s == 0) + (s == pp - 1)) * (lat_inter if inter else lat_intra)
         if s == pp - 1:
             f[..., F_GEMM] += 6.0 * h * V / tp * grid
             f[..., F_GEMM_ROWS] += 6.0 * h * V / tp

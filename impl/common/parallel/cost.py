@@ -48,6 +48,9 @@ class HybridCostModel:
     # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the FLOP estimate).
     measured_layer_s: Optional[float] = None
     pipeline_bubble: str = "spec"  # spec | stagewise (workload.pipeline_bubble)
+    # A profile with fitted Megatron knobs: layer times from the calibrated step model
+    # (impl.common.megatron.step.layer_time_s) instead of FLOPs / mfu; None = the FLOP estimate.
+    calibrated_hw: Optional[object] = None
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
@@ -57,11 +60,11 @@ class HybridCostModel:
         bubble = getattr(wl, "pipeline_bubble", "spec")
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
-        eff = hw.comm_efficiency
+        calibrated = hw if getattr(hw, "megatron", None) is not None and wl.dtype == "bf16" else None
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, float(hw.peak_flops[wl.dtype]), float(mfu),
-                   hw.intra_node_bw_bytes_per_s * eff, hw.intra_node_latency_s,
-                   hw.inter_node_bw_bytes_per_s * eff, hw.inter_node_latency_s,
-                   getattr(wl, "sim_layer_time_s", None), bubble)
+                   hw.bus_bw_bytes_per_s(True), hw.intra_node_latency_s,
+                   hw.bus_bw_bytes_per_s(False), hw.inter_node_latency_s,
+                   getattr(wl, "sim_layer_time_s", None), bubble, calibrated)
 
     @property
     def act_bytes(self) -> float:
@@ -75,6 +78,13 @@ class HybridCostModel:
             if tp_size == self.tp:
                 return float(self.measured_layer_s)
             compute = self.measured_layer_s * self.tp / tp_size
+        elif self.calibrated_hw is not None:
+            from impl.common.megatron.model import MegatronModel
+            from impl.common.megatron.step import layer_time_s
+
+            rows = float(self.micro_batch_size * self.model.seq_len)
+            return layer_time_s(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len,
+                                self.calibrated_hw)
         else:
             compute = 3.0 * layer_fwd_flops(self.model, self.micro_batch_size) / (tp_size * self.peak_flops * self.mfu)
         ar = ring_allreduce_time_s(self.act_bytes, tp_size, self.intra_bw_bytes_per_s, self.intra_lat_s)
