@@ -4,7 +4,7 @@
 # (`pip install -e ".[dev]"`). Budget: under 8 minutes on one GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-results/gpu_smoke}
+out=${1:-results/runs/gpu_smoke}
 if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "gpu_smoke: no CUDA device visible (torch.cuda.is_available() is false); nothing run" >&2
   exit 2

@@ -45,7 +45,7 @@ def format_rows(table: list[list[str]]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    table = rows(load_records(args[0] if args else "results/gpu_smoke"))
+    table = rows(load_records(args[0] if args else "results/runs/gpu_smoke"))
     print(format_rows(table))
     return 1 if any(r[1] in ("failed", "missing") for r in table) else 0
 
