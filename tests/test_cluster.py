@@ -14,10 +14,11 @@ from impl.common.api import ConfigError
 from impl.common.runtime.slurm import first_host, rendezvous, torchrun_command
 from tests.conftest import TEST_ARGS, run_bench
 
-pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs .[dev] (hydra-submitit-launcher)")
+SUBMITIT = "hydra_plugins.hydra_submitit_launcher"
 
 
 def test_submitit_local_sweep_writes_both_records_with_job_ids(tmp_path):
+    pytest.importorskip(SUBMITIT, reason="needs .[dev] (hydra-submitit-launcher)")
     proc = run_bench(["--multirun", "hydra/launcher=submitit_local", "system=echo_a,echo_b", *TEST_ARGS,
                       f"results_dir={tmp_path}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -39,6 +40,7 @@ def test_submitit_local_sweep_writes_both_records_with_job_ids(tmp_path):
 
 
 def test_slurm_preset_composes_for_submitit():
+    pytest.importorskip(SUBMITIT, reason="needs .[dev] (hydra-submitit-launcher)")
     cfg = compose_config(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], return_hydra_config=True)
     ln = cfg.hydra.launcher
     assert ln._target_.endswith("submitit_launcher.SlurmLauncher")
