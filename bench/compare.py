@@ -12,7 +12,6 @@ Rules, also stated in the output:
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import hashlib
 import json
 import math
@@ -23,7 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from bench.record import RecordError, load_records
+from bench.record import RecordError, created_key, load_records
 from impl.common.plots.save import save_png
 
 GROUP_FIELDS = ("experiment", "workload", "hardware", "fault", "mode")
@@ -125,17 +124,6 @@ def _natural(text: str) -> tuple:
                  for tok in re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", text) if tok)
 
 
-def _created_key(rec: dict) -> tuple:
-    text = rec.get("created") or ""
-    try:
-        stamp = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=_dt.timezone.utc)
-        return (stamp.timestamp(), rec.get("run_id", ""))
-    except ValueError:
-        return (float("-inf"), rec.get("run_id", ""))
-
-
 def _check(rec: dict, where: str) -> None:
     for f in (*GROUP_FIELDS, "system", "status"):
         if not isinstance(rec.get(f), str):
@@ -180,7 +168,7 @@ def _table(key: GroupKey, by_system: dict[str, list[dict]], excluded: dict[str, 
            baseline: Optional[str], metric_filter: Optional[Sequence[str]]) -> GroupTable:
     rows: list[Row] = []
     for system in sorted(by_system):
-        recs = sorted(by_system[system], key=_created_key)
+        recs = sorted(by_system[system], key=created_key)
         newest = recs[-1]
         cells = {}
         for name, m in newest["metrics"].items():

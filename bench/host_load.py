@@ -6,10 +6,12 @@ records could not tell the two apart. :class:`HostLoadProbe` samples the host ar
 
 - host CPU busy time from ``/proc/stat`` (user + nice + system + irq + softirq + steal, all
   cores), and this job's own CPU time;
-- the job's own processes: this process and its descendants, plus every process in its
-  process group (torch's launcher and local ranks started beside it, the test runner that
-  started it), and the ranks and agents of the same torchrun job on this host. Each counts user + system time of all its threads plus the reaped children's
-  (``children_user`` / ``children_system``), so ranks that exit during the run stay counted;
+- the job's own processes: this process and its descendants (local ranks, delegates, the
+  fork server), and the ranks and agents of the same torchrun job on this host. Each counts
+  user + system time of all its threads plus the reaped children's (``children_user`` /
+  ``children_system``), so ranks that exit during the run stay counted. Not the process
+  group: jobs run side by side by one launcher (joblib workers, submitit's local jobs) or one
+  script share it, and each must count the other's CPU as foreign;
 - ``foreign_cpu_s`` = host busy - own; ``foreign_cpu_frac`` = foreign / (wall x cores), the
   share of the machine other work took; ``cores_free`` = cores - host busy / wall;
 - the 1-minute load average before and after.
@@ -48,28 +50,31 @@ def _proc_cpu_s(proc: psutil.Process) -> float:
 
 
 def own_processes() -> list[psutil.Process]:
-    """This process, its descendants, the members of its process group, and under torchrun
-    every rank of the same elastic run on this host (same ``TORCHELASTIC_RUN_ID``) with its
-    agent: two torchrun "nodes" on one host are one job, not each other's contention."""
+    """This process, its descendants, and under torchrun every rank of the same elastic run on
+    this host (same ``TORCHELASTIC_RUN_ID``) with its agent: two torchrun "nodes" on one host
+    are one job, not each other's contention. A sibling job is foreign, whoever started it."""
     me = psutil.Process()
     procs = {me.pid: me}
     try:
         procs.update((p.pid, p) for p in me.children(recursive=True))
     except psutil.Error:
         pass
-    pgid = os.getpgid(0)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id:
+        return list(procs.values())
+
+    def add_agent(p: psutil.Process) -> None:
+        agent = p.parent()
+        if agent is not None and any("torch.distributed.run" in a or "torchrun" in a for a in agent.cmdline()):
+            procs.setdefault(agent.pid, agent)
+
     for p in psutil.process_iter():
         try:
-            if p.pid in procs:
-                continue
-            if os.getpgid(p.pid) == pgid:
+            if p.pid == me.pid:
+                add_agent(p)
+            elif p.pid not in procs and p.environ().get("TORCHELASTIC_RUN_ID") == run_id:
                 procs[p.pid] = p
-            elif run_id and p.environ().get("TORCHELASTIC_RUN_ID") == run_id:
-                procs[p.pid] = p
-                agent = p.parent()
-                if agent is not None and any("torch.distributed.run" in a or "torchrun" in a for a in agent.cmdline()):
-                    procs.setdefault(agent.pid, agent)
+                add_agent(p)
         except (OSError, psutil.Error):
             continue
     return list(procs.values())

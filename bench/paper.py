@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bench.compare import GROUP_FIELDS, _created_key, ratio
+from bench.compare import GROUP_FIELDS, ratio
+from bench.record import created_key
 from impl.common.api import ConfigError
 
 KINDS = ("paper", "target")
@@ -255,10 +256,10 @@ def _find_one(m: Match, records: list[dict]) -> Ours:
     base: dict[tuple, dict] = {}
     if m.vs:
         for r in sorted((r for r in records if _selects(m, r, m.vs) and r.get("status") == "ok"
-                         and m.metric in (r.get("metrics") or {})), key=_created_key):
+                         and m.metric in (r.get("metrics") or {})), key=created_key):
             base[_group(r)] = r  # newest wins
     newest: dict[tuple, dict] = {}
-    for r in sorted(ok, key=_created_key):
+    for r in sorted(ok, key=created_key):
         newest[_group(r)] = r
     values: list[tuple[float, str, list[str], tuple]] = []
     for key, r in newest.items():
@@ -293,6 +294,6 @@ def _find_one(m: Match, records: list[dict]) -> Ours:
         ids = [i for v in values for i in v[2]]
         return Ours(agg, mode, ids, len(values), f"{m.aggregate} of {len(values)} settings", excluded)
     # Several settings match: the newest is shown and the note says so (a `where` narrows it).
-    last = max(values, key=lambda v: _created_key(newest[v[3]]))
+    last = max(values, key=lambda v: created_key(newest[v[3]]))
     note = f"newest of {len(values)} settings" if len(values) > 1 else ""
     return Ours(last[0], last[1], last[2], len(values), note, excluded)

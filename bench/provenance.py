@@ -70,12 +70,32 @@ def host() -> dict:
             "python": platform.python_version(), "cpu_count": os.cpu_count()}
 
 
+def scheduler() -> dict | None:
+    """The batch job this run is part of: submitit's (``hydra/launcher=submitit_local`` or
+    ``submitit_slurm``: its executor and job id, array jobs as ``<array>_<task>``), else a bare
+    Slurm allocation's (``srun``/``sbatch`` without submitit), else None."""
+    executor = os.environ.get("SUBMITIT_EXECUTOR")
+    if executor:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return {"kind": f"submitit_{executor}", "job_id": str(env.job_id), "hostname": env.hostname,
+                "node": env.node, "global_rank": env.global_rank}
+    if "SLURM_JOB_ID" in os.environ:
+        return {"kind": "slurm", "job_id": os.environ["SLURM_JOB_ID"],
+                "nodelist": os.environ.get("SLURM_JOB_NODELIST"), "node": int(os.environ.get("SLURM_NODEID", 0))}
+    return None
+
+
 def collect(emulated: list[str] | None = None, fidelity: dict | None = None) -> dict:
     """``fidelity``: for a sim record, its family's latest measured sim-vs-real error on this
     host (:func:`bench.fidelity.store.provenance_entry`; ``latest`` null when never measured)."""
     out = {"git": git_info(), "packages": package_versions(), "host": host(), "devices": devices(),
            "container_image": os.environ.get("MLSYS_BENCH_CONTAINER_IMAGE") or None,
            "emulated": list(emulated or [])}
+    sched = scheduler()
+    if sched is not None:
+        out["scheduler"] = sched
     if fidelity is not None:
         out["fidelity"] = fidelity
     return out

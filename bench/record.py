@@ -53,6 +53,18 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def created_key(rec: dict) -> tuple:
+    """Sort key: oldest record first (``created``, then ``run_id``); an unreadable stamp sorts first."""
+    text = rec.get("created") or ""
+    try:
+        stamp = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=_dt.timezone.utc)
+        return (stamp.timestamp(), rec.get("run_id", ""))
+    except ValueError:
+        return (float("-inf"), rec.get("run_id", ""))
+
+
 def _atomic_write_text(path: pathlib.Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

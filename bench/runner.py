@@ -19,7 +19,7 @@ from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
 from impl.common.api import JobContext, RunResult
 from impl.common.errors import one_line
-from impl.common.runtime.launch import is_primary
+from impl.common.runtime.launch import is_primary, stdlib_start_method
 
 
 def seed_everything(seed: int) -> None:
@@ -109,7 +109,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
                          show_progress=bool(cfg.progress))
         # Real timings are judged by how busy the host was meanwhile; sim ones never are.
         probe = HostLoadProbe().start() if mode == "real" else None
-        result = job.system.run(ctx)
+        with stdlib_start_method():  # a joblib worker's loky start method would kill the job's children
+            result = job.system.run(ctx)
         host_load = probe.stop() if probe else None
         if not isinstance(result, RunResult):
             raise TypeError(f"system {system_label!r} returned {type(result).__name__}, not RunResult")

@@ -79,7 +79,7 @@ def test_quiet_real_run_is_ok_and_carries_its_host_load(tmp_path):
 
 
 def test_own_threads_and_children_are_not_foreign():
-    # CPU burnt by this process's other threads and by a child in its process group is the
+    # CPU burnt by this process's other threads and by its children is the
     # job's own (pytest's threads, local ranks): it must land in own_cpu_s, not foreign.
     # CPU time, not wall time, so this holds on a loaded host.
     burn_s = 0.6
@@ -157,3 +157,23 @@ def test_ranks_of_the_same_torchrun_job_are_own_processes(monkeypatch):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_sibling_job_in_the_same_process_group_is_foreign():
+    """Jobs run side by side by one launcher or one script share a process group; each must
+    count the other's CPU as foreign, or neither is ever marked invalid by the other."""
+    import signal
+
+    from bench.host_load import own_processes
+
+    # `sh -c '... &'` exits at once: the sleeper is re-parented away from this process tree
+    # but stays in this process group, as a sibling job would be
+    out = subprocess.run(["sh", "-c", f'{sys.executable} -c "import time; time.sleep(30)" >/dev/null 2>&1 & echo $!'],
+                         capture_output=True, text=True, check=True)
+    sibling = int(out.stdout.strip())
+    try:
+        time.sleep(0.3)
+        assert os.getpgid(sibling) == os.getpgid(0)
+        assert sibling not in {p.pid for p in own_processes()}
+    finally:
+        os.kill(sibling, signal.SIGKILL)

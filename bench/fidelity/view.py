@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Optional
 
-from bench.compare import _created_key
+from bench.record import created_key
 
 BAND = 0.10
 
@@ -13,7 +13,7 @@ BAND = 0.10
 def fidelity_rows(records: list[dict], include_invalid: bool = True) -> list[dict[str, Any]]:
     """One row per (newest record of each family, situation, fault) x headline metric."""
     newest: dict[tuple, dict] = {}
-    for rec in sorted(records, key=_created_key):
+    for rec in sorted(records, key=created_key):
         fid = (rec.get("info") or {}).get("fidelity")
         if not fid or rec.get("status") == "failed" or (rec.get("status") == "invalid" and not include_invalid):
             continue

@@ -14,7 +14,7 @@ import pathlib
 import sys
 from typing import Any
 
-from bench.loggers import JobLogger, LoggerError
+from bench.loggers.base import JobLogger, LoggerError
 from impl.common.errors import one_line
 
 MODES = ("online", "offline", "disabled")

@@ -18,9 +18,8 @@ from typing import Optional
 
 import jinja2
 
-from bench.compare import _created_key
 from bench.paper import Ours, PaperEntry, PaperFile, find_ours, load_papers
-from bench.record import Skipped, scan_records
+from bench.record import Skipped, created_key, scan_records
 from bench.report.plots import paper_vs_ours
 
 HARNESS = "harness"  # records of no paper's package (the calibration job)
@@ -174,7 +173,7 @@ class SystemPage:
         """The worst |sim - real| / real over the newest valid fidelity record of each
         situation, with how many rows, the host and the newest date."""
         newest: dict[tuple, dict] = {}
-        for row in sorted(self.records, key=lambda r: _created_key(r.rec)):
+        for row in sorted(self.records, key=lambda r: created_key(r.rec)):
             fid = (row.rec.get("info") or {}).get("fidelity")
             if row.status == "ok" and fid:
                 newest[(fid.get("situation"), row.rec.get("fault"), row.rec.get("workload"))] = row.rec
@@ -182,7 +181,7 @@ class SystemPage:
                 for name, m in (rec.get("metrics") or {}).items() if FIDELITY_METRIC.match(name)]
         if not errs:
             return "not measured"
-        last = max(newest.values(), key=_created_key)
+        last = max(newest.values(), key=created_key)
         host = ((last.get("provenance") or {}).get("host") or {}).get("hostname", "?")
         return (f"max |error| {max(errs):.1f}% over {len(errs)} metric(s) of {len(newest)} situation(s) "
                 f"({host}, {str(last.get('created', ''))[:10]})")
@@ -254,14 +253,14 @@ def build_report(results: pathlib.Path | str, out: pathlib.Path | str,
     (out / "records").mkdir(parents=True, exist_ok=True)
 
     pages: dict[str, SystemPage] = {name: SystemPage(name, p) for name, p in papers.items()}
-    for rec in sorted(scanned.records, key=_created_key):
+    for rec in sorted(scanned.records, key=created_key):
         name = owner(rec)
         page = pages.setdefault(name, SystemPage(name, papers.get(name)))
         href = f"records/{slug(rec['run_id'])}.json"
         (out / href).write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         page.records.append(RecordRow(rec, href, scanned.sources[rec["run_id"]]))
     for page in pages.values():
-        page.records.sort(key=lambda r: _created_key(r.rec), reverse=True)
+        page.records.sort(key=lambda r: created_key(r.rec), reverse=True)
         recs = [r.rec for r in page.records]
         if page.paper:
             page.entries = [EntryRow(e, find_ours(e, recs), e.match[0].experiment if e.match else "(no matching experiment in this harness)")

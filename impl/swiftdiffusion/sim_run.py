@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.traces.addons import AddonRequest, generate_addon_trace, load_addon_trace
+from impl.common.api import JobContext, Metric, RunResult
+from impl.common.traces.addons import AddonRequest
 
 from .sim import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
+from .sim_common import _plt, best_split, diffusers_slo, trace_for
+from .sim_sweeps import e3, e4
 
 # The artifact's measured s/request (spec 4), for comparison only: (ControlNets, LoRAs) -> (Diffusers, Katz)
 ARTIFACT = {(0, 0): (2.88, 1.71), (0, 1): (6.19, 1.84), (1, 0): (4.26, 1.74), (1, 1): (7.29, 1.89),
@@ -76,23 +78,6 @@ def e1(system, job) -> RunResult:
                                               "distrifusion": "sim only, labelled: calibrated on 0c0l and 2c2l"})
 
 
-def trace_for(job):
-    """The requests and their base rate (a replayed trace: its own mean rate)."""
-    reqs, base_rate = _trace(job)
-    if base_rate is None:
-        base_rate = len(reqs) / max(reqs[-1].t, 1e-9)
-    return reqs, base_rate
-
-
-def _trace(job):
-    t = job.workload.trace
-    if t.file:
-        return load_addon_trace(t.file), None
-    if t.rate_rps <= 0:
-        raise ConfigError(f"workload.trace.rate_rps must be > 0, got {t.rate_rps}")
-    return generate_addon_trace(t, job.seed), t.rate_rps
-
-
 def e2(system, job) -> RunResult:
     cfg, p, sim = system.cfg, system.cfg.profile, job.workload.sim
     reqs, base_rate = trace_for(job)
@@ -135,67 +120,12 @@ def e2(system, job) -> RunResult:
     return RunResult(m, artifacts=arts, info={"requests": len(reqs), "gpus": gpus})
 
 
-def katz_runner(cfg, p, b: int, pool: int, k=None, cn_cache=None):
-    """The Katz sim at a split of b base replicas + a pool (the variant nolora drops the LoRAs)."""
-    k = cfg.k if k is None else k
-    cn_cache = cfg.sim_cn_cache if cn_cache is None else cn_cache
-
-    def katz(q):
-        return simulate_katz(q, p, b, pool, k, cn_cache, cfg.lora_cache, drop_loras=cfg.variant == "nolora")
-
-    return katz
-
-
-def best_split(system, reqs, base_rate: float, slo: float, gpus: int, p=None, splits=None):
-    """Throughput at the SLO per split (b 2-GPU base replicas, the rest ControlNet pool); the best
-    as (rate, result, b, runner) and {b: rate}. ``system.base_replicas`` > 0 fixes the split."""
-    cfg = system.cfg
-    p = cfg.profile if p is None else p
-    if splits is None:
-        splits = [cfg.base_replicas] if cfg.base_replicas else range(1, gpus // 2 + 1)
-    best, per = None, {}
-    for b in splits:
-        pool = gpus - 2 * b
-        if pool < 0:
-            raise ConfigError(f"system.base_replicas: {b} x 2 GPUs exceed workload.sim.gpus = {gpus}")
-        katz = katz_runner(cfg, p, b, pool)
-        try:
-            r_k, res_k = max_rate_at_slo(katz, reqs, base_rate, slo)
-        except ConfigError:  # the pool cannot hold a request's ControlNets: not a valid split
-            continue
-        per[b] = r_k
-        if best is None or r_k > best[0]:
-            best = (r_k, res_k, b, katz)
-    if best is None:
-        raise ConfigError("system.base_replicas: no split of the GPUs can serve the trace's ControlNets")
-    return best, per
-
-
-def diffusers_slo(system, job, reqs, base_rate) -> float:
-    """E2's p99 SLO: workload.sim.p99_slo_s, or slo_factor x Diffusers' unloaded p99."""
-    cfg, sim = system.cfg, job.workload.sim
-    if sim.p99_slo_s:
-        return sim.p99_slo_s
-    q = scale_arrivals(reqs, base_rate * 1e-3, base_rate)
-    return cfg.slo_factor * simulate_diffusers(q, cfg.profile, sim.gpus, cfg.diffusers_cn_cache,
-                                               cfg.diffusers_lora_cache).p99()
-
-
 def _curve(run, reqs, base_rate, rates):
     out = []
     for r in rates:
         res = run(scale_arrivals(reqs, r, base_rate))
         out.append((r, res.p99(), res.mean()))
     return out
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _plot_e1(rows, path, nk: int = 10):
@@ -242,6 +172,4 @@ def _plot_e2(curves, slo, path):
 
 
 def run_sim(system, job: JobContext) -> RunResult:
-    from .sim_sweeps import e3, e4
-
     return {"e1": e1, "e2": e2, "e3": e3, "e4": e4}[job.workload.sim.scenario](system, job)

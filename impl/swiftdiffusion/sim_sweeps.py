@@ -15,7 +15,7 @@ from impl.common.api import ConfigError, Metric, RunResult
 
 from .cache import LFUCache, LRUCache
 from .sim import max_rate_at_slo, scale_arrivals, simulate_diffusers
-from .sim_run import _plt, best_split, diffusers_slo, katz_runner, trace_for
+from .sim_common import _plt, best_split, diffusers_slo, katz_runner, trace_for
 
 POLICIES = {"lru": LRUCache, "lfu": LFUCache}
 

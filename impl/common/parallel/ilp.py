@@ -15,6 +15,7 @@ the objective is recomputed from the integers, never read back from the solver.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -30,11 +31,67 @@ def _z_of(y: Sequence[float], layers: Sequence[int]) -> float:
     return max(yy * n for yy, n in zip(y, layers))
 
 
+def _layer_caps(y: Sequence[float], ratios: Sequence[float], num_layers: int, memory) -> list[int]:
+    S = len(y)
+    return [num_layers if memory is None else min(num_layers, memory.max_layers(S, j, ratios[j])) for j in range(S)]
+
+
+def ilp_a_value(y: Sequence[float], ratios: Sequence[float], num_layers: int, memory=None) -> Optional[float]:
+    """ILP-A's optimal z alone, without a solver; None when memory makes it infeasible.
+
+    The optimum's value is unique where its layers are not (tied optima), so a planner can rank
+    templates by it and ask the solver only for the layers of the few it keeps. z is the least
+    product y_j * n at which every stage taking the layers with y_j * n <= z holds all of them:
+    the same float products :func:`ilp_a` recomputes from a solver's integers."""
+    caps = _layer_caps(y, ratios, num_layers, memory)
+    if sum(caps) < num_layers:
+        return None
+    if num_layers == 0:
+        return 0.0
+
+    def fits(z: float) -> bool:
+        total = 0
+        for yy, c in zip(y, caps):
+            n = min(c, int(z / yy))
+            while n < c and yy * (n + 1) <= z:  # the division may round either way
+                n += 1
+            while n > 0 and yy * n > z:
+                n -= 1
+            total += n
+        return total >= num_layers
+
+    cands = sorted({yy * n for yy, c in zip(y, caps) for n in range(1, c + 1)})
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(cands[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return cands[lo]
+
+
+# Both programs are pure functions of their inputs and the solvers deterministic, so a
+# process keeps their answers: a Malleus run re-plans with mostly the same pipelines (S7: 13
+# plans), and every CBC answer is a subprocess. clear_caches() empties them (benchmarks).
+_CACHE_SIZE = 8192
+
+
+def clear_caches() -> None:
+    _ilp_a.cache_clear()
+    _ilp_b.cache_clear()
+
+
 def ilp_a(y: Sequence[float], ratios: Sequence[float], num_layers: int, memory=None,
           solver: str = "cbc") -> Optional[tuple[float, tuple[int, ...]]]:
     """Layers per stage minimising the pipeline's bottleneck z; None when memory makes it infeasible."""
+    return _ilp_a(tuple(y), tuple(ratios), num_layers, memory, solver)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _ilp_a(y: tuple, ratios: tuple, num_layers: int, memory, solver: str):
     S = len(y)
-    caps = [num_layers if memory is None else min(num_layers, memory.max_layers(S, j, ratios[j])) for j in range(S)]
+    caps = _layer_caps(y, ratios, num_layers, memory)
     if sum(caps) < num_layers:
         return None  # cheap infeasibility test (the memory rows are exactly these caps)
     if solver == "cbc":
@@ -84,6 +141,11 @@ def ilp_a(y: Sequence[float], ratios: Sequence[float], num_layers: int, memory=N
 def ilp_b(z: Sequence[float], stages: Sequence[int], num_microbatches: int,
           solver: str = "highs") -> Optional[tuple[float, tuple[int, ...]]]:
     """Micro-batches per pipeline minimising Z = max_i z_i m_i; None if sum S_i > M."""
+    return _ilp_b(tuple(z), tuple(stages), num_microbatches, solver)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _ilp_b(z: tuple, stages: tuple, num_microbatches: int, solver: str):
     D = len(z)
     if sum(stages) > num_microbatches:
         return None
@@ -144,7 +206,8 @@ def _ilp_b_search(z, stages, M):
         c = cap(Z)
         return all(ci >= si for ci, si in zip(c, stages)) and sum(c) >= M
 
-    cands = sorted({zi * m for zi in z for m in range(1, M + 1)})
+    # every z_i * m, sorted and unique (numpy's float64 products are Python's, bit for bit)
+    cands = np.unique(np.multiply.outer(np.asarray(z, dtype=np.float64), np.arange(1, M + 1, dtype=np.float64))).tolist()
     lo, hi = 0, len(cands) - 1
     if not ok(cands[hi]):
         return None

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 from impl.common.api import ConfigError
 
-from .ilp import ilp_a, ilp_b
+from .ilp import ilp_a, ilp_a_value, ilp_b
 from .plan import HEALTHY_BELOW, Group, Plan, PipelinePlan, plan_z, uniform_plan, validate_plan
 from .tp_groups import TPGroup, check_levels, check_shrink_penalty, node_groups, tp_group_rate
 
@@ -259,6 +259,11 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
     if not svecs:
         raise PlannerError(_no_stage_vector_message(cfg, groups))
     best_cap: Optional[tuple[int, int]] = None  # (layers the roomiest infeasible pipeline holds, its stages)
+    # Templates are ranked by ILP-A's optimal z, whose value is unique and found without a
+    # solver (ilp_a_value); the solver is asked only for the layers of the top k kept at the
+    # end. The S1-S7 presets spent most of their planning time in CBC runs whose layers were
+    # never used (tests/bench: same plans, same candidates).
+    z_cache: dict = {}
     a_cache: dict = {}
     b_cache: dict = {}
     # (rank key, Z, svec, template, (layers, m)); the key breaks ties of Z (README): fewer
@@ -270,48 +275,62 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
     for svec in svecs:
         for tmpl in templates(specials, svec, cfg.max_templates):
             n_templates += 1
-            zs, layers_all = [], []
+            zs, specs = [], []
             for i, S in enumerate(svec):
                 spec = tuple((specials[s].y, cfg.tp / len(specials[s].gpus)) for s in tmpl[i])
                 spec += ((1.0, 1.0),) * (S - len(tmpl[i]))
-                if spec not in a_cache:
-                    a_cache[spec] = ilp_a([s[0] for s in spec], [s[1] for s in spec], cfg.num_layers,
-                                          cfg.memory, cfg.solver_a)
-                res = a_cache[spec]
-                if res is None:
+                if spec not in z_cache:
+                    z_cache[spec] = ilp_a_value([s[0] for s in spec], [s[1] for s in spec], cfg.num_layers,
+                                                cfg.memory)
+                z = z_cache[spec]
+                if z is None:
                     cap = _layer_capacity(cfg, spec)
                     if best_cap is None or cap > best_cap[0]:
                         best_cap = (cap, S)
                     break
-                zs.append(res[0])
-                layers_all.append(res[1])
+                zs.append(z)
+                specs.append(spec)
             else:
                 # continuous lower bound of ILP-B: skip templates that cannot enter the top k
                 lb = cfg.num_microbatches / math.fsum(1.0 / z for z in zs)
                 if len(ranked) >= cfg.top_k and lb > ranked[-1][1] * (1 + 1e-12):
                     order += 1
                     continue
-                # ILP-B depends only on the multiset of (z_i, S_i): solve each once
-                perm = sorted(range(len(zs)), key=lambda i: (zs[i], svec[i], i))
-                bkey = tuple((zs[i], svec[i]) for i in perm)
-                if bkey not in b_cache:
-                    b_cache[bkey] = ilp_b([k[0] for k in bkey], [k[1] for k in bkey], cfg.num_microbatches, cfg.solver_b)
-                rb = b_cache[bkey]
-                if rb is not None:
-                    m = [0] * len(zs)
-                    for pos, i in enumerate(perm):
-                        m[i] = rb[1][pos]
-                    rb = (rb[0], tuple(m))
+                rb = _solve_b(zs, svec, cfg, b_cache)
                 if rb is not None:
                     touched = sum(1 for t in tmpl if t)
                     bubble = max((m + S - 1) * z for m, S, z in zip(rb[1], svec, zs))
                     key = (round(rb[0], 9), touched, round(bubble, 9), order)
-                    ranked.append((key, rb[0], svec, tmpl, (layers_all, rb[1])))
+                    ranked.append((key, rb[0], svec, tmpl, (specs, rb[1])))
                     ranked.sort(key=lambda r: r[0])
                     del ranked[cfg.top_k:]
             order += 1
     if not ranked:
         raise PlannerError(_infeasible_message(cfg, groups, best_cap))
+    # The kept templates' layers from the solver. A solver's optimum may sit an ulp off the
+    # exact one (CBC's tolerance: 2.0000000000000004 x 9 layers for 18.0); its z is the one the
+    # layers give, so ILP-B and the tie-break key are redone with it, as before this search.
+    for r in range(len(ranked)):
+        key, Z, svec, tmpl, (specs, m) = ranked[r]
+        layers_all, zs = [], []
+        for spec in specs:
+            if spec not in a_cache:
+                a_cache[spec] = ilp_a([s[0] for s in spec], [s[1] for s in spec], cfg.num_layers,
+                                      cfg.memory, cfg.solver_a)
+            res = a_cache[spec]
+            if res is None:
+                raise PlannerError(f"planner: ILP-A ({cfg.solver_a}) found no layers for stages {spec}, "
+                                   f"whose optimum is z = {z_cache[spec]!r}")
+            zs.append(res[0])
+            layers_all.append(res[1])
+        if zs != [z_cache[spec] for spec in specs]:
+            rb = _solve_b(zs, svec, cfg, b_cache)
+            if rb is None:
+                raise PlannerError(f"planner: ILP-B found no micro-batches for pipelines of z = {zs}")
+            Z, m = rb
+            key = (round(Z, 9), key[1], round(max((mi + S - 1) * z for mi, S, z in zip(m, svec, zs)), 9), key[3])
+        ranked[r] = (key, Z, svec, tmpl, (layers_all, m))
+    ranked.sort(key=lambda r: r[0])
     old_layers = (old_plan or cfg.uniform()).gpu_layers()
     cands = [Candidate(Z, _materialise(cfg, groups, suspended, specials, healthy, svec, tmpl, lm[0], lm[1], old_layers,
                                        label))
@@ -325,7 +344,7 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
     y = [_rate([x[g] for g in grp.gpus], chosen.shrink_k(i), cfg) for i, grp in enumerate(chosen.groups)]
     validate_plan(chosen, memory=cfg.memory)
     return PlanResult(chosen, plan_z(chosen, y), y, cands,
-                      {"templates": n_templates, "stage_vectors": len(svecs), "ilp_a_solves": len(a_cache), "ilp_b_solves": len(b_cache),
+                      {"templates": n_templates, "stage_vectors": len(svecs), "ilp_a_values": len(z_cache), "ilp_a_solves": len(a_cache), "ilp_b_solves": len(b_cache),
                        "groups": len(groups), "suspended": len(suspended), "chosen_rank": best})
 
 
@@ -349,6 +368,22 @@ def _no_stage_vector_message(cfg: PlannerConfig, groups: Sequence[TPGroup]) -> s
     else:
         why = f"{G} TP groups have no stage split over dp={D} pipelines within {M} micro-batches and {L} layers"
     return f"planner: {why}{where}"
+
+
+def _solve_b(zs: Sequence[float], svec: Sequence[int], cfg: PlannerConfig, b_cache: dict):
+    """ILP-B for pipelines of bottlenecks ``zs`` and depths ``svec``: (Z, m in pipeline order).
+    It depends only on the multiset of (z_i, S_i): each is solved once."""
+    perm = sorted(range(len(zs)), key=lambda i: (zs[i], svec[i], i))
+    bkey = tuple((zs[i], svec[i]) for i in perm)
+    if bkey not in b_cache:
+        b_cache[bkey] = ilp_b([k[0] for k in bkey], [k[1] for k in bkey], cfg.num_microbatches, cfg.solver_b)
+    rb = b_cache[bkey]
+    if rb is None:
+        return None
+    m = [0] * len(zs)
+    for pos, i in enumerate(perm):
+        m[i] = rb[1][pos]
+    return rb[0], tuple(m)
 
 
 def _layer_capacity(cfg: PlannerConfig, spec) -> int:

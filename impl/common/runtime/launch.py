@@ -24,6 +24,7 @@ rank's return value, in rank order, as :class:`Launched`.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import os
@@ -142,6 +143,25 @@ def mp_context(start_method: str = "forkserver", preload: Sequence[str] = ()):
         # of re-importing torch, with the same clean-process guarantees as spawn.
         ctx.set_forkserver_preload(list(dict.fromkeys([*PRELOAD, *preload])))
     return ctx
+
+
+@contextlib.contextmanager
+def stdlib_start_method():
+    """A process-wide start method that new processes can restore, for the duration. Every
+    spawned or forkserver child re-applies its parent's (``spawn.prepare``); inside a joblib
+    (loky) worker that is loky's, which the child cannot set up, so every rank of a real job
+    started from ``hydra/launcher=joblib`` died at start-up. The worker gets its own back after."""
+    import multiprocessing as mp
+
+    old = mp.get_start_method(allow_none=True)
+    if old in (None, "fork", "spawn", "forkserver"):
+        yield
+        return
+    mp.set_start_method(None, force=True)
+    try:
+        yield
+    finally:
+        mp.set_start_method(old, force=True)
 
 
 def _init_group(rank: int, world: int, local_rank: int, backend: str, store, timeout_s: float) -> torch.device:
@@ -282,7 +302,8 @@ def _launch_local(fn, world, args, *, label, backend, pg_timeout_s, timeout_s, s
     try:
         for h in hs:  # all connected before the ranks start
             p = ctx.Process(target=h.target, name=h.name, daemon=True, args=(*h.args, q))
-            p.start()
+            with stdlib_start_method():
+                p.start()
             procs[h.name] = p
         if hs:
             watch(lambda: len(ready) >= len(hs), "helpers")
@@ -290,7 +311,8 @@ def _launch_local(fn, world, args, *, label, backend, pg_timeout_s, timeout_s, s
             for rank in range(world):
                 p = ctx.Process(target=_local_rank_main, name=f"rank {rank}",
                                 args=(rank, world, backend, addr, pg_timeout_s, fn, args, q))
-                p.start()
+                with stdlib_start_method():
+                    p.start()
                 procs[f"rank {rank}"] = p
             watch(lambda: len(results) >= world, "ranks")
         if errors:
