@@ -156,6 +156,21 @@ def test_hybrid_cost_model_layer_time_is_the_step_models_on_a_calibrated_profile
     assert hd.calibrated_hw is None and hd.layer_time_s(4) == pytest.approx(flops + 4 * ar, rel=1e-12)
 
 
+def test_pipeline_stage_costs_take_the_step_models_layer_on_a_calibrated_profile():
+    from impl.common.cost.transformer import stage_costs
+    from impl.common.megatron.step import F_ATTN, F_GEMM, F_GEMM_ROWS, F_LAYERS, layer_terms
+    from impl.common.workloads.pipeline import ModelShape
+
+    hw = load_hardware("h800-megatron")
+    shape = ModelShape(name="g7", num_layers=32, hidden=4096, heads=32, ffn_mult=4, vocab=50304, seq_len=2048)
+    sc = stage_costs(shape, 4, 2, "fp16", 2, hw)
+    f = layer_terms(MegatronModel.from_shape(shape), 2, 4096.0, 2 * 2048.0 ** 2, hw, 8)
+    th = theta_of(hw, hw.megatron)
+    per_layer = sum(f[k] * th[k] for k in (F_GEMM, F_GEMM_ROWS, F_ATTN, F_LAYERS))
+    assert sc.tw_s[0] == pytest.approx(8 * per_layer / 3, rel=1e-12)
+    assert sc.tf_s[0] > sc.tw_s[0] and sc.tb_s == sc.tf_s
+
+
 def test_derived_profiles_scale_links_and_keep_headroom():
     h100, a800, a100 = (load_hardware(n) for n in ("h100-megatron", "a800-80g-megatron", "a100-40g-megatron"))
     for d, ds in ((a800, "a800-80g"), (a100, "a100-40g")):

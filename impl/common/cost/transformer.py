@@ -163,13 +163,39 @@ def stage_costs(model: ModelShape, stages: int, micro_batch_size: int, dtype: st
     if tp < 1:
         raise ConfigError(f"tp must be >= 1, got {tp}")
     layers = layer_split(model.num_layers, stages)
-    flops_per_s = hw.flops(dtype)
-    compute_s = layer_fwd_flops(model, micro_batch_size) / (tp * flops_per_s)
-    ar_s = tp_allreduce_time_s(micro_batch_size, model.seq_len, model.hidden, dtype, tp, hw)
+    if getattr(hw, "megatron", None) is not None and dtype in ("bf16", "fp16"):
+        compute_s, ar_s = _calibrated_layer_s(model, micro_batch_size, tp, hw)
+    else:
+        flops_per_s = hw.flops(dtype)
+        compute_s = layer_fwd_flops(model, micro_batch_size) / (tp * flops_per_s)
+        ar_s = tp_allreduce_time_s(micro_batch_size, model.seq_len, model.hidden, dtype, tp, hw)
     tf = tuple(n * (compute_s + 2 * ar_s) for n in layers)
     tb = tf  # same FLOPs and the same two all-reduces
     tw = tuple(n * compute_s for n in layers)
     return StageCosts(tf, tb, tw, layers)
+
+
+def _calibrated_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) -> tuple[float, float]:
+    """A profile with fitted Megatron knobs: one layer's forward compute (a third of the step
+    model's forward + backward GEMM, attention and overhead terms: B ≈ W ≈ F as above) and one TP
+    all-reduce at the fitted bus bandwidth."""
+    import numpy as np
+
+    from impl.common.megatron.model import MegatronModel
+    from impl.common.megatron.step import F_ATTN, F_GEMM, F_GEMM_ROWS, F_LAYERS, layer_terms, theta_of
+
+    rows = float(micro_batch_size * model.seq_len)
+    f = layer_terms(MegatronModel.from_shape(model), tp, rows, rows * model.seq_len, hw, hw.gpus_per_node)
+    th = theta_of(hw, hw.megatron)
+    keep = np.zeros_like(th)
+    keep[[F_GEMM, F_GEMM_ROWS, F_ATTN, F_LAYERS]] = 1.0
+    compute_fwd = float(f @ (th * keep)) / 3.0
+    if tp <= 1:
+        return compute_fwd, 0.0
+    intra = tp <= hw.gpus_per_node
+    nbytes = tp_allreduce_bytes_per_layer(micro_batch_size, model.seq_len, model.hidden, "bf16")
+    lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
+    return compute_fwd, ring_allreduce_time_s(nbytes, tp, hw.bus_bw_bytes_per_s(intra), lat)
 
 
 def stage_grad_bytes(model: ModelShape, stages: int, dtype: str, tp: int = 1) -> tuple[float, ...]:
