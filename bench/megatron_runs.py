@@ -2,7 +2,7 @@
 the measured values beside the prediction; ``mlsys-bench-calibrate-megatron``: fit a profile's
 Megatron knobs to a runs file and write the profile with the fit's provenance.
 
-    mlsys-bench-runs --runs conf/data/megatron_h100_feb2024.jsonl.gz --folds 5 --out results/megatron
+    mlsys-bench-runs --runs conf/data/megatron_h100_feb2024.jsonl.gz --folds 5 --out results/runs/megatron_runs
     mlsys-bench-calibrate-megatron --runs conf/data/megatron_h100_feb2024.jsonl.gz \\
         --hardware h100-sxm --output conf/hardware/h100-megatron.yaml
 
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="mlsys-bench-runs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default=None, help=f"runs file (.jsonl or .jsonl.gz; default {DEFAULT_RUNS})")
     ap.add_argument("--hardware", default=DEFAULT_HARDWARE, help="profile name or path (default: the calibrated H100)")
-    ap.add_argument("--out", default="results/megatron_runs", help="folder for predictions.jsonl, summary.json, the PNG")
+    ap.add_argument("--out", default="results/runs/megatron_runs", help="folder for predictions.jsonl, summary.json, the PNG")
     ap.add_argument("--folds", type=int, default=None, help="K-fold cross-validation (fit on K-1 folds)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fold assignment")
     ap.add_argument("--own-histograms", action="store_true",
