@@ -170,10 +170,11 @@ class CostLaw(System):
         plots: bool = True
         # The Toppings kernel-latency law (spec caraserve.md 10) on our kernels alone: BGMV and
         # MBGMV timed on the batch 4/8/16/32 x rank 8/16/32/64 grid (impl/caraserve/kernel_law.py)
-        # at one projection of kernel_hidden x kernel_hidden (the paper model's 4096: the tiny
-        # model's 256 would time call overhead, not the rank term), min of kernel_repeats.
+        # at one projection of kernel_hidden x kernel_hidden (the tiny model's 256 would time call
+        # overhead, not the rank term; at the paper model's 4096 our reference BGMV's per-row weight
+        # gathers allocate ~33 MB a call), each row on its own adapter, min of kernel_repeats.
         kernel_law: bool = True
-        kernel_hidden: int = 4096
+        kernel_hidden: int = 1024
         kernel_repeats: int = 7
 
     modes = ("real",)
@@ -280,12 +281,15 @@ def kernel_law_fits(hidden: int, repeats: int, seed: int) -> dict:
     rng = torch.Generator().manual_seed(seed)
     mixes = law_grid(seed)
     ranks = sorted({r for m in mixes for r in m})
-    adapters = {r: (torch.randn(effective_rank(r, RANK_CHUNK), hidden, generator=rng) * 0.01,
-                    torch.randn(hidden, effective_rank(r, RANK_CHUNK), generator=rng) * 0.01) for r in ranks}
-    # zero the padding rows so the nominal rank is what the adapter holds (exact zeros, as at load)
-    for r, (A, B) in adapters.items():
-        A[r:] = 0
-        B[:, r:] = 0
+    # one adapter per rank, zero-padded once to the kernels' rank chunk as at load (_pad_stacks:
+    # otherwise lora_delta pads on every call); every row of a batch reads it as its own adapter
+    adapters = {}
+    for r in ranks:
+        rp = effective_rank(r, RANK_CHUNK)
+        A, B = torch.zeros(rp, hidden), torch.zeros(hidden, rp)
+        A[:r] = torch.randn(r, hidden, generator=rng) * 0.01
+        B[:, :r] = torch.randn(hidden, r, generator=rng) * 0.01
+        adapters[r] = (A, B)
     xs = {B: torch.randn(B, hidden, generator=rng) for B in {len(m) for m in mixes}}
     times = {k: [float("inf")] * len(mixes) for k in ("bgmv", "mbgmv")}
     for k in times:  # warm-up

@@ -271,14 +271,16 @@ def s3_vs_paper(records, out_dir) -> list[pathlib.Path]:
     Punica-kernel and S-LoRA-kernel figures of v1."""
     kernels = sorted({_kernel_family(r) for r in plottable(records, "slo_attainment")}) or ["punica"]
     return _routers_vs_paper(records, out_dir, lambda n, k: f"s3_slo_{n}_{k}_kernel", kernels,
-                             "S3 (60 servers, 340 RPS): SLO = 1.5x HF-PEFT per-token latency (spec caraserve.md 9)",
+                             "S3 (60 servers, 340 RPS): SLO = 1.5x the reference's per-token latency (info.slo_reference; "
+                             "spec caraserve.md 10: the base model under the same load)",
                              "s3_vs_paper.png")
 
 
 def s4_vs_paper(records, out_dir) -> list[pathlib.Path]:
     """S4 testbed-like (8 servers, CACHED backends): ours beside v1's 80 / 42 / 43 / 22%."""
     return _routers_vs_paper(records, out_dir, lambda n, k: f"s4_slo_{n}", ["punica"],
-                             "S4 (8 servers, CACHED backends, 60 RPS): SLO = 1.5x HF-PEFT per-token latency",
+                             "S4 (8 servers, CACHED backends, 60 RPS): SLO = 1.5x the reference's per-token latency "
+                             "(info.slo_reference)",
                              "s4_vs_paper.png")
 
 

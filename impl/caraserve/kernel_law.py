@@ -100,27 +100,26 @@ def fit_sim_law(cost, kernel: str, seed: int = 0) -> KernelLaw:
 
 
 def time_kernel(kernel: str, mix: Sequence[int], adapters: dict, x, fn: Callable | None = None) -> float:
-    """Wall time of one call of our reference kernel over a decode batch: row i on the adapter of
-    rank ``mix[i]`` (``adapters``: rank -> (A [r, d], B [d, r])), ``x`` [B, d]."""
+    """Wall time of one call of our reference kernel over a decode batch, each row on its own
+    adapter (as in serving, one distinct adapter per request) of rank ``mix[i]``: ``adapters`` maps
+    rank -> (A [r, d], B [d, r]) and row i uses a view of that rank's; ``x`` [B, d]."""
     import time
 
     import torch
 
     from impl.common.llm import kernels as K
 
-    used = sorted(set(mix))
-    slot = {r: i for i, r in enumerate(used)}
-    idx = torch.tensor([slot[r] for r in mix], dtype=torch.long)
+    idx = torch.arange(len(mix), dtype=torch.long)
     y = torch.zeros_like(x)
-    As, Bs = [adapters[r][0] for r in used], [adapters[r][1] for r in used]
+    As, Bs = [adapters[r][0] for r in mix], [adapters[r][1] for r in mix]
     if kernel == "bgmv":
         A, B = K.stack_padded(As, Bs)
-        scales = torch.ones(len(used))
+        scales = torch.ones(len(mix))
         t0 = time.perf_counter()
         K.bgmv(y, x, A, B, idx, scales)
     elif kernel == "mbgmv":
         t0 = time.perf_counter()
-        K.mbgmv(y, x, As, Bs, [1.0] * len(used), idx)
+        K.mbgmv(y, x, As, Bs, [1.0] * len(mix), idx)
     else:
         raise ConfigError(f"kernel law: unknown kernel {kernel!r} (one of: {', '.join(LAW_FORMS)})")
     return time.perf_counter() - t0
