@@ -296,7 +296,7 @@ def _cold_prefills(cost, L, per_layer, layers=((8, 1), (16, 1), (32, 2), (64, 4)
     out = []
     for r, n in layers:
         base = cost.prefill_s([L], [r]) / cost.num_layers
-        priced = n * max(0.0, cost.cpu_layer_s(((L, r),)) - base)
+        priced = n * cost.cpu_layer_extra_s(((L, r),), base, overhead=False)
         out.append({"rank": r, "cpu_layers": n, "warm_s": warm, "cold_s": warm + priced + per_layer * n})
     return out
 
@@ -309,7 +309,7 @@ def test_cpu_layer_overhead_is_the_cold_prefills_excess_beyond_max_base_cpu_per_
     assert per == pytest.approx(0.0012) and "per CPU layer" in src and "(least squares 0.00 ms +" in src  # per layer
     # a slow host CPU: the sim already charges part of the cold prefill; only the rest is overhead
     slow = _serving_cost(iteration_overhead_s=0.0, cpu_cores=1, cpu_flops_per_core=1e8)
-    assert slow.cpu_layer_s(((128, 64),)) > slow.prefill_s([128], [64]) / slow.num_layers
+    assert slow.cpu_layer_extra_s(((128, 64),), slow.prefill_s([128], [64]) / slow.num_layers) > 0
     assert cpu_layer_overhead(slow, 128, _cold_prefills(slow, 128, 0.0012))[0] == pytest.approx(0.0012)
     assert cpu_layer_overhead(hidden, 128, _cold_prefills(hidden, 128, -0.001))[0] == 0.0  # never negative
     assert cpu_layer_overhead(hidden, 128, [{"rank": 8, "cpu_layers": 0, "warm_s": 0.04, "cold_s": 0.041}])[0] == 0.0

@@ -110,7 +110,8 @@ def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> 
     """Serial cost per CPU-path layer of a CaraServe prefill (``cost.cpu_layer_overhead_s``):
     over isolated prefills of ``prompt_len`` tokens, each timed cold (``cpu_layers`` layers on the
     CPU path) and then resident (device path), the wall each cold one adds beyond what ``cost``
-    already charges its CPU layers (``max(base, cpu) - base`` each), per CPU layer; the median
+    already charges its CPU layers (``cost.cpu_layer_extra_s`` each: what the CPU path adds beyond the
+    device layer), per CPU layer; the median
     over the prefills (one preempted pair on a shared host does not set it), >= 0. Returns
     (0, reason) when no prefill ran a CPU layer."""
     runs = [p for p in prefills if int(p["cpu_layers"]) > 0]
@@ -120,7 +121,7 @@ def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> 
     for p in runs:
         n, r = int(p["cpu_layers"]), int(p["rank"])
         base = cost.prefill_s([prompt_len], [r]) / cost.num_layers
-        priced = n * max(0.0, cost.cpu_layer_s(((prompt_len, r),)) - base)
+        priced = n * cost.cpu_layer_extra_s(((prompt_len, r),), base, overhead=False)
         excess.append(float(p["cold_s"]) - float(p["warm_s"]) - priced)
         per_layer.append(excess[-1] / n)
     per = max(0.0, statistics.median(per_layer))
@@ -131,7 +132,7 @@ def cpu_layer_overhead(cost: Any, prompt_len: int, prefills: Sequence[dict]) -> 
         layers.setdefault(int(p["cpu_layers"]), []).append(float(p["cold_s"]) - float(p["warm_s"]))
     by_n = ", ".join(f"{n} layer(s): +{statistics.median(v) * 1e3:.2f} ms (n={len(v)})" for n, v in sorted(layers.items()))
     return per, (f"{len(runs)} isolated prefills of {prompt_len} tokens, cold minus resident, median by CPU layers: "
-                 f"{by_n}; beyond max(base, cpu), median {per * 1e3:.3f} ms per CPU layer (least squares "
+                 f"{by_n}; beyond what the sim charges the CPU path, median {per * 1e3:.3f} ms per CPU layer (least squares "
                  f"{a * 1e3:.2f} ms + {b * 1e3:.3f} ms x layers)")
 
 

@@ -168,6 +168,14 @@ class CostLaw(System):
         warmup: int = 2  # untimed steps per kernel at the largest batch
         repeats: int = 7  # timed steps per mix and kernel (minimum), one per pass over the mixes
         plots: bool = True
+        # The Toppings kernel-latency law (spec caraserve.md 10) on our kernels alone: BGMV and
+        # MBGMV timed on the batch 4/8/16/32 x rank 8/16/32/64 grid (impl/caraserve/kernel_law.py)
+        # at one projection of kernel_hidden x kernel_hidden (the tiny model's 256 would time call
+        # overhead, not the rank term; at the paper model's 4096 our reference BGMV's per-row weight
+        # gathers allocate ~33 MB a call), each row on its own adapter, min of kernel_repeats.
+        kernel_law: bool = True
+        kernel_hidden: int = 1024
+        kernel_repeats: int = 7
 
     modes = ("real",)
 
@@ -180,6 +188,9 @@ class CostLaw(System):
             raise ConfigError(f"system.batch_sizes: need >= 2 distinct sizes >= 1 (the B term), got {list(cfg.batch_sizes)}")
         if not cfg.ranks or min(cfg.ranks) < 1:
             raise ConfigError(f"system.ranks: need ranks >= 1, got {list(cfg.ranks)}")
+        if cfg.kernel_hidden < 1 or cfg.kernel_repeats < 1:
+            raise ConfigError(f"system.kernel_hidden and system.kernel_repeats must be >= 1 (got {cfg.kernel_hidden}, "
+                              f"{cfg.kernel_repeats})")
         if cfg.repeats < 1 or cfg.warmup < 0 or cfg.random_mixes < 0 or cfg.context_len < 1:
             raise ConfigError("system.repeats and system.context_len must be >= 1, system.warmup and "
                               f"system.random_mixes >= 0 (got {cfg.repeats}, {cfg.context_len}, {cfg.warmup}, "
@@ -245,9 +256,57 @@ class CostLaw(System):
                 "torch_threads": wl.torch_threads, "context_len": c.context_len, "repeats": c.repeats,
                 "samples": [{"B": len(m), "rank_counts": {str(r): m.count(r) for r in sorted(set(m))},
                              **{f"{k}_s": times[k][i] for k in c.kernels}} for i, m in enumerate(mixes)]}
+        if c.kernel_law:
+            laws = kernel_law_fits(c.kernel_hidden, c.kernel_repeats, job.seed)
+            info["kernel_law"] = laws
+            for k, fits_k in laws["fits"].items():
+                for form, f in fits_k.items():
+                    metrics[f"kernel_law_{k}_r2_{form}"] = Metric.scalar(f["r2"], "R^2", "higher")
         artifacts = []
         if c.plots:
             job.out_dir.mkdir(parents=True, exist_ok=True)
             plot(mixes, times, fits, c.repeats, job.out_dir / PLOT_NAME)
             artifacts.append(PLOT_NAME)
         return RunResult(metrics=metrics, artifacts=artifacts, info=info)
+
+
+def kernel_law_fits(hidden: int, repeats: int, seed: int) -> dict:
+    """The Toppings law on our reference kernels (real, CPU, one thread as the caller set it):
+    each of BGMV (pad) and MBGMV (no pad) timed on the law grid at one ``hidden`` x ``hidden``
+    projection, minimum of ``repeats`` interleaved passes, and both forms fitted to each (its own
+    form should fit better; R^2 as the paper reports it). The ``_chunked`` fits use r rounded up
+    to the kernels' 32-rank chunk, the rank they compute with."""
+    from impl.caraserve.kernel_law import fit_kernel_law, law_grid, time_kernel
+
+    rng = torch.Generator().manual_seed(seed)
+    mixes = law_grid(seed)
+    ranks = sorted({r for m in mixes for r in m})
+    # one adapter per rank, zero-padded once to the kernels' rank chunk as at load (_pad_stacks:
+    # otherwise lora_delta pads on every call); every row of a batch reads it as its own adapter
+    adapters = {}
+    for r in ranks:
+        rp = effective_rank(r, RANK_CHUNK)
+        A, B = torch.zeros(rp, hidden), torch.zeros(hidden, rp)
+        A[:r] = torch.randn(r, hidden, generator=rng) * 0.01
+        B[:, :r] = torch.randn(hidden, r, generator=rng) * 0.01
+        adapters[r] = (A, B)
+    xs = {B: torch.randn(B, hidden, generator=rng) for B in {len(m) for m in mixes}}
+    times = {k: [float("inf")] * len(mixes) for k in ("bgmv", "mbgmv")}
+    for k in times:  # warm-up
+        time_kernel(k, max(mixes, key=len), adapters, xs[len(max(mixes, key=len))])
+    order = np.random.default_rng(seed)
+    for rep in range(repeats):
+        for i in order.permutation(len(mixes)):
+            for k in (("bgmv", "mbgmv") if rep % 2 == 0 else ("mbgmv", "bgmv")):
+                times[k][i] = min(times[k][i], time_kernel(k, mixes[i], adapters, xs[len(mixes[i])]))
+    fits = {}
+    for k in times:
+        fits[k] = {}
+        for form in ("bgmv", "mbgmv"):
+            for sfx, chunk in (("", 1), ("_chunked", RANK_CHUNK)):
+                ms = [[effective_rank(r, chunk) for r in m] for m in mixes]
+                law = fit_kernel_law(ms, times[k], form, fitted_to=f"our {k} kernel on the CPU, hidden {hidden}")
+                fits[k][("own" if form == k else "other") + sfx] = law.to_dict()
+    return {"grid": "batch 4/8/16/32 x rank 8/16/32/64, uniform and mixed", "hidden": hidden, "repeats": repeats,
+            "fits": fits, "samples": [{"B": len(m), "ranks": list(m), **{f"{k}_s": times[k][i] for k in times}}
+                                      for i, m in enumerate(mixes)]}

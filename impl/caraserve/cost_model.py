@@ -110,3 +110,26 @@ def fit(dec_samples: Sequence[tuple], pre_samples: Sequence[tuple], dec_time: Ca
     cp, r2p = nnls_fit(Xp, yp)
     return RankCostModel(kernel=kernel, dec_coef=[float(x) for x in cd], pre_coef=[float(x) for x in cp],
                          dec_r2=r2d, pre_r2=r2p, min_r2=min_r2, samples=len(dec_samples) + len(pre_samples))
+
+
+def fit_with_law(dec_samples: Sequence[tuple], pre_samples: Sequence[tuple], base_dec_time: Callable,
+                 dec_time: Callable, pre_time: Callable, law, min_r2: float = 0.9) -> RankCostModel:
+    """The router's model with the kernel-latency law of Toppings (spec 10; ``law`` a
+    :class:`~impl.caraserve.kernel_law.KernelLaw`): T_dec = (a0 + a1 B + a3 sum ctx, fitted on the
+    base model's decode step ``base_dec_time``) + (alpha x law feature + beta, the fitted law), so
+    ``a2 = alpha`` and ``a0`` absorbs ``beta``; the prefill form as :func:`fit`. The decode R^2 is
+    of the composed model against the full step ``dec_time`` on the same samples."""
+    Xb = np.array([[1.0, float(len(r)), float(sum(c))] for c, r in dec_samples])
+    yb = np.array([base_dec_time(c, r) for c, r in dec_samples])
+    cb, _ = nnls_fit(Xb, yb)
+    coef = [float(cb[0] + law.beta_s), float(cb[1]), float(law.alpha_s), float(cb[2])]
+    Xd = np.array([features_dec(c, r, law.kernel) for c, r in dec_samples])
+    yd = np.array([dec_time(c, r) for c, r in dec_samples])
+    pred = Xd @ np.asarray(coef)
+    ss_tot = float(((yd - yd.mean()) ** 2).sum())
+    r2d = 1.0 - float(((yd - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    Xp = np.array([features_pre(l, r) for l, r in pre_samples])
+    yp = np.array([pre_time(l, r) for l, r in pre_samples])
+    cp, r2p = nnls_fit(Xp, yp)
+    return RankCostModel(kernel=law.kernel, dec_coef=coef, pre_coef=[float(x) for x in cp], dec_r2=r2d, pre_r2=r2p,
+                         min_r2=min_r2, samples=len(dec_samples) + len(pre_samples))

@@ -39,7 +39,7 @@ from impl.common.traces import Trace, TraceSpec, generate_trace, load_trace
 
 ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
 EVICTIONS = ("auto", "lru", "on_finish")
-SLO_REFERENCES = ("isolated", "hf_peft")
+SLO_REFERENCES = ("base", "isolated", "hf_peft")
 
 
 class ServingSystem(System):
@@ -128,7 +128,9 @@ class ServingSystem(System):
                              num_adapters=a.num_adapters, zipf_alpha=a.zipf_alpha, ranks=list(a.ranks),
                              rank_weights=list(a.rank_weights), prompt_median=t.prompt_median,
                              output_median=t.output_median, sigma=t.sigma, len_min=t.len_min, len_max=t.len_max,
-                             output_min=t.output_min, output_max=t.output_max, per_request=a.per_request)
+                             output_min=t.output_min, output_max=t.output_max, per_request=a.per_request,
+                             popularity=a.popularity, lognormal_sigma=a.lognormal_sigma,
+                             popularity_groups=self.popularity_groups(wl))
             trace = generate_trace(spec, job.seed)
         if self.cfg.policy == "punica":
             if self.cfg.pad_ranks_to_supported:
@@ -139,10 +141,37 @@ class ServingSystem(System):
             return trace.validate(PUNICA_RANKS, "Punica BGMV")
         return trace.validate()
 
+    @staticmethod
+    def popularity_groups(wl) -> int:
+        """workload.adapters.popularity_groups, 0 = one group per server (spec caraserve.md 10)."""
+        g = wl.adapters.popularity_groups
+        return wl.num_servers if g == 0 else g
+
+    def popularity_info(self, wl) -> dict:
+        """What the record says of the adapter popularity (spec 10: say so where MAF's stand-in is used)."""
+        a = wl.adapters
+        if wl.trace.file:
+            return {"kind": "file", "file": str(wl.trace.file)}
+        if a.per_request:
+            return {"kind": "per_request"}
+        if a.popularity == "lognormal":
+            return {"kind": "lognormal", "stand_in_for": "MAF (Azure Functions 2019), spec caraserve.md 10",
+                    "sigma": a.lognormal_sigma, "groups": self.popularity_groups(wl)}
+        return {"kind": "zipf", "alpha": a.zipf_alpha}
+
     def check(self, mode, workload, hardware, fault) -> None:
         kind = getattr(workload, "kind", None)
         if kind != "serving":
             raise ConfigError(f"workload.kind: {self.name} needs a 'serving' workload, got {kind!r}")
+        a = workload.adapters
+        if not a.per_request and not workload.trace.file:
+            from impl.common.traces import check_popularity
+
+            if a.popularity_groups < 0:
+                raise ConfigError(f"workload.adapters.popularity_groups must be >= 0 (0 = one group per server), "
+                                  f"got {a.popularity_groups}")
+            check_popularity(a.popularity, a.zipf_alpha, a.lognormal_sigma, self.popularity_groups(workload),
+                             a.num_adapters)
         if getattr(workload, "slo_reference", "isolated") not in SLO_REFERENCES:
             raise ConfigError(f"workload.slo_reference: unknown {workload.slo_reference!r} "
                               f"(one of: {', '.join(SLO_REFERENCES)})")

@@ -75,7 +75,9 @@ def test_engine_policies_serve_every_request(tiny, policy):
     assert len(st.records) + st.dropped == st.arrived == len(names)
     assert sorted(r.rid for r in st.records) == list(range(len(names)))
     if policy == "caraserve":
-        assert st.cpu_layers > 0 and st.stall_s == 0.0
+        # prefills never wait for a load; a decode step may wait for the rest of a load that its
+        # request's prefill outran (scheduler.DECODE_WAITS_FOR_LOAD), never longer than the loads
+        assert st.cpu_layers > 0 and st.stall_s < 0.004 * st.loads
     if policy == "ondmd":
         assert st.stall_s > 0
 

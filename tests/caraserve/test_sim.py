@@ -41,6 +41,8 @@ def test_sim_is_bit_identical_and_valid(tmp_path):
 @pytest.mark.parametrize("load_model", ["roofline", "measured"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ttft_order_cached_cara_ondmd(tmp_path, seed, load_model):
+    import numpy as np
+
     j = job(tmp_path, seed=seed)
     s = system(cost=ServingCostConfig(load_model=load_model))
     cost = build_cost(s, j)
@@ -50,18 +52,35 @@ def test_ttft_order_cached_cara_ondmd(tmp_path, seed, load_model):
         res, _ = simulate_policy(s, j, trace, cost, p, "mostidle")
         assert all(r.latency_s >= r.isolated_s * (1 - 1e-9) for r in res.records)
         assert len(res.records) == res.arrived
-        ttft[p] = sum(r.ttft_s for r in res.records) / len(res.records)
+        assert res.underpriced == 0  # no iteration below the same batch with every adapter resident
+        ttft[p] = np.array([r.ttft_s for r in res.records])
         lat[p] = sum(r.latency_s for r in res.records) / len(res.records)
-    assert lat["cached"] <= lat["caraserve"] * (1 + 1e-9) and lat["caraserve"] <= lat["ondmd"] * (1 + 1e-9)
-    # light load: cold requests arrive alone, their profiled P fits the layer, CaraServe ~ CACHED
-    assert ttft["caraserve"] <= ttft["ondmd"] * (1 + 1e-9)
-    if load_model == "roofline":
-        assert ttft["cached"] <= ttft["caraserve"] * (1 + 1e-9)
-    else:
-        # The measured loads (~3x the roofline) keep a cold request out of decode for longer
-        # (decode needs residency), so the next prefill can start sooner and CaraServe's mean TTFT
-        # may dip below CACHED's (README "Calibration"; spec 7 flags such a run); latency may not.
-        assert ttft["cached"] <= ttft["caraserve"] * 1.05
+    assert lat["caraserve"] <= lat["ondmd"] * (1 + 1e-9)
+    # paired by request: CaraServe never below CACHED, nor ONDMD below CaraServe, beyond 2
+    # standard errors of the per-request differences (the trajectories part at the first
+    # iteration priced differently; the simulator's own check, spec 7)
+    for lo, hi in (("cached", "caraserve"), ("caraserve", "ondmd")):
+        d = ttft[hi] - ttft[lo]
+        assert d.mean() >= -2 * d.std(ddof=1) / np.sqrt(len(d)), (lo, hi, d.mean())
+
+
+def test_a_request_still_loading_after_its_prefill_decodes_with_the_batch_and_the_step_waits(tmp_path):
+    """CaraServe: a cold request whose prefill ends before its load does is not held out of the
+    next decode step (which would price that step below CACHED's with the same requests); the
+    step waits for the load, and the wait is a load stall of every request in it."""
+    wl = ServingWorkload(trace=ServingTrace(num_requests=2, rate_rps=1000.0, prompt_median=4, output_median=4,
+                                            sigma=0.01, len_min=4, len_max=4),
+                         adapters=ServingAdapters(num_adapters=2, per_request=True, ranks=[64], rank_weights=[1.0]))
+    j = JobContext(mode="sim", seed=0, experiment="t", workload=wl, workload_name="t", hardware=A10,
+                   hardware_name="a10", fault=None, fault_name="none", out_dir=pathlib.Path(tmp_path),
+                   show_progress=False)
+    s = system(router="mostidle", cost=ServingCostConfig(load_overhead_s=0.2))  # loads outlast a prefill
+    cost = build_cost(s, j)
+    res, _ = simulate_policy(s, j, s.trace(j), cost, "caraserve", "mostidle")
+    assert res.underpriced == 0 and res.cpu_layers > 0
+    # every request sat through a load stall in decode, and no decode ran without a row
+    assert all(r.stall_s > 0 and r.load_stalls >= 1 for r in res.records)
+    assert min(r.done_s for r in res.records) >= cost.load_s(64)
 
 
 def burst_job(tmp_path, seed, n=10, prompt=8):
@@ -98,16 +117,36 @@ def test_fewer_host_cores_slow_the_cpu_path(tmp_path):
     assert t8 > t32 * 1.1
 
 
-def test_cpu_layer_shares_cores_and_link():
+def test_cpu_input_shares_cores_and_link():
     s = system()
     c = build_cost(s, job("/tmp"))
-    one = c.cpu_layer_s([(64, 64)])
-    assert one == c.cpu_lora_layer_s(64, 64, c.cpu_procs(64, 64))
-    assert one <= c.prefill_s([64], [64], lora=False) / c.num_layers  # profiled P fits alone
-    times = [c.cpu_layer_s([(64, 64)] * k) for k in (1, 2, 4, 8, 16, 64)]
-    assert all(a < b for a, b in zip(times, times[1:]))
-    # 64 jobs on 32 cores: two waves of single-process jobs, plus every job's transfer on the one link
-    assert times[-1] == pytest.approx(2 * c.cpu_compute_s(64, 64, 1) + 64 * c.cpu_xfer_s(64) + 2 * c.cpu_sync_s)
+    assert [k for k, _ in c.lora_inputs()] == [3, 1]  # q/k/v share the attention input; o has its own
+    for i, (sites, share) in enumerate(c.lora_inputs()):
+        one = c.cpu_input_s([(256, 64)], i)
+        assert one == c.cpu_input_alone_s(256, 64, c.cpu_procs(256, 64, i), sites)
+        times = [c.cpu_input_s([(256, 64)] * k, i) for k in (1, 2, 4, 8, 16, 64)]
+        assert all(a < b for a, b in zip(times, times[1:]))
+        # 64 jobs on 32 cores: two waves of single-process jobs, plus every job's transfer on the one link
+        assert times[-1] == pytest.approx(2 * c.cpu_compute_s(256, 64, 1, sites) + 64 * c.cpu_xfer_s(256, sites)
+                                          + c.cpu_sync_s)
+
+
+def test_cpu_path_overlaps_only_its_own_base_gemm():
+    """Spec 2.1: y = base + delta waits for the delta at each LoRA input, so the CPU path of q/k/v
+    hides behind the q/k/v GEMM only and o's behind the o GEMM; attention and MLP hide nothing.
+    The layer is never priced below the resident device layer."""
+    c = build_cost(system(), job("/tmp"))
+    base = c.prefill_s([256], [64]) / c.num_layers
+    jobs = ((256, 64),)
+    extra = c.cpu_layer_extra_s(jobs, base)
+    assert extra == pytest.approx(sum(max(0.0, c.cpu_input_s(jobs, i) - base * share)
+                                      for i, (_, share) in enumerate(c.lora_inputs())))
+    assert extra > 0  # o's CPU path (sync + transfers) outlasts the o GEMM
+    assert c.cpu_layer_extra_s((), base) == 0.0
+    slow = build_cost(system(cost=ServingCostConfig(cpu_cores=1)), job("/tmp"))
+    assert slow.cpu_layer_extra_s(jobs, base) > extra
+    with pytest.raises(ConfigError, match=r"^system.cost.lora_sites must be at most 4"):
+        ServingCostConfig(lora_sites=5)
 
 
 @pytest.mark.parametrize("policy", ["slora", "dlora", "punica"])
@@ -160,8 +199,10 @@ def test_cpu_layer_overhead_zero_is_unchanged_and_positive_raises_only_cpu_assis
         rise = {rid: ttft[knob][rid] - ttft[0.0][rid] for rid in ttft[0.0]}
         # a longer CPU layer lets more of the load land: later layers switch to the device sooner
         assert 0 < runs[knob].cpu_layers <= runs[0.0].cpu_layers
-        assert sum(rise.values()) == pytest.approx(knob * runs[knob].cpu_layers)  # the CPU path hides here
+        # each CPU layer pays the knob; the layers that switch to the device sooner no longer pay
+        # the CPU path's own exposed part (o's sync and transfers), so the rise is at most that
+        assert 0 < sum(rise.values()) <= knob * runs[knob].cpu_layers * (1 + 1e-9)
         warm = [r.rid for r in runs[0.0].records if not r.cold]
         assert warm and all(rise[rid] == 0.0 for rid in warm)
         assert all(rise[r.rid] > 0 for r in runs[0.0].records if r.cold)
-        assert runs[knob].iteration_mean_s["decode"] == runs[0.0].iteration_mean_s["decode"]
+        assert runs[knob].iteration_mean_s["decode"] == pytest.approx(runs[0.0].iteration_mean_s["decode"], rel=1e-12)

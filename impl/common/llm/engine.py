@@ -23,7 +23,7 @@ from impl.common.llm.kernels import check_kernel_rank
 from impl.common.llm.lora import HostAdapter, LoRABatch, group_of_layer, layer_groups, merge_adapter, unmerge_adapter
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.model import SITES
-from impl.common.llm.scheduler import SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
 
 
 @dataclass
@@ -149,6 +149,10 @@ class EngineStats:
     cpu_jobs: int = 0
     cpu_layers: int = 0
     device_layers: int = 0
+    # LoRA work: request rows of iterations that ran a LoRA delta (device or CPU path), and the
+    # adapter loads the loader ran during the trace (the base-only SLO reference run: both 0)
+    lora_rows: int = 0
+    loads: int = 0
     # one row per prefill iteration: (request ids, wall s, layers on the CPU path)
     prefill_log: list = field(default_factory=list)
 
@@ -156,10 +160,17 @@ class EngineStats:
 class ServingEngine:
     def __init__(self, model, adapters: dict[str, HostAdapter], cfg: SchedulerConfig, *,
                  seconds_for: Optional[Callable[[str], float]] = None, cpu=None, device: str = "cpu",
-                 check_residency: bool = True):
+                 check_residency: bool = True, lora: bool = True):
+        """``lora=False``: the base model alone (the SLO reference run, spec caraserve.md 10): the
+        scheduler runs as CACHED with every adapter counted resident and nothing copied, and no
+        iteration computes a LoRA delta."""
         self.model = model
         self.adapters = adapters
         cfg = dataclasses.replace(cfg, load_groups=min(cfg.load_groups, model.config.num_hidden_layers))
+        self.lora = lora
+        if not lora:
+            cfg = dataclasses.replace(cfg, policy="cached", evict_on_finish=False)
+            cpu = None
         self.cfg = cfg
         self.sched = BatchScheduler(cfg)
         if self.sched.decode_kernel == "bgmv_punica":
@@ -179,7 +190,9 @@ class ServingEngine:
             self.sched.pool.capacity = max(self.sched.pool.capacity, len(adapters))
             for name in adapters:
                 self.sched.pool.preload(name)
-                self._copy_now(name)
+                if lora:
+                    self._copy_now(name)
+        self.loader.loads = 0  # count the trace's loads only
 
     def _copy_now(self, name: str) -> None:
         keep, self.loader.seconds_for = self.loader.seconds_for, None
@@ -259,9 +272,17 @@ class ServingEngine:
 
                 cpu_path = CPUPath(decide, lambda s, layer, sites, x: self.cpu.submit(names[s], layer, sites, x))
         else:
+            if self.cfg.policy in DECODE_WAITS_FOR_LOAD:
+                # a request whose prefill ended before its adapter finished loading: the step
+                # waits for the load (decode never runs on the CPU path), a stall of the batch
+                for a in sorted({r.adapter for r in reqs}):
+                    if not self.sched.pool.get(a).resident():
+                        stats.stall_s += self.loader.wait(a)
             batch, names = self._lora_batch(reqs, self.sched.decode_kernel)
-        if plan.merged is not None:
-            batch = None  # merged weights: no separate LoRA compute
+        if plan.merged is not None or not self.lora:
+            batch = None  # merged weights / the base model alone: no separate LoRA compute
+        if batch is not None:
+            stats.lora_rows += len(reqs)
         logits = ragged_forward(self.model, items, batch, cpu_path)
         nxt = logits.argmax(-1).tolist()
         for r, t in zip(reqs, nxt):
@@ -293,7 +314,10 @@ class ServingEngine:
                 if a is not None:
                     self.loader.start(a)
                 i += 1
-            plan = sched.plan(lambda r: sched.pool.get(r.adapter).resident())
+            if self.cfg.policy in DECODE_WAITS_FOR_LOAD:
+                plan = sched.plan(lambda r: True)  # the decode step waits for the load (_run)
+            else:
+                plan = sched.plan(lambda r: sched.pool.get(r.adapter).resident())
             if plan is None:
                 nxt = pending[i].arrival_s if i < len(pending) else None
                 wait = 0.0005 if nxt is None else max(0.0, min(nxt - now, 0.0005 if sched.busy() else 1.0))
@@ -326,6 +350,7 @@ class ServingEngine:
                     progress.update(1)
         stats.makespan_s = clock() - t0
         stats.busy_s = busy
+        stats.loads = self.loader.loads
         if self.cpu is not None:
             stats.cpu_jobs = self.cpu.jobs
         return stats

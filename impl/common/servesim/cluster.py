@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
-from impl.common.llm.scheduler import SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
 from impl.common.servesim.cost import ServingCost
 from impl.common.sim.engine import Engine
 
@@ -32,10 +32,13 @@ class SimResult:
     stall_s: float
     busy_s: float
     cpu_layers: int = 0
+    underpriced: int = 0  # iterations priced below the same batch fully resident (must be 0)
+    lora_rows: int = 0  # request rows of iterations that ran a LoRA delta (GPU or CPU path)
     loads: int = 0
     per_server_busy_s: list = field(default_factory=list)
     migrations: Optional[dict] = None  # dlora only: counts (see Migrator.summary)
     migration_log: list = field(default_factory=list)  # dlora only: one MigrationEvent per request moved
+    kernel_law: Optional[object] = None  # set by the caller that fitted a router's kernel law
     # Mean iteration time by kind over all servers, loads and CPU path included (v1 Fig. 11's
     # per-iteration figures): {"prefill": s, "decode": s}; None for a kind that never ran.
     iteration_mean_s: dict = field(default_factory=dict)
@@ -56,9 +59,10 @@ class MigrationEvent:
 
 class SimServer:
     def __init__(self, sid: int, cfg: SchedulerConfig, cost: ServingCost, engine: Engine, on_done: Callable,
-                 slo_of: Callable[[SReq], float], cpu_assist: bool = True):
+                 slo_of: Callable[[SReq], float], cpu_assist: bool = True, lora: bool = True):
         self.sid = sid
         self.cfg = cfg
+        self.lora = lora  # False: the base model only (the SLO reference run): no LoRA compute, no loads
         self.sched = BatchScheduler(cfg)
         self.cost = cost
         self.eng = engine
@@ -73,6 +77,10 @@ class SimServer:
         self.busy_s = 0.0
         self.iter_s = {"prefill": [0.0, 0], "decode": [0.0, 0]}  # kind -> [total s, count] (v1 Fig. 11)
         self.cpu_layers = 0
+        # iterations priced below the same batch with every adapter resident (spec 7 order, per
+        # iteration; the simulator's own check, 0 unless a cost term is wrong)
+        self.underpriced = 0
+        self.lora_rows = 0  # request rows of iterations computed with a LoRA delta (base-only run: 0)
         self.loads = 0
         self.wake_at: Optional[float] = None
         self.merged: Optional[str] = None
@@ -143,7 +151,10 @@ class SimServer:
         self.version += 1
         for a in self.sched.retry_pins():
             self._start_load(a, self._rank_in_queue(a), now)
-        plan = self.sched.plan(lambda r: self._resident(r.adapter, now))
+        if self.cfg.policy in DECODE_WAITS_FOR_LOAD:
+            plan = self.sched.plan(lambda r: True)  # the step waits for the loads (_duration)
+        else:
+            plan = self.sched.plan(lambda r: self._resident(r.adapter, now))
         if plan is None:
             # waiting only on loads (CaraServe decode needs full residency): wake at the next one
             pending = [t[-1] for a, t in self.ready_at.items() if t[-1] > now and a in self.sched.pool]
@@ -189,10 +200,25 @@ class SimServer:
             if plan.merged is not None:  # dLoRA merge: W += sBA per site and layer (a GEMM each)
                 stall += c.weight_bytes * 4 / 7 / c.mem_bw_bytes_per_s * 2
             self.merged = plan.merged
-        lora = plan.merged is None
+        lora = plan.merged is None and self.lora
+        if lora:
+            self.lora_rows += sum(1 for r in reqs if r.rank > 0)
         if plan.kind == "decode":
             ctx = [r.prompt_len + r.generated for r in reqs]
-            return stall + c.decode_s(ctx, [r.rank for r in reqs], self.sched.decode_kernel, lora=lora), stall
+            step = c.decode_s(ctx, [r.rank for r in reqs], self.sched.decode_kernel, lora=lora)
+            loading = sorted({r.adapter for r in reqs if not self._resident(r.adapter, now)})
+            if not loading:
+                return stall + step, stall
+            # CaraServe (DECODE_WAITS_FOR_LOAD): a request whose prefill ended before its adapter
+            # finished loading decodes with the batch, and each layer waits for its group of
+            # every such adapter (the GPU stream waits on the load's event per group); decode
+            # never runs on the CPU (spec 2.1). The wait is a load stall for the whole batch.
+            per, t = step / c.num_layers, now
+            for l in range(c.num_layers):
+                g = self.group_of[l]
+                t = max([t] + [self.ready_at[a][g] for a in loading]) + per
+            wait = (t - now) - step
+            return stall + wait + step, stall + wait
         lens, ranks = [r.prompt_len for r in reqs], [r.rank for r in reqs]
         for a in plan.new_adapters:  # a slot re-acquired after eviction: its old load is void
             self.ready_at.pop(a, None)
@@ -219,11 +245,11 @@ class SimServer:
         if not cold:
             return total, stall
         # CaraServe (spec 2.1): layer by layer; a cold request's layer runs on the CPU path unless
-        # the layer's group is resident when the layer starts (switch at a layer boundary); the
-        # layer waits for the slowest delta. All cold requests on the CPU path in a layer share the
-        # host's cores and link (cost.cpu_layer_s). Each of them also pays the serial hand-off
-        # cost.cpu_layer_overhead_s per CPU layer (0 by default).
-        base = c.prefill_s(lens, ranks, lora=True) / c.num_layers
+        # the layer's group is resident when the layer starts (switch at a layer boundary). Each
+        # LoRA input's CPU path overlaps its own base GEMM only, and all cold requests on the CPU
+        # path in a layer share the host's cores and link (cost.cpu_layer_extra_s, which also
+        # adds the serial hand-off cost.cpu_layer_overhead_s per cold request, 0 by default).
+        base = total / c.num_layers  # the device layer with every adapter resident, this policy's kernel
         t = now
         memo: dict = {}
         for l in range(c.num_layers):
@@ -235,8 +261,10 @@ class SimServer:
                     self.cpu_layers += 1
             jobs = tuple(jobs)
             if jobs not in memo:
-                memo[jobs] = c.cpu_layer_s(jobs)
-            t += max(base, memo[jobs]) + len(jobs) * c.cpu_layer_overhead_s
+                memo[jobs] = c.cpu_layer_extra_s(jobs, base)
+            t += base + memo[jobs]
+        if t - now < total * (1 - 1e-9):
+            self.underpriced += 1  # spec 7: never below the same batch with every adapter resident
         return t - now, stall
 
     def _finish(self, plan: Plan) -> None:
@@ -443,7 +471,9 @@ class Migrator:
 
 def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, cost: ServingCost,
              route: Callable, slo_of: Callable[[SReq], float], preload: Sequence[str] = (),
-             progress=None, isolated_of: Optional[Callable[[SReq], float]] = None) -> SimResult:
+             progress=None, isolated_of: Optional[Callable[[SReq], float]] = None, lora: bool = True) -> SimResult:
+    """``lora=False``: serve the trace on the base model alone (every adapter counted resident,
+    no load, no LoRA compute; the SLO reference run, spec caraserve.md 10)."""
     eng = Engine()
     records: list = []
 
@@ -457,7 +487,11 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
         if progress is not None:
             progress.update(1)
 
-    servers = [SimServer(i, cfg, cost, eng, done, slo_of) for i in range(num_servers)]
+    servers = [SimServer(i, cfg, cost, eng, done, slo_of, lora=lora) for i in range(num_servers)]
+    if not lora:
+        preload = sorted({r.adapter for r in requests})
+        for s in servers:
+            s.sched.pool.capacity = max(s.sched.pool.capacity, len(preload))
     for s in servers:
         for a in preload:
             s.sched.pool.preload(a)
@@ -481,6 +515,8 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
                      dropped=len(requests) - len(records), makespan_s=makespan,
                      stall_s=sum(s.stall_s for s in servers), busy_s=sum(s.busy_s for s in servers),
                      cpu_layers=sum(s.cpu_layers for s in servers), loads=sum(s.loads for s in servers),
+                     underpriced=sum(s.underpriced for s in servers),
+                     lora_rows=sum(s.lora_rows for s in servers),
                      per_server_busy_s=[s.busy_s for s in servers],
                      iteration_mean_s={k: (sum(s.iter_s[k][0] for s in servers) / n if n else None)
                                        for k in ("prefill", "decode")

@@ -76,8 +76,8 @@ class ServingCostConfig:
     # runs skinny matmuls plus per-token norm/rotary/softmax/SiLU work that a square-matmul
     # calibration does not see.
     prefill_flops_per_s: float = 0.0
-    # Serial cost per cold request per layer on the CPU path, on top of max(base, cpu) (0 = the
-    # CPU path hides fully behind the device layer, every paper figure). The serving thread's
+    # Serial cost per cold request per layer on the CPU path, on top of what the CPU path itself
+    # exposes beyond the device layer (cpu_layer_extra_s; 0 = none, every paper figure). The serving thread's
     # hand-off to the CPU LoRA worker (copy-in, doorbell, wake-up, result copy-out) does not
     # overlap the layer on a host with few cores; the fidelity job takes it from one isolated
     # CPU-assisted prefill against the same prefill on the device path.
@@ -99,6 +99,9 @@ class ServingCostConfig:
         if self.cpu_cores < 1 or self.lora_sites < 1:
             raise ConfigError(f"system.cost.cpu_cores ({self.cpu_cores}) and system.cost.lora_sites "
                               f"({self.lora_sites}) must be >= 1")
+        if self.lora_sites > 4:
+            raise ConfigError(f"system.cost.lora_sites must be at most 4 (q, k, v, o: the CPU path's two LoRA "
+                              f"inputs), got {self.lora_sites}")
 
 
 @dataclass(kw_only=True)
@@ -237,30 +240,48 @@ class ServingCost(ServingCostConfig):
         tensors = copies * self.num_layers * self.lora_sites * 2
         return nbytes / self.h2d_bytes_per_s + tensors * self.h2d_tensor_overhead_s + self.load_overhead_s
 
-    def cpu_compute_s(self, tokens: int, rank: int, procs: int) -> float:
-        """CPU LoRA FLOPs of one layer (all sites) for one request, rows split over ``procs``."""
-        return 4 * self.lora_sites * self.hidden * rank * math.ceil(tokens / procs) / self.cpu_flops_per_core
+    def lora_inputs(self) -> list[tuple[int, float]]:
+        """One entry per distinct LoRA input of a layer (spec 2.1: one sync point each): (sites it
+        feeds, its base GEMM's share of the layer's weight-matrix work). q, k, v share the
+        attention input (the first min(3, lora_sites) sites); o has its own (the 4th)."""
+        d, kv, P = self.hidden, self.d_kv, self.layer_params
+        qkv = min(3, self.lora_sites)
+        out = [(qkv, (d * d + (qkv - 1) * d * kv) / P)]
+        if self.lora_sites > 3:
+            out.append((self.lora_sites - 3, d * d / P))
+        return out
 
-    def cpu_xfer_s(self, tokens: int) -> float:
-        """Per layer (spec 2.2 T_xfer, 2.3): x to host shared memory once per distinct LoRA input
-        (2: q/k/v share one, o has its own) and one delta back per site, over the pinned host link."""
-        return tokens * self.hidden * self.dtype_bytes * (2 + self.lora_sites) / self.h2d_bytes_per_s
+    def cpu_compute_s(self, tokens: int, rank: int, procs: int, sites: int | None = None) -> float:
+        """CPU LoRA FLOPs (x A B, 4 d r per token and site) of ``sites`` sites (default all) of one
+        layer for one request, rows split over ``procs`` processes."""
+        sites = self.lora_sites if sites is None else sites
+        return 4 * sites * self.hidden * rank * math.ceil(tokens / procs) / self.cpu_flops_per_core
 
-    def cpu_lora_layer_s(self, tokens: int, rank: int, procs: int) -> float:
-        """One request alone on the CPU path for one layer: compute on ``procs`` processes, its
-        transfers, plus the 2 sync points (q/k/v share an input; o has its own)."""
-        return self.cpu_compute_s(tokens, rank, procs) + self.cpu_xfer_s(tokens) + 2 * self.cpu_sync_s
+    def cpu_xfer_s(self, tokens: int, sites: int | None = None) -> float:
+        """One LoRA input's transfers (spec 2.2 T_xfer, 2.3): x to host shared memory once and one
+        delta back per site it feeds, over the pinned host link; default: every input of a layer."""
+        if sites is None:
+            return sum(self.cpu_xfer_s(tokens, k) for k, _ in self.lora_inputs())
+        return tokens * self.hidden * self.dtype_bytes * (1 + sites) / self.h2d_bytes_per_s
 
-    def cpu_procs(self, tokens: int, rank: int) -> int:
-        """[R] smallest P with T_cpu(L/P) + T_xfer <= T_gpu_base(layer) (spec 2.2), capped by cores."""
-        base_layer = self.prefill_s([tokens], [rank], lora=False) / self.num_layers
+    def cpu_input_alone_s(self, tokens: int, rank: int, procs: int, sites: int) -> float:
+        """One request alone on the CPU path for one LoRA input: compute on ``procs`` processes,
+        its transfers and its sync point."""
+        return self.cpu_compute_s(tokens, rank, procs, sites) + self.cpu_xfer_s(tokens, sites) + self.cpu_sync_s
+
+    def cpu_procs(self, tokens: int, rank: int, inp: int = 0) -> int:
+        """[R] smallest P with T_cpu(L/P) + T_xfer <= T_gpu_base (spec 2.2), for LoRA input ``inp``
+        against the base GEMM it overlaps (the request's isolated prefill), capped by the cores."""
+        sites, share = self.lora_inputs()[inp]
+        base = self.prefill_s([tokens], [rank], lora=False) / self.num_layers * share
         for p in range(1, self.cpu_cores + 1):
-            if self.cpu_lora_layer_s(tokens, rank, p) <= base_layer:
+            if self.cpu_input_alone_s(tokens, rank, p, sites) <= base:
                 return p
         return self.cpu_cores
 
-    def cpu_layer_s(self, jobs: Sequence[tuple]) -> float:
-        """One layer of the CPU path for every cold request ``(tokens, rank)`` of an iteration.
+    def cpu_input_s(self, jobs: Sequence[tuple], inp: int) -> float:
+        """LoRA input ``inp`` of one layer on the CPU path for every cold request ``(tokens,
+        rank)`` of an iteration, from the moment x is ready to the last delta back.
 
         The host has ``cpu_cores`` cores for all of them: each request wants its profiled
         ``cpu_procs`` processes; if the wants fit they run side by side, otherwise the cores are
@@ -270,21 +291,37 @@ class ServingCost(ServingCostConfig):
         of all requests share the one host link (serialised); the sync points overlap."""
         if not jobs:
             return 0.0
+        sites = self.lora_inputs()[inp][0]
         C, n = self.cpu_cores, len(jobs)
-        want = [self.cpu_procs(t, r) for t, r in jobs]
+
+        def comp(t, r, p):
+            return self.cpu_compute_s(t, r, p, sites)
+
+        want = [self.cpu_procs(t, r, inp) for t, r in jobs]
         if sum(want) <= C:
-            compute = max(self.cpu_compute_s(t, r, p) for (t, r), p in zip(jobs, want))
+            compute = max(comp(t, r, p) for (t, r), p in zip(jobs, want))
         elif n <= C:
             alloc = [1] * n
             for _ in range(C - n):
-                i = max((i for i in range(n) if alloc[i] < want[i]),
-                        key=lambda i: (self.cpu_compute_s(*jobs[i], alloc[i]), -i))
+                i = max((i for i in range(n) if alloc[i] < want[i]), key=lambda i: (comp(*jobs[i], alloc[i]), -i))
                 alloc[i] += 1
-            compute = max(self.cpu_compute_s(t, r, p) for (t, r), p in zip(jobs, alloc))
+            compute = max(comp(t, r, p) for (t, r), p in zip(jobs, alloc))
         else:
             loads = [0.0] * C
-            for c in sorted((self.cpu_compute_s(t, r, 1) for t, r in jobs), reverse=True):
+            for x in sorted((comp(t, r, 1) for t, r in jobs), reverse=True):
                 k = min(range(C), key=lambda k: (loads[k], k))
-                loads[k] += c
+                loads[k] += x
             compute = max(loads)
-        return compute + sum(self.cpu_xfer_s(t) for t, _ in jobs) + 2 * self.cpu_sync_s
+        return compute + sum(self.cpu_xfer_s(t, sites) for t, _ in jobs) + self.cpu_sync_s
+
+    def cpu_layer_extra_s(self, jobs: Sequence[tuple], base_layer_s: float, overhead: bool = True) -> float:
+        """What the CPU path adds to a layer whose device part takes ``base_layer_s``: each LoRA
+        input's CPU path overlaps only its own base GEMM (``y = base + delta`` waits for the
+        delta, spec 2.1; the next input, e.g. o's after attention, exists only after that), so
+        each input exposes max(0, CPU path - its GEMM's share of the layer); the attention and
+        the MLP hide none of it. Plus ``cpu_layer_overhead_s`` per cold request (``overhead``)."""
+        if not jobs:
+            return 0.0
+        extra = sum(max(0.0, self.cpu_input_s(jobs, i) - base_layer_s * share)
+                    for i, (_, share) in enumerate(self.lora_inputs()))
+        return extra + (len(jobs) * self.cpu_layer_overhead_s if overhead else 0.0)

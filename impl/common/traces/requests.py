@@ -78,6 +78,57 @@ class TraceSpec:
     # One distinct adapter per request (the paper's synthetic setting, spec 9): num_adapters and
     # zipf_alpha are ignored.
     per_request: bool = False
+    # Adapter popularity: "zipf" (zipf_alpha) or "lognormal", the MAF stand-in of spec
+    # caraserve.md 10 (per-adapter weights lognormal with sigma lognormal_sigma, adapters grouped
+    # at random into popularity_groups groups, each group an equal share of the requests).
+    popularity: str = "zipf"
+    lognormal_sigma: float = 3.54
+    popularity_groups: int = 1
+
+
+POPULARITIES = ("zipf", "lognormal")
+
+
+def check_popularity(popularity: str, zipf_alpha: float, sigma: float, groups: int, num_adapters: int,
+                     where: str = "workload.adapters") -> None:
+    """One-line errors for the popularity options (preflight and generator alike)."""
+    if popularity not in POPULARITIES:
+        raise ConfigError(f"{where}.popularity: unknown {popularity!r} (one of: {', '.join(POPULARITIES)})")
+    if popularity == "zipf" and not (math.isfinite(zipf_alpha) and zipf_alpha >= 0):
+        raise ConfigError(f"{where}.zipf_alpha must be a finite number >= 0, got {zipf_alpha}")
+    if popularity == "lognormal":
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ConfigError(f"{where}.lognormal_sigma must be a finite number > 0, got {sigma}")
+        if not 1 <= groups <= num_adapters:
+            raise ConfigError(f"{where}.popularity_groups: {groups} groups for {num_adapters} adapters "
+                              f"(need 1 <= groups <= num_adapters; 0 = one group per server)")
+
+
+def lognormal_weights(num_adapters: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """Per-adapter invocation weights of the MAF stand-in (spec caraserve.md 10): lognormal with
+    ``sigma`` (3.54: the top 18.6% of adapters carry 99.6% of the weight, as the top 18.6% of
+    Azure functions carry 99.6% of invocations), normalised to sum 1."""
+    w = rng.lognormal(0.0, sigma, size=num_adapters)
+    return w / w.sum()
+
+
+def maf_popularity(num_adapters: int, sigma: float, groups: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(P(adapter), group of each adapter): lognormal weights, adapters grouped at random into
+    ``groups`` groups of (near) equal size, one group per server as the papers map MAF functions;
+    each group takes 1/groups of the requests, and within a group an adapter's probability is
+    proportional to its weight."""
+    w = lognormal_weights(num_adapters, sigma, rng)
+    group = np.empty(num_adapters, dtype=int)
+    group[rng.permutation(num_adapters)] = np.arange(num_adapters) % groups
+    tot = np.bincount(group, weights=w, minlength=groups)
+    p = w / tot[group] / groups
+    return p / p.sum(), group
+
+
+def top_share(p: np.ndarray, top_fraction: float) -> float:
+    """Share of the mass on the ``top_fraction`` most popular entries."""
+    k = max(1, int(round(top_fraction * len(p))))
+    return float(np.sort(np.asarray(p))[::-1][:k].sum() / np.sum(p))
 
 
 def poisson_arrivals(rate_rps: float, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -135,7 +186,14 @@ def generate_trace(spec: TraceSpec, seed: int) -> Trace:
     # Popularity rank is shuffled against adapter ids so that rank and popularity are independent.
     if spec.per_request:
         pick = np.arange(n)
+    elif spec.popularity == "lognormal":
+        check_popularity(spec.popularity, spec.zipf_alpha, spec.lognormal_sigma, spec.popularity_groups, num_adapters)
+        # the weights and grouping from their own stream of the seed
+        p, _ = maf_popularity(num_adapters, spec.lognormal_sigma, spec.popularity_groups,
+                              np.random.default_rng([seed, 10]))
+        pick = rng.choice(num_adapters, size=n, p=p)
     else:
+        check_popularity(spec.popularity, spec.zipf_alpha, spec.lognormal_sigma, spec.popularity_groups, num_adapters)
         p = zipf_popularity(num_adapters, spec.zipf_alpha)
         perm = rng.permutation(num_adapters)
         pick = perm[rng.choice(num_adapters, size=n, p=p)]
