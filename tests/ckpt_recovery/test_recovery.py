@@ -97,7 +97,9 @@ def test_kill_in_the_middle_of_a_save_recovers_from_the_previous_commit(tmp_path
         (lambda lost: R.homogeneous(CLUSTER, lost, metas, SHAPE32.heads))
     sp = TrainSpec(SHAPE32, 1, R.uniform_stages(2, 2, 4), steps=8, global_batch=8, micro_batches=4, root=str(tmp_path),
                    backend=backend, ckpt_every=2, splits=8, kill=KillAt(rank=2, at_step=5, mid_save=True))
-    o = run(sp, relayout)
+    # The injected kill is reported, not detected: the heartbeat watchdog only has to stay out of
+    # the way while DCP's checkpoint daemon starts (seconds on a loaded 2-core host, beyond 10 s).
+    o = run(sp, relayout, hb_timeout_s=60.0)
     k = o.before.kill
     assert k["mid_save"] and k["fail_step"] >= 5 and k["fail_step"] in o.before.saves  # killed with a save in flight
     start = o.results[0]["start_step"]

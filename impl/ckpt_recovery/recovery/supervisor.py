@@ -145,6 +145,8 @@ def _run_launch(spec: TrainSpec, world: int, hb_timeout_s: float, timeout_s: flo
     w.t_stopped = time.time()
     w.stop_all()  # savers of a failed launch must not write on
     if error is not None and w.kill is None:
+        if w.detected:  # the watchdog stopped the launch: say why, not only that a rank died of it
+            raise RuntimeError(f"{error} (the watchdog stopped the launch: {w.detected})") from error
         raise error  # not the injected fault: the rank's own error is the news
     return w, results
 
