@@ -141,8 +141,6 @@ def fit_allocatable(priced: Sequence[Priced], phi: np.ndarray, capacity: float) 
         return capacity, {"verdict_launches": 0}
     peak = np.array([float(p.feats.memory_bytes(phi, run=True).max()) for p in rows])
     fits = np.array([bool(p.launch.measured_fits) for p in rows])
-    cand = np.unique(np.concatenate([peak, [capacity]]))
-    cand = cand[cand <= capacity]
     # right(A) = fitting launches with peak <= A + OOM launches with peak > A
     order = np.argsort(peak)
     best, best_lo, best_hi = -1, 0.0, capacity

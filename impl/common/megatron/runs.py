@@ -17,7 +17,7 @@ import json
 import math
 import pathlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
@@ -309,10 +309,3 @@ def work_of(la: Launch, docs: DocLengths, streams: int = STREAMS) -> MicroBatchW
     report, run = docs.cache[key]
     return pack_work(la.layout, report, run)
 
-
-def as_dict(la: Launch) -> dict[str, Any]:
-    lay = la.layout
-    return {"id": la.id, "status": la.status, "model": la.model.name if la.model else None,
-            "mode": lay.mode if lay else None, "gpus": lay.gpus if lay else None,
-            "context": lay.context if lay else None, "dp": lay.dp if lay else None, "tp": lay.tp if lay else None,
-            "pp": lay.pp if lay else None, "mbs": lay.mbs if lay else None}

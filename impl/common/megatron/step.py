@@ -408,11 +408,3 @@ def seq_cost_terms(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfil
     s = int(np.argmax(a * typical * typical + b * typical + c))
     return float(a[s]), float(b[s]), float(c[s])
 
-
-def per_iteration_s(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
-                    knobs: Optional[MegatronKnobs] = None) -> float:
-    """The once-per-iteration terms (DP gradient/parameter collectives, tied-embedding sync, the
-    optimizer, the fixed overhead) of the step model."""
-    k = knobs or hw.megatron_knobs()
-    F = features(model, lay, hw, pad_work(lay))
-    return float(F.G @ theta_of(hw, k))
