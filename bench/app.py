@@ -115,7 +115,7 @@ def preflight(argv: list[str]) -> Optional[str]:
     from hydra.core.global_hydra import GlobalHydra
 
     from bench.validate import typed_job
-    from impl.common.api import ConfigError
+    from impl.common.api import ConfigError, NotApplicable
 
     try:
         combos = _expand(overrides)
@@ -128,6 +128,9 @@ def preflight(argv: list[str]) -> Optional[str]:
                 try:
                     cfg = compose(config_name=CONFIG_NAME, overrides=combo, return_hydra_config=True)
                     typed_job(cfg)
+                except NotApplicable as exc:
+                    if not cfg.get("not_applicable_ok"):  # else: the job's record says not applicable
+                        return str(exc)
                 except ConfigError as exc:
                     return str(exc)
                 except Exception as exc:

@@ -25,13 +25,18 @@ class CompareOnMultirunEnd(Callback):
         except Exception as exc:  # a comparison failure must not turn a finished sweep into an error
             print(f"mlsys-bench: could not read records for the comparison: {exc}")
             return
-        SWEEP_FAILURES[:] = [f"{r['system']}: {r['error']}" for r in records if r["status"] == "failed"]
+        # A job its system refused in preflight (record.not_applicable) is an answer, not a failure.
+        SWEEP_FAILURES[:] = [f"{r['system']}: {r['error']}" for r in records
+                             if r["status"] == "failed" and not r.get("not_applicable")]
         if not records or os.environ.get("MLSYS_BENCH_NO_SWEEP_TABLE"):
             return
         print()
         print(format_table(compare_records(records, baseline=config.get("baseline_system") or None)))
         if config.get("figure"):
             draw_figure(str(config.figure), records, pathlib.Path(sweep))
+        n_na = sum(1 for r in records if r.get("not_applicable"))
+        if n_na:
+            print(f"mlsys-bench: {n_na} of {len(records)} jobs not applicable (refused in preflight; records kept)")
         if SWEEP_FAILURES:
             print(f"mlsys-bench: {len(SWEEP_FAILURES)} of {len(records)} jobs failed (records kept, status failed)")
 

@@ -60,6 +60,10 @@ class BenchConfig:
     figure: Optional[str] = None
     # Baseline for the table printed when a multirun ends (default: compare's rule).
     baseline_system: Optional[str] = None
+    # A job whose system refuses it in preflight (impl.common.api.NotApplicable) is recorded as
+    # not applicable and the sweep goes on, instead of the command stopping before any work
+    # (the cross-paper presets, conf/experiment/cross/, set it).
+    not_applicable_ok: bool = False
     mode: Mode = Mode.sim
     seed: int = 0
     results_dir: str = "results/runs"

@@ -17,7 +17,7 @@ from bench import provenance
 from bench.host_load import HostLoadProbe, contention_reason
 from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
-from impl.common.api import JobContext, RunResult
+from impl.common.api import JobContext, NotApplicable, RunResult
 from impl.common.errors import one_line
 from impl.common.runtime.launch import is_primary, stdlib_start_method
 
@@ -87,6 +87,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     wandb_info = None
     probe: Optional[HostLoadProbe] = None
     host_load: Optional[dict] = None
+    not_applicable = False
     invalid_reasons: list[str] = []
     try:
         job = typed_job(cfg)
@@ -121,6 +122,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
             status = "invalid"
             invalid_reasons.append(contended)
     except Exception as exc:  # the record must say why; the multirun goes on
+        # The system's preflight refused the situation: the record says so, a cross table shows it.
+        not_applicable = isinstance(exc, NotApplicable)
         if probe is not None and host_load is None:
             host_load = probe.stop()
         error = one_line(exc)
@@ -159,6 +162,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "artifacts": list(result.artifacts) if result else [],
         "duration_s": round(time.perf_counter() - started, 3),
     }
+    if error is not None and not_applicable:
+        record["not_applicable"] = True
     if host_load is not None:
         record["host_load"] = host_load
     if sweep:

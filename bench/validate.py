@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from faults.spec import KINDS as FAULT_KINDS
-from impl.common.api import ConfigError, System
+from impl.common.api import ConfigError, NotApplicable, System
 from impl.common.errors import first_line
 from impl.common.hardware import HardwareProfile
 from impl.common.workloads import KINDS as WORKLOAD_KINDS, workload_class
@@ -101,5 +101,10 @@ def typed_job(cfg: DictConfig) -> TypedJob:
         raise ConfigError(f"mode: system {name!r} does not run in mode {mode!r} (supports: {', '.join(system.modes)})")
     job = TypedJob(system=system, system_name=name, workload=typed_workload(cfg.workload),
                    hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault))
-    system.check(mode, job.workload, job.hardware, job.fault)
+    try:
+        system.check(mode, job.workload, job.hardware, job.fault)
+    except NotApplicable:
+        raise
+    except ConfigError as exc:
+        raise NotApplicable(str(exc)) from None
     return job

@@ -277,10 +277,29 @@ def build_report(results: pathlib.Path | str, out: pathlib.Path | str,
     for name in order:
         (out / pages[name].href).write_text(env.get_template("system.html.j2").render(page=pages[name], **common),
                                             encoding="utf-8")
+    (out / "cross-paper.html").write_text(env.get_template("cross.html.j2").render(
+        questions=cross_sections(scanned.records, out), **common), encoding="utf-8")
     index = out / "index.html"
     index.write_text(env.get_template("index.html.j2").render(
         skipped=skipped, n_records=len(scanned.records), paper_scale=paper_scale_rows(), **common), encoding="utf-8")
     return index
+
+
+def cross_sections(records: list[dict], out: pathlib.Path) -> list[dict]:
+    """The cross-paper page (bench.cross): per question its table, refusals and figure."""
+    from bench.cross import QUESTIONS, cross_table, plot_cross, table_rows
+
+    sections = []
+    for exp, q in QUESTIONS.items():
+        t = cross_table(records, exp)
+        sec = {"question": q, "slug": slug(exp), "table": None}
+        if t is not None and t.rows:
+            head, body = table_rows(t)
+            fig = f"fig/cross-{slug(exp)}.png"
+            plot_cross(t, out / fig)
+            sec.update(table=t, head=head, body=body, refusals=t.refusals(), figure=fig)
+        sections.append(sec)
+    return sections
 
 
 def paper_scale_rows() -> list[dict]:

@@ -18,12 +18,16 @@ Sim mode also models (spec adaptra §6 S5-S7):
   link once detected; Falcon's ski-rental ladder in impl.adaptra.falcon);
 - delays that change inside iterations (fault kind ``varying_link_delay``); plans still change
   only at iteration boundaries, from what the system saw;
+- a static slow GPU (fault kind ``compute_slowdown``, no trace): every op of a stage runs at
+  its slowest GPU's factor (the stage's DP replicas wait for it at the gradient all-reduce; GPU
+  g sits in stage g // (dp*tp), Megatron's layout); no schedule re-plans around it;
 - RNIC failures (``fault.rnic_failure_iters``): delegated systems fail over for free and stay
   on the delegated path, the others pay ``restart_cost_s`` once per failure.
 One-time costs (remap, restart) go to ``total_time_s``, not to iteration times.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -44,11 +48,11 @@ DELEGATE_WHEN = ("always", "on_delay")
 DETECTIONS = ("oracle", "measured")
 
 
-SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay")
+SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay", "compute_slowdown")
 
 
 class PipelineTraining(System):
-    SUPPORTED_FAULTS = ("none", "link_delay", "dp_link_delay", "varying_link_delay", "rank_kill")
+    SUPPORTED_FAULTS = ("none", "link_delay", "dp_link_delay", "varying_link_delay", "rank_kill", "compute_slowdown")
     DP_POLICIES = ("ignore", "remap")
 
     @dataclass
@@ -134,6 +138,9 @@ class PipelineTraining(System):
         return generate(self.cfg.schedule, S, N), None
 
     def check(self, mode, wl, hardware, fault) -> None:
+        from impl.common.workloads.hybrid import as_pipeline
+
+        wl = as_pipeline(wl)
         if getattr(wl, "kind", None) != "pipeline":
             raise ConfigError(f"workload.kind: system {self.name!r} trains a pipeline; got workload kind {wl.kind!r}")
         if wl.stages < 1 or wl.num_microbatches < 1:
@@ -145,6 +152,13 @@ class PipelineTraining(System):
         validate_link_delay(fault, wl.stages)
         validate_dp_link_delay(fault, wl.stages, wl.dp)
         validate_varying_link_delay(fault, wl.stages)
+        if fault.kind == "compute_slowdown":
+            from faults.compute_slowdown import validate_compute_slowdown
+
+            validate_compute_slowdown(fault, wl.stages * wl.dp * wl.tp)
+            if fault.trace:
+                raise ConfigError(f"fault.trace: system {self.name!r} prices a static slow GPU only (gpus/factor), "
+                                  f"not a slowdown trace")
         if fault.kind == "dp_link_delay" and wl.sim_op_time_s:
             raise ConfigError("fault.kind dp_link_delay needs gradient sizes from the model shape; "
                               "workload.sim_op_time_s must be null")
@@ -179,6 +193,9 @@ class PipelineTraining(System):
         return default_num_delegates(max(flat + [0.0]))
 
     def run(self, job: JobContext) -> RunResult:
+        from impl.common.workloads.hybrid import as_pipeline
+
+        job = dataclasses.replace(job, workload=as_pipeline(job.workload))
         self.check(job.mode, job.workload, job.hardware, job.fault)
         if job.mode == "sim":
             return self._run_sim(job)
@@ -256,6 +273,14 @@ class PipelineTraining(System):
         S, N = wl.stages, wl.num_microbatches
         costs, link = self._costs(job)
         tF, tB, tW = list(costs.tf_s), list(costs.tb_s), list(costs.tw_s)
+        if fault.kind == "compute_slowdown":
+            from faults.compute_slowdown import slowdown_at
+
+            per_stage = wl.dp * wl.tp
+            x = slowdown_at(fault, 0, S * per_stage)
+            slow = [max(x[s * per_stage:(s + 1) * per_stage]) for s in range(S)]
+            tF, tB, tW = ([t * f for t, f in zip(ts, slow)] for ts in (tF, tB, tW))
+            costs = dataclasses.replace(costs, tf_s=tuple(tF), tb_s=tuple(tB), tw_s=tuple(tW))
         iters = wl.warmup_iterations + wl.iterations
         detection = getattr(fault, "detection", "oracle")
         timeline = DelayTimeline(fault, S) if fault.kind == "varying_link_delay" else None

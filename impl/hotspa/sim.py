@@ -78,6 +78,9 @@ def check_sim(system, wl, hardware) -> None:
     if cfg.sim.plan_max_groups < 1 or cfg.sim.plan_sample_steps < 1:
         raise ConfigError(f"system.sim.plan_max_groups ({cfg.sim.plan_max_groups}) and plan_sample_steps "
                           f"({cfg.sim.plan_sample_steps}) must be >= 1")
+    if cfg.policy == "megatron_grid" and wl.token_budget > 0:
+        raise ConfigError(f"workload.token_budget: system {system.name!r} takes a global batch of a fixed number of "
+                          f"sequences (the fork's), not a budget of {wl.token_budget} tokens per step")
     if wl.lengths.max_len and wl.lengths.max_len > wl.context:
         raise ConfigError(f"workload.lengths.max_len: {wl.lengths.max_len} is above workload.context {wl.context}")
     for ctx in [wl.context, *cfg.sim.contexts]:

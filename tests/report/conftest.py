@@ -66,4 +66,13 @@ def report_results(tmp_path_factory):
     future.update(schema="mlsys-bench.record/9", run_id="future-run")
     (results / "future-run").mkdir()
     (results / "future-run" / "record.json").write_text(json.dumps(future))
-    return {"dir": results, "ok": ok, "invalid": invalid, "failed": failed}
+    # The cross-paper page: one question's jobs, one of them refused in preflight (not applicable).
+    cross = {}
+    for system in ("zb", "malleus"):
+        overrides = ["experiment=cross/stragglers", f"system={system}", "fault=link_delay_60ms",
+                     "workload.iterations=2", "workload.warmup_iterations=0", f"results_dir={results}", "progress=false"]
+        cross[system] = execute(compose_config(overrides), overrides,
+                                choices={"system": system, "workload": "llama7b_dp4_pp8", "hardware": "h100-megatron",
+                                         "fault": "link_delay_60ms", "experiment": "cross/stragglers"})
+    assert cross["zb"]["status"] == "ok" and cross["malleus"].get("not_applicable"), cross["malleus"]["error"]
+    return {"dir": results, "ok": ok, "invalid": invalid, "failed": failed, "cross": cross}

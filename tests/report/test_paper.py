@@ -10,7 +10,8 @@ import pytest
 from bench.paper import PaperEntry, find_ours, load_paper, load_papers
 from impl.common.api import ConfigError
 
-SYSTEMS = ("adaptra", "caraserve", "fisedit", "hotspa", "lobra", "malleus", "swiftdiffusion")
+SYSTEMS = ("adaptra", "caraserve", "ckpt_recovery", "fisedit", "hotspa", "hydraulis", "lobra", "malleus",
+           "swiftdiffusion")
 
 
 def test_every_landed_system_has_a_paper_file_with_sourced_entries():

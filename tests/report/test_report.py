@@ -70,6 +70,12 @@ def test_index_has_a_row_per_system_with_the_headline_and_names_skipped_input(si
     text = html.unescape((site / "index.html").read_text())
     for name in ("adaptra", "caraserve", "fisedit", "malleus", "harness"):
         assert f'href="{name}.html"' in text
+    # All nine paper systems have a row, with or without records (their conf/paper/<system>.yaml).
+    rows = re.findall(r'<tr>\s*<td><a href="([a-z_]+)\.html"', text)
+    for name in ("adaptra", "caraserve", "ckpt_recovery", "fisedit", "hotspa", "hydraulis", "lobra", "malleus",
+                 "swiftdiffusion"):
+        assert name in rows, (name, rows)
+    assert 'href="cross-paper.html"' in text
     assert "1.76x" in text and "mlsys-bench --multirun experiment=adaptra/microbench_7b" in text
     assert "not measured" in text  # the fidelity column until that work lands
     assert "3 input(s) skipped" in text
@@ -91,6 +97,17 @@ def test_system_page_puts_ours_beside_the_paper_and_never_compares_invalid_runs(
     assert 'class="status-invalid"' in text and "host contended: 60% foreign CPU" in text
     assert 'class="status-failed"' in text and "RuntimeError: boom" in text
     assert (site / "records" / f"{report_results['invalid']['run_id']}.json").is_file()
+
+
+def test_cross_paper_page_has_a_table_and_a_figure_per_question_with_refusals(site):
+    text = html.unescape((site / "cross-paper.html").read_text())
+    assert 'id="cross-cross_stragglers"' in text and "fig/cross-cross_stragglers.png" in text
+    assert (site / "fig" / "cross-cross_stragglers.png").read_bytes()[:8] == PNG_MAGIC
+    assert "not applicable: <code>malleus</code> on <code>link_delay_60ms</code>" in text
+    assert "does not support fault 'link_delay'" in text and "(simulated)" in text
+    for q in ("stragglers", "gpu_loss", "varlen"):
+        assert f"mlsys-bench --multirun experiment=cross/{q}" in text
+    assert text.count("No run yet.") == 2  # gpu_loss and varlen have no records in this folder
 
 
 def test_malleus_page_draws_the_interleaved_trace_measured(site):
@@ -144,6 +161,15 @@ def test_report_in_headless_chromium(site, tmp_path):
     assert "paper-vs-ours" in parsed.tables and "records" in parsed.tables
     imgs = [r for r in parsed.refs if r.endswith(".png")]
     assert imgs and all((site / r).is_file() for r in imgs)
+    rows = dom.count("<tr")
+    for name in ("hydraulis", "ckpt_recovery"):
+        assert f'href="{name}.html"' in dom
+    assert rows >= 10  # header + nine systems (+ harness)
+    cross = run_browser(["--dump-dom", (site / "cross-paper.html").as_uri()]).stdout
+    parsed = parse(cross)
+    assert "cross-cross_stragglers" in parsed.tables
+    assert "not applicable" in cross and "(simulated)" in cross
+    assert any(r.endswith("cross-cross_stragglers.png") for r in parsed.refs)
     shot = tmp_path / "index.png"
     run_browser(["--window-size=1300,900", f"--screenshot={shot}", index.as_uri()])
     assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 10_000

@@ -70,3 +70,25 @@ class HybridWorkload:
     @property
     def num_microbatches(self) -> int:
         return self.global_batch_size // self.micro_batch_size
+
+
+def as_pipeline(wl):
+    """The pipeline view of a hybrid workload (one pipeline of ``pp`` stages, replicated ``dp``
+    times, ``tp`` wide): the same model, micro-batch and global batch, for pipeline-schedule
+    systems (ADAPTRA, ZB, 1F1B) on the shared hybrid workloads of the cross-paper presets. A
+    pipeline workload comes back as it is."""
+    from impl.common.api import ConfigError
+    from impl.common.workloads.pipeline import ModelShape, PipelineWorkload
+
+    if getattr(wl, "kind", None) != "hybrid":
+        return wl
+    per_pipeline = wl.dp * wl.micro_batch_size
+    if wl.global_batch_size % per_pipeline:
+        raise ConfigError(f"workload.global_batch_size {wl.global_batch_size} is not a multiple of "
+                          f"dp*micro_batch_size = {wl.dp}*{wl.micro_batch_size}")
+    m = wl.model
+    model = ModelShape(name=m.name, num_layers=m.num_layers, hidden=m.hidden, heads=m.heads, ffn_mult=m.ffn_mult,
+                       ffn_hidden=m.ffn_hidden, vocab=m.vocab, seq_len=m.seq_len, kv_heads=m.kv_heads)
+    return PipelineWorkload(model=model, stages=wl.pp, dp=wl.dp, tp=wl.tp, micro_batch_size=wl.micro_batch_size,
+                            num_microbatches=wl.global_batch_size // per_pipeline, dtype=wl.dtype,
+                            iterations=wl.iterations, warmup_iterations=wl.warmup_iterations)
