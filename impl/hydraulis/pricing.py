@@ -107,7 +107,10 @@ class StepPrice:
     candidate: str = ""
     statuses: dict = None  # type: ignore[assignment]
     micro_batches: int = 0
+    # per-iteration terms outside the micro-batches (s): the calibrated step model's
+    # iteration overhead on a profile with Megatron knobs (every policy pays it once a step)
+    overhead_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.exchange_s + self.switch_s
+        return self.compute_s + self.exchange_s + self.switch_s + self.overhead_s

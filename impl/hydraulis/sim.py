@@ -15,6 +15,7 @@ practice; only ``plan_time_s`` (the planner's wall time on this host) varies bet
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -29,7 +30,7 @@ from .batches import check_budget, step_batches
 from .cost import (CAP_ROUND, GIB, CostSpec, MemoryModel, OptLayout, ReplicaCost, derived_seq_cost, fmt_strategy,
                    load_cost_data, published_c_per_layer_ms, strategy_cost, strategy_costs)
 from .dispatch import dispatch
-from .generator import Histogram, generate_pool
+from .generator import Histogram, Pool, generate_pool
 from .pricing import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
 from .step_plan import plan_step
 
@@ -58,7 +59,7 @@ class Env:
         c = self.system.cfg
         return dict(shuffles=c.shuffles, seed=seed, v_window=c.v_window, time_limit_s=c.sim.ilp_time_limit_s,
                     node_limit=c.sim.ilp_node_limit or None, mip_rel_gap=c.mip_rel_gap,
-                    includes_c=c.dispatch_includes_c, ilp_scope=c.ilp_scope)
+                    includes_c=c.dispatch_includes_c, ilp_scope=c.ilp_scope, refine=c.dispatch_refine)
 
     def mem(self, opt: OptLayout) -> MemoryModel:
         return MemoryModel.for_model(self.wl.model, self.hw.memory_bytes, opt, self.data)
@@ -173,6 +174,65 @@ def deepspeed_grid(env: Env, sample):
     return best[1], best[2], best[3], scores
 
 
+# ---------------------------------------------------------------------------- Megatron by the grid rule
+
+
+def _padded_docs(lengths: Sequence[int], multiple: int) -> list:
+    """The step's documents padded with zero-length ones to a multiple of ``multiple`` (= dp x
+    mbs: the fork's global batch is a sequence count, Hydraulis' steps are a token budget).
+    The zeros sit at evenly spaced slots, so every rank's consecutive share keeps its part of
+    the real documents; a zero adds no rows and no attention, and a micro-batch of zeros only
+    is priced at zero by the step model."""
+    n = len(lengths)
+    m = -(-n // multiple) * multiple
+    z = m - n
+    zero = {int((i + 0.5) * m / z) for i in range(z)} if z else set()
+    it = iter(int(x) for x in lengths)
+    return [0 if k in zero else next(it) for k in range(m)]
+
+
+class _Docs:
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+
+def megatron_grid_prices(env: Env, sample, batches) -> tuple[list, dict]:
+    """Megatron-like by the HotSPa authors' grid rule (spec 10; :mod:`impl.hotspa.grid_baseline`:
+    every (dp, tp, pp, mbs), tp across nodes allowed, the fork's packing, SP, the distributed
+    optimizer) on the calibrated Megatron step model; the fastest mean step on the sample steps
+    wins among layouts that fit. Each step's documents are padded to a multiple of dp x mbs with
+    zero-length documents (:func:`_padded_docs`). Needs a profile with Megatron knobs."""
+    from impl.hotspa.grid_baseline import candidates, model_of, step_prices
+
+    wl, hw = env.wl, env.hw
+    if hw.megatron is None:
+        raise ConfigError(f"hardware {hw.name}: policy megatron_grid_like needs a profile with Megatron step-model "
+                          f"knobs (e.g. a800-80g-megatron, a100-40g-megatron)")
+    model = model_of(wl)
+    grid = candidates(wl.num_gpus, wl.gpus_per_node, model.num_layers, model.heads, wl.num_gpus * 32)
+
+    def est(g, b):
+        docs = _padded_docs(b.lengths.tolist(), g.dp * g.mbs)
+        return step_prices(model, g, [_Docs(docs)], wl.context, hw, wl.gpus_per_node)
+
+    scores = {}
+    for g in grid:
+        es = [est(g, b) for b in sample]
+        if all(e.fits for e in es):
+            scores[g] = statistics.fmean(e.iteration_s for e in es)
+    if not scores:
+        raise ConfigError(f"workload.context: no layout of the grid rule fits {wl.context} tokens on {hw.name} "
+                          f"({len(grid)} tried)")
+    best = min(scores, key=lambda g: (scores[g], g.dp, g.tp, g.pp, g.mbs))
+    ests = [est(best, b) for b in batches]
+    prices = [StepPrice(e.iteration_s - e.breakdown_s["per_iteration_s"], 0.0, candidate=str(best),
+                        overhead_s=e.breakdown_s["per_iteration_s"]) for e in ests]
+    info = {"megatron_grid_layout": str(best), "grid_tried": len(grid), "grid_fit": len(scores),
+            "grid_top5": {str(g): round(scores[g], 4) for g in sorted(scores, key=scores.get)[:5]},
+            "fits_every_step": all(e.fits for e in ests), "breakdown_step0": ests[0].breakdown_s}
+    return prices, info
+
+
 # ---------------------------------------------------------------------------- HotSPa-like
 
 
@@ -259,7 +319,8 @@ def price_greedy_dynamic(env: Env, pool, lengths: Sequence[int], seed: int) -> S
     for cand in pool:
         if max(r.cap for r in cand) < max(lengths):
             continue
-        d = dispatch(lengths, cand, shuffles=c.shuffles, seed=seed, includes_c=c.dispatch_includes_c)
+        d = dispatch(lengths, cand, shuffles=c.shuffles, seed=seed, includes_c=c.dispatch_includes_c,
+                     refine=c.dispatch_refine)
         if not d.feasible:
             continue
         per, nmb = [], 0
@@ -317,10 +378,83 @@ def generator_params(system, wl) -> tuple[int, int]:
     return step, delta
 
 
+def parse_pool(text: Sequence[str], num_gpus: int) -> list[list[tuple[int, int]]]:
+    """``system.pool`` entries like ``"(16,1) + (8,1)x6"`` -> lists of (tp, pp) per replica."""
+    import re
+
+    out = []
+    for i, entry in enumerate(text):
+        reps: list[tuple[int, int]] = []
+        for part in str(entry).split("+"):
+            m = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*(?:x\s*(\d+))?\s*", part)
+            if not m or (m.group(1) and m.group(4)):
+                raise ConfigError(f"system.pool[{i}]: {part.strip()!r} is not '(tp,pp)', '(tp,pp)xK' or 'Kx(tp,pp)'")
+            k = int(m.group(1) or m.group(4) or 1)
+            tp, pp = int(m.group(2)), int(m.group(3))
+            if k < 1 or tp < 1 or pp < 1:
+                raise ConfigError(f"system.pool[{i}]: {part.strip()!r} needs tp, pp, count >= 1")
+            reps += [(tp, pp)] * k
+        used = sum(tp * pp for tp, pp in reps)
+        if used != num_gpus:
+            raise ConfigError(f"system.pool[{i}]: {entry!r} uses {used} GPUs, not workload.num_gpus {num_gpus}")
+        out.append(reps)
+    return out
+
+
+POOL_SOURCES = ("auto", "generator")
+
+
+def script_pool(env: Env) -> tuple[list, str]:
+    """(lists, source) of ``system.pool``, or of ``conf/data/hydraulis_pools.yaml`` for this
+    (model, GPUs, memory class) when ``system.pool_source`` is auto; ([], "") = the generator."""
+    c = env.system.cfg
+    if c.pool_source not in POOL_SOURCES:
+        raise ConfigError(f"system.pool_source: unknown {c.pool_source!r} (one of: {', '.join(POOL_SOURCES)})")
+    if c.pool:
+        return list(c.pool), "system.pool"
+    if c.pool_source == "generator":
+        return [], ""
+    import pathlib
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    path = pathlib.Path(str(resources.files("conf").joinpath("data", "hydraulis_pools.yaml")))
+    cls = env.data.memory_class(env.hw.memory_bytes)
+    for e in OmegaConf.to_container(OmegaConf.load(path))["pools"]:
+        if e["model"] == env.wl.model.name and int(e["num_gpus"]) == env.n and e["gpu_memory_class"] == cls:
+            return list(e["lists"]), str(e["source"])
+    return [], ""
+
+
+def fixed_pool(env: Env, mem: MemoryModel, strategies: list, opt: OptLayout, text: Sequence[str], src: str) -> Pool:
+    """Fixed candidate lists (the authors' scripts, spec 10), each strategy priced like the
+    generator's (also outside the enumerated degrees, e.g. (8,3))."""
+    lists = parse_pool(text, env.n)
+    known = {(r.tp, r.pp): r for r in strategies}
+    cands = []
+    for i, reps in enumerate(lists):
+        row = []
+        for tp, pp in reps:
+            if (tp, pp) not in known:
+                r = strategy_cost(env.wl.model, env.hw, mem, env.spec, tp, pp, env.data)
+                if r is None:
+                    raise ConfigError(f"system.pool[{i}]: strategy ({tp},{pp}) has no price or cannot hold a "
+                                      f"128-token micro-batch under the optimizer layout {opt}")
+                known[(tp, pp)] = r
+            row.append(known[(tp, pp)])
+        cands.append(row)
+    return Pool(cands, [src] * len(cands), [math.nan] * len(cands), len(cands))
+
+
 def build_pool(env: Env, sample, opt: OptLayout):
     wl = env.wl
     mem = env.mem(opt)
     strategies = strategy_costs(wl.model, env.hw, mem, env.spec, env.n, env.data)
+    text, src = script_pool(env)
+    if text:
+        pool = fixed_pool(env, mem, strategies, opt, text, src)
+        return pool, sorted({r for c in pool.candidates for r in c} | set(strategies), key=lambda r: (r.gpus, r.tp)), mem
     layout = [r for r in strategies if (r.tp, r.pp) == (opt.tp, opt.pp)]
     if not layout:
         raise ConfigError(f"system.opt_layout: strategy (tp {opt.tp}, pp {opt.pp}) has no price or cannot hold a "
@@ -363,7 +497,10 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     prices: list[StepPrice] = []
     mega_r, mega_dp, grid = megatron_grid(env, sample)
     info["megatron_layout"] = f"({mega_dp},{mega_r.tp},{mega_r.pp})"
-    if policy == "megatron_like":
+    if policy == "megatron_grid_like":
+        prices, ginfo = megatron_grid_prices(env, sample, batches)
+        info.update(ginfo)
+    elif policy == "megatron_like":
         info["grid_search_step_s"] = grid
         prices = [price_homo_greedy(env, mega_r, mega_dp, b.lengths.tolist(), wl.context) for b in batches]
     elif policy == "deepspeed_like":
@@ -372,6 +509,11 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         prices = [price_deepspeed(env, r, gather_ms, zero, b.lengths.tolist()) for b in batches]
     else:
         opt = OptLayout(*cfg.opt_layout) if cfg.opt_layout else OptLayout(mega_dp, mega_r.tp, mega_r.pp)
+        text, _ = script_pool(env)
+        if text and not cfg.opt_layout:
+            first = parse_pool(text[:1], env.n)[0]
+            if len(set(first)) == 1:  # spec 10: the scripts' first list is the optimizer layout
+                opt = OptLayout(len(first), *first[0])
         pool, strategies, mem = build_pool(env, sample, opt)
         info.update(opt_layout=str(opt), pool=pool.describe(), pool_raw_lists=pool.raw_lists,
                     strategies={r.label(): {"a": r.a, "b": r.b, "c": r.c, "cap": r.cap, "util": r.util}
@@ -410,6 +552,12 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
             if policy == "hydraulis_static_hetero":
                 info["static_fallback_steps"] = fallback
         info["memory_limit_gib"] = (mem.mem_bytes - mem.safe_bytes) / GIB
+    if hw.megatron is not None and policy != "megatron_grid_like":
+        # [R] one rule for every policy on a calibrated profile: the step model's fixed cost per
+        # iteration (the fork's measured host/launch overhead), which the grid baseline pays too
+        over = float(hw.megatron.iteration_overhead_s)
+        prices = [dataclasses.replace(p, overhead_s=over) for p in prices]
+        info["iteration_overhead_s"] = over
     steps = [p.step_s for p in prices]
     tokens = sum(int(b.lengths.sum()) for b in batches)
     m = {
@@ -420,10 +568,14 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         "exchange_time_s": Metric.from_samples([p.exchange_s for p in prices], "s"),
         "switch_time_s": Metric.from_samples([p.switch_s for p in prices], "s"),
         "micro_batches": Metric.from_samples([p.micro_batches for p in prices], "count"),
+        "overhead_time_s": Metric.from_samples([p.overhead_s for p in prices], "s"),
     }
     if any(p.plan_time_s for p in prices):
         m["plan_time_s"] = Metric.from_samples([p.plan_time_s for p in prices], "s")
         m["plan_to_step_ratio"] = Metric.scalar(max(p.plan_time_s / p.step_s for p in prices), "ratio")
+        # spec 10 (S5): the share of steps whose plan hides behind the step before it
+        m["plan_hidden_fraction"] = Metric.scalar(sum(p.plan_time_s < p.step_s for p in prices) / len(prices),
+                                                  "ratio", "higher")
     status = Counter()
     for p in prices:
         status.update(p.statuses or {})

@@ -87,7 +87,8 @@ def _check_inputs(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaC
 def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, shuffles: int = 100, seed: int = 0,
                    v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
                    mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
-                   cutoff: float = math.inf, ilp_scope: str = "critical") -> tuple[Optional[list], float, int, str]:
+                   cutoff: float = math.inf, ilp_scope: str = "critical",
+                   refine: bool = True) -> tuple[Optional[list], float, int, str]:
     """(replica plans or None, max score, ILP solves, outcome) of one candidate. Outcome:
     ``ok``; ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch
     leaves a replica without data: dropped, spec 8); ``pruned`` (its score provably cannot go
@@ -95,7 +96,7 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
     if max(r.cap for r in replicas) < max(lengths):
         return None, math.inf, 0, "no_fit"
     if dispatch_rule == "greedy":
-        d = dispatch(lengths, replicas, shuffles=shuffles, seed=seed, includes_c=includes_c)
+        d = dispatch(lengths, replicas, shuffles=shuffles, seed=seed, includes_c=includes_c, refine=refine)
     elif dispatch_rule == "token_balanced":
         d = token_balanced(lengths, replicas)
     else:
@@ -125,7 +126,7 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
 def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]], *, shuffles: int = 100,
               seed: int = 0, v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
               mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
-              ilp_scope: str = "critical") -> StepPlan:
+              ilp_scope: str = "critical", refine: bool = True) -> StepPlan:
     """The winning candidate's plan. Candidates are visited in pool order; one that provably
     cannot beat the best so far is pruned (exact: the winner and its packing are unchanged)."""
     t0 = time.perf_counter()
@@ -139,7 +140,7 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
         plans, score, s, outcome = plan_candidate(
             lengths, cand, shuffles=shuffles, seed=seed, v_window=v_window, time_limit_s=time_limit_s,
             node_limit=node_limit, mip_rel_gap=mip_rel_gap, dispatch_rule=dispatch_rule, includes_c=includes_c,
-            cutoff=best[0] if best else math.inf, ilp_scope=ilp_scope)
+            cutoff=best[0] if best else math.inf, ilp_scope=ilp_scope, refine=refine)
         solves += s
         scores.append(score)
         outcomes.append(outcome)

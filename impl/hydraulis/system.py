@@ -11,6 +11,7 @@
 | hydraulis_token_balanced   | best of the pool (ablation)         | token-balanced dispatch + ILP        | sim   |
 | hydraulis_static_hetero    | one pool candidate for every step   | min-max dispatch + ILP packing       | sim   |
 | megatron_like              | grid-searched homogeneous (tp,pp,dp)| greedy packing to the context        | sim   |
+| megatron_grid_like         | HotSPa grid rule (dp,tp,pp,mbs) on the calibrated step model | the fork's packing | sim |
 | deepspeed_like             | ZeRO-1/3 + Ulysses SP, grid-searched| greedy packing                       | sim   |
 | hotspa_like                | one homogeneous strategy per bucket | HotSPa packing, hot switching        | sim   |
 
@@ -30,7 +31,7 @@ from .sim_config import SimKnobs
 
 SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
                 "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
-                "hydraulis_static_hetero", "megatron_like", "deepspeed_like", "hotspa_like")
+                "hydraulis_static_hetero", "megatron_like", "megatron_grid_like", "deepspeed_like", "hotspa_like")
 
 
 class Hydraulis(System):
@@ -44,12 +45,21 @@ class Hydraulis(System):
         ilp_time_limit_s: float = 0.5
         mip_rel_gap: float = 0.01  # [R] HiGHS relative gap (README: 0 vs 0.01 on S3)
         dispatch_includes_c: bool = True
+        # Spec 10: after the seeded shuffles, a longest-first order and a local improvement
+        # pass (moves/swaps off the critical replica); False = the authors' dispatch alone.
+        dispatch_refine: bool = True
         ilp_scope: str = "critical"  # critical | all (step_plan.ILP_SCOPES)
         # Optimizer layout [dp, tp, pp]; [] = the Megatron-like grid search's best layout.
         opt_layout: List[int] = field(default_factory=list)
         # Generator (spec 2.3): heterogeneous lists kept, the length step (0 = 128, or 1024 for
         # models of hidden >= 6144) and the GPU step ΔN (0 = 1, or 4 from 256 GPUs).
         max_candidates: int = 6
+        # Fixed candidate lists instead of the generator (spec 10: the authors' scripts), e.g.
+        # ["(16,1)x4", "(16,1) + (8,1)x6"]; the first should be the optimizer layout. [] = generator.
+        pool: List[str] = field(default_factory=list)
+        # auto: the scripts' lists of conf/data/hydraulis_pools.yaml where one matches (model,
+        # GPUs, memory class), else the generator; generator: always the generator.
+        pool_source: str = "auto"
         generator_step: int = 0
         generator_delta_n: int = 0
         align: int = 128  # micro-batches padded to a multiple of this (spec 2.4)

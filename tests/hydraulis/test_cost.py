@@ -36,8 +36,10 @@ def test_a100_40g_table_and_util(model7b):
     hw = hardware("a100-40g")
     mem = MemoryModel.for_model(model7b, hw.memory_bytes, OptLayout(2, 8, 1))
     got = {(r.tp, r.pp): r for r in strategy_costs(model7b, hw, mem, CostSpec(), 16)}
-    assert set(got) <= {(1, 1), (2, 2), (8, 1)} and (8, 1) in got
-    assert got[(8, 1)].util == 4352 and got[(8, 1)].c == 59.7
+    # spec 10: the full pool of ten strategies of generate_strategy_7b_A100.py
+    pool = {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)}
+    assert set(got) <= pool and (8, 1) in got and (1, 8) in got
+    assert got[(8, 1)].util == 4352 and got[(8, 1)].c == 59.6554 and got[(1, 8)].a == 4.59723501e-7
 
 
 def test_derived_path_reproduces_the_published_7b_linear_and_quadratic_terms(model7b, a800, mem7b, costs7b):
