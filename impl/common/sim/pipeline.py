@@ -25,8 +25,9 @@ Comm models (:class:`CommModel`):
   consuming op the receiver's stream waits for arrival and then pays an H2D copy.
 
 Per-link delays ``{(i, i+1): seconds}`` apply to every message on that link, both directions.
-The run is a dataflow over the stages, driven by the heap engine: a stage runs ahead until a
-RECV whose message has not been produced yet, and is resumed at that message's arrival time.
+The run is a dataflow over the stages, resumed off a heap in the Engine's (time, insertion)
+order: a stage runs ahead until a RECV whose message has not been produced yet, and is resumed
+at that message's arrival time.
 Since every input to an action's timing is known when it is computed, the result does not
 depend on the processing order, and it is bit-reproducible.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 from impl.common.api import ConfigError
@@ -43,7 +45,6 @@ from impl.common.cost.transformer import StageCosts
 from impl.common.schedule.ir import Action, Op, Schedule
 
 from .delays import normalize_delays
-from .engine import Engine
 
 COMM_KINDS = ("latency", "in_stream", "delegated", "blocking")
 # A time-varying delay: (link index i of link (i, i+1), absolute time in s) -> seconds.
@@ -174,18 +175,21 @@ class SimResult:
             json.dump(self.to_chrome_trace(), fh)
 
 
-# Program codes of the compiled schedule (small ints keep the inner loop cheap).
-_COMPUTE, _SEND_LAT, _SEND_Q, _SEND_DEL, _SEND_BLK, _RECV, _RECV_H2D = range(7)
+# Compiled schedule: per stage, parallel flat lists (code, arg, schedule index) in execution
+# order. A send's worker and link follow from its direction and stage, so the program holds
+# no per-action tuple (S=128, N=1024 is 800k actions).
+_COMPUTE, _SEND_F, _SEND_B, _RECV = range(4)
 
 
 @dataclass
 class _Program:
-    # [stage] -> [(code, a, b, c, k)] in execution order, k = index in the schedule's list:
-    # compute (a = dur_s), send (a = msg, b = worker, c = cost_s), recv (a = msg)
-    progs: list
+    codes: list  # [stage] -> program codes in execution order
+    args: list  # [stage] -> compute: duration (s); SEND/RECV: message id
+    order: list  # [stage] -> schedule index of each program position
     busy_s: list  # [stage] compute seconds
     first_compute: list  # [stage] schedule index of the first compute action (len if none)
     last_weight: list  # [stage] index of the last W/BW (else last compute; -1 if none)
+    n_comm: list  # [stage] SEND/RECV actions (each one a copy on the delegated path)
     n_keys: int  # message ids are dense keys (see _decode_key); unused keys stay None
     n_workers: int
 
@@ -197,13 +201,9 @@ def _decode_key(m: int, n_links: int) -> Message:
     return Message(link, link + 1, True, mb) if forward else Message(link + 1, link, False, mb)
 
 
-def _compile(schedule: Schedule, costs: StageCosts, link: LinkCosts, comm: CommModel,
-             link_cost_s: list[float]) -> _Program:
-    """Turn actions into (code, a, b, c, k) tuples; check every message is sent and received once.
-
-    Ops are looked up by their string value: hashing the str-Enum itself runs Python code,
-    and this loop sees every action (800k for S=128, N=1024).
-    """
+def _compile(schedule: Schedule, costs: StageCosts, link: LinkCosts, comm: CommModel) -> _Program:
+    """Schedule -> per-stage (code, arg, index) lists in one pass over the actions, checking every
+    message is sent and received once (the first bad action is reported)."""
     S = costs.num_stages
     if sorted(schedule) != list(range(S)):
         raise ConfigError(f"schedule stages {sorted(schedule)} do not match the {S} stages of the costs")
@@ -212,31 +212,31 @@ def _compile(schedule: Schedule, costs: StageCosts, link: LinkCosts, comm: CommM
     L = max(S - 1, 1)
     n_keys = 2 * L * 64  # grown on demand
     sent, received = bytearray(n_keys), bytearray(n_keys)
-    K = comm.delegates
-    delegated = comm.kind == "delegated"
-    send_code = {"latency": _SEND_LAT, "in_stream": _SEND_Q, "delegated": _SEND_DEL, "blocking": _SEND_BLK}[comm.kind]
-    recv_code = _RECV_H2D if delegated else _RECV
     batch = comm.batch_p2p
-    progs, busy, first_compute, last_weight = [], [], [], []
+    out = _Program([], [], [], [], [], [], [], 0, 0)
     for s in range(S):
         tf, tb, tw = costs.tf_s[s], costs.tb_s[s], costs.tw_s[s]
         dur = {"F": tf, "B": tb, "W": tw, "BW": tb + tw}
-        # op -> (is_send, forward message, link index, the only legal peer)
-        comm_of = {"SF": (True, 1, s, s + 1), "RB": (False, 0, s, s + 1),
-                   "RF": (False, 1, s - 1, s - 1), "SB": (True, 0, s - 1, s - 1)}
-        prog: list = []
-        append = prog.append
-        held: list = []  # receives of the current comm batch, posted after its sends
+        # op -> (program code, forward message, link index, the only legal peer)
+        comm_of = {"SF": (_SEND_F, 1, s, s + 1), "RB": (_RECV, 0, s, s + 1),
+                   "RF": (_RECV, 1, s - 1, s - 1), "SB": (_SEND_B, 0, s - 1, s - 1)}
+        codes: list = []
+        args: list = []
+        order: list = []
+        held: list = []  # the current batch's receives (schedule index, message), posted after its sends
         total = 0.0
-        first, last_w, last_c = -1, -1, -1
-        for k, act in enumerate(schedule[s]):
+        first, last_w, last_c, n_comm = -1, -1, -1, 0
+        row = schedule[s]
+        for k, act in enumerate(row):
             v = act.op._value_
             d = dur.get(v)
             if d is not None:
                 if held:
-                    prog += held
+                    _post(held, codes, args, order)
                     held = []
-                append((_COMPUTE, d, 0, 0.0, k))
+                codes.append(_COMPUTE)
+                args.append(d)
+                order.append(k)
                 total += d
                 last_c = k
                 if first < 0:
@@ -244,42 +244,55 @@ def _compile(schedule: Schedule, costs: StageCosts, link: LinkCosts, comm: CommM
                 if v == "W" or v == "BW":
                     last_w = k
                 continue
-            is_send, fwd, lk, peer = comm_of[v]
+            code, fwd, lk, peer = comm_of[v]
             if act.peer != peer or not 0 <= lk < S - 1:
                 raise ConfigError(f"stage {s} action {k} ({act}): its peer must be the "
                                   f"{'next' if peer > s else 'previous'} stage {peer}, within 0..{S - 1}")
-            mb = act.mb
-            m = (mb * L + lk) * 2 + fwd  # see _decode_key
+            n_comm += 1
+            m = (act.mb * L + lk) * 2 + fwd  # see _decode_key
             if m >= n_keys:
                 grow = max(n_keys, m + 1 - n_keys)
                 sent.extend(bytes(grow))
                 received.extend(bytes(grow))
                 n_keys += grow
-            if is_send:
+            if code != _RECV:
                 if sent[m]:
                     raise ConfigError(f"stage {s} action {k} ({act}): message sent twice")
                 sent[m] = 1
-                w = s * 2 + fwd
-                append((send_code, m, w * K + mb % K if delegated else w, link_cost_s[lk], k))
             else:
                 if received[m]:
                     raise ConfigError(f"stage {s} action {k} ({act}): message received twice")
                 received[m] = 1
                 if batch:
-                    held.append((recv_code, m, 0, 0.0, k))
-                else:
-                    append((recv_code, m, 0, 0.0, k))
-        prog += held
-        progs.append(prog)
-        busy.append(total)
-        first_compute.append(first if first >= 0 else len(prog))
-        last_weight.append(last_w if last_w >= 0 else last_c)
+                    held.append((k, m))
+                    continue
+            codes.append(code)
+            args.append(m)
+            order.append(k)
+        _post(held, codes, args, order)
+        out.codes.append(codes)
+        out.args.append(args)
+        out.order.append(order)
+        out.busy_s.append(total)
+        out.first_compute.append(first if first >= 0 else len(row))
+        out.last_weight.append(last_w if last_w >= 0 else last_c)
+        out.n_comm.append(n_comm)
     if sent != received:
         m = next(i for i in range(n_keys) if sent[i] != received[i])
         msg = _decode_key(m, L)
         what = "received but never sent" if received[m] else "sent but never received"
         raise ConfigError(f"message {'F' if msg.forward else 'B'}{msg.mb} {msg.src}->{msg.dst} is {what}")
-    return _Program(progs, busy, first_compute, last_weight, n_keys, 2 * S * (K if delegated else 1))
+    out.n_keys = n_keys
+    out.n_workers = 2 * S * (comm.delegates if comm.kind == "delegated" else 1)
+    return out
+
+
+def _post(held: list, codes: list, args: list, order: list) -> None:
+    """Append a batch's held receives to the program, after its sends (batch_p2p)."""
+    for k, m in held:
+        codes.append(_RECV)
+        args.append(m)
+        order.append(k)
 
 
 def _per_stage(value, S: int, name: str) -> list[float]:
@@ -311,39 +324,82 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
     penalty = comm_model.cpu_penalty if comm_model.kind == "delegated" else 1.0
     base_s = [p * penalty for p in link.p2p_s]
     link_cost_s = [b + table.get((i, i + 1), 0.0) for i, b in enumerate(base_s)]
-    prog = _compile(schedule, costs, link, comm_model, link_cost_s)
-    progs = prog.progs
-    L = max(S - 1, 1)
-
-    Q = comm_model.queue_depth if comm_model.queue_depth is not None else sys.maxsize
+    prog = _compile(schedule, costs, link, comm_model)
     copy_s = link.copy_s if comm_model.kind == "delegated" else 0.0
+    run = _run(prog, comm_model, base_s, link_cost_s, delay_fn, origin_s, copy_s)
+    starts, ends, clock, wait_s, hol_s, tx_start, arrival, pc = run
+
+    stuck = [s for s in range(S) if pc[s] < len(prog.codes[s])]
+    if stuck:
+        at = {s: prog.order[s][pc[s]] for s in stuck}
+        desc = ", ".join(f"stage {s} at action {at[s]} ({schedule[s][at[s]]})" for s in stuck)
+        raise ConfigError(f"schedule deadlocks: {len(stuck)} stage(s) wait forever: {desc}")
+
+    L = max(S - 1, 1)
+    breakdown, T = _breakdown(prog, schedule, starts, ends, clock, wait_s, hol_s, dp, copy_s)
+    return SimResult(iteration_time_s=T, busy_s=tuple(prog.busy_s), breakdown=breakdown, schedule=schedule,
+                     comm_model=comm_model, start_s=starts, end_s=ends, tx_start_s=tx_start,
+                     arrival_s=arrival, n_links=L)
+
+
+class _Run(NamedTuple):
+    start_s: list
+    end_s: list
+    clock: list  # [stage] stream time where it stopped
+    wait_s: list  # [stage] time blocked on RECV
+    hol_s: list  # [stage] time blocked on a SEND
+    tx_start_s: list
+    arrival_s: list
+    pc: list  # [stage] program position it stopped at (len = finished)
+
+
+def _run(prog: _Program, comm: CommModel, base_s, link_cost_s, delay_fn, origin_s: float, copy_s: float) -> _Run:
+    """The dataflow over the stages: a stage runs ahead until a RECV whose message has not been
+    sent yet, and is resumed once it is sent. Every time is computed from the stage's own state
+    and arrival times that are final when set, so the resumption order does not change any
+    result: without a delay function the woken stages go on a plain stack (the heap keyed by
+    time cost ~0.05 s of 0.28 at S=128, N=1024); a delay function, which may keep state, is
+    called in the Engine's (time, insertion) order, from a heap as before."""
+    S = len(prog.codes)
+    L = max(S - 1, 1)
+    kind = comm.kind
+    queued, delegated, blocking, latency = (kind == "in_stream", kind == "delegated",
+                                            kind == "blocking", kind == "latency")
+    K = comm.delegates if delegated else 1
+    Q = comm.queue_depth if comm.queue_depth is not None else sys.maxsize
     arrival: list = [None] * prog.n_keys
     tx_start = [0.0] * prog.n_keys
     waiter = [-1] * prog.n_keys
     wfree = [0.0] * prog.n_workers  # when each worker/delegate finishes its last message
     wdone: list[list[float]] = [[] for _ in range(prog.n_workers)]  # in_stream: delivery times
-    starts = [[0.0] * len(p) for p in progs]
-    ends = [[0.0] * len(p) for p in progs]
+    starts = [[0.0] * len(c) for c in prog.codes]
+    ends = [[0.0] * len(c) for c in prog.codes]
     pc = [0] * S
     clock = [0.0] * S
     wait_s = [0.0] * S
     hol_s = [0.0] * S
-    eng = Engine()
-    schedule_event = eng.schedule
-
-    def run_stage(s: int) -> None:
-        """Advance stage ``s`` until it needs a message nobody has produced yet."""
-        prog_s, st, en = progs[s], starts[s], ends[s]
-        n = len(prog_s)
-        t = clock[s]
-        wait, hol = wait_s[s], hol_s[s]
+    # per stage, what a resumption needs; forward sends use worker 2s+1 on link s, backward
+    # ones worker 2s on link s-1
+    ctx = [(prog.codes[s], prog.args[s], prog.order[s], starts[s], ends[s], len(prog.codes[s]),
+            2 * s + 1, 2 * s, link_cost_s[s] if s < S - 1 else 0.0, link_cost_s[s - 1] if s > 0 else 0.0)
+           for s in range(S)]
+    ordered = delay_fn is not None
+    # ordered: heap of (time, seq, stage); else a stack of stages (stage 0 on top)
+    queue = [(0.0, s, s) for s in range(S)] if ordered else list(range(S - 1, -1, -1))
+    seq = S
+    while queue:
+        s = heappop(queue)[2] if ordered else queue.pop()
+        codes, args, order, st, en, n, wf, wb, cf, cb = ctx[s]
+        t, wait, hol = clock[s], wait_s[s], hol_s[s]
         k = n
         for i in range(pc[s], n):
-            code, a, b, c, x = prog_s[i]
+            code = codes[i]
+            a = args[i]
+            x = order[i]
             st[x] = t
             if code == _COMPUTE:
                 t += a
-            elif code >= _RECV:
+            elif code == _RECV:
                 arr = arrival[a]
                 if arr is None:  # sleep until the producer sends it
                     waiter[a] = s
@@ -352,19 +408,22 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
                 if arr > t:
                     wait += arr - t
                     t = arr
-                if code == _RECV_H2D:
-                    t += copy_s
+                if delegated:
+                    t += copy_s  # H2D before the consumer
             else:
-                if code == _SEND_Q:
+                b, c = (wf, cf) if code == _SEND_F else (wb, cb)
+                if delegated:
+                    b = b * K + ((a >> 1) // L) % K  # micro-batch j goes to delegate j mod K
+                if queued:
                     done = wdone[b]
                     if len(done) >= Q and done[-Q] > t:  # worker full: head-of-line block
                         hol += done[-Q] - t
                         t = done[-Q]
                     tx0 = t if t > wfree[b] else wfree[b]
-                elif code == _SEND_DEL:
+                elif delegated:
                     t += copy_s  # D2H into the pinned slot before the delegate can see it
                     tx0 = t if t > wfree[b] else wfree[b]
-                elif code == _SEND_BLK:
+                elif blocking:
                     tx0 = t if t > wfree[b] else wfree[b]
                 else:
                     tx0 = t
@@ -372,11 +431,11 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
                     lk = (a >> 1) % L
                     c = base_s[lk] + delay_fn(lk, origin_s + tx0)
                 tx1 = tx0 + c
-                if code != _SEND_LAT:
+                if not latency:
                     wfree[b] = tx1
-                    if code == _SEND_Q:
+                    if queued:
                         wdone[b].append(tx1)
-                if code == _SEND_BLK:  # the stream itself sleeps the delay and sends
+                if blocking:  # the stream itself sleeps the delay and sends
                     hol += tx1 - t
                     t = tx1
                 tx_start[a] = tx0
@@ -384,29 +443,19 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
                 w = waiter[a]
                 if w >= 0:
                     waiter[a] = -1
-                    schedule_event(tx1, run_stage, w)
+                    if ordered:
+                        heappush(queue, (tx1, seq, w))
+                        seq += 1
+                    else:
+                        queue.append(w)
             en[x] = t
         pc[s], clock[s] = k, t
         wait_s[s], hol_s[s] = wait, hol
-
-    for s in range(S):
-        schedule_event(0.0, run_stage, s)
-    eng.run()
-
-    stuck = [s for s in range(S) if pc[s] < len(progs[s])]
-    if stuck:
-        at = {s: progs[s][pc[s]][4] for s in stuck}
-        desc = ", ".join(f"stage {s} at action {at[s]} ({schedule[s][at[s]]})" for s in stuck)
-        raise ConfigError(f"schedule deadlocks: {len(stuck)} stage(s) wait forever: {desc}")
-
-    breakdown, T = _breakdown(prog, schedule, starts, ends, clock, wait_s, hol_s, dp, copy_s)
-    return SimResult(iteration_time_s=T, busy_s=tuple(prog.busy_s), breakdown=breakdown, schedule=schedule,
-                     comm_model=comm_model, start_s=starts, end_s=ends, tx_start_s=tx_start,
-                     arrival_s=arrival, n_links=L)
+    return _Run(starts, ends, clock, wait_s, hol_s, tx_start, arrival, pc)
 
 
 def _breakdown(prog: _Program, schedule: Schedule, starts, ends, clock, wait_s, hol_s, dp, copy_s):
-    S = len(prog.progs)
+    S = len(prog.codes)
     stage_end, startup = [], []
     for s in range(S):
         end = clock[s]
@@ -420,7 +469,7 @@ def _breakdown(prog: _Program, schedule: Schedule, starts, ends, clock, wait_s, 
     T = max(stage_end)
     out = []
     for s in range(S):
-        n_copies = sum(1 for x in prog.progs[s] if x[0] == _SEND_DEL or x[0] == _RECV_H2D) if copy_s else 0
+        n_copies = prog.n_comm[s] if copy_s else 0
         out.append(StageBreakdown(
             compute_s=prog.busy_s[s], copy_s=n_copies * copy_s, startup_s=startup[s],
             dependency_s=wait_s[s] - startup[s], hol_s=hol_s[s], dp_allreduce_s=stage_end[s] - clock[s],
