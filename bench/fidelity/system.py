@@ -105,6 +105,7 @@ class Fidelity(System):
                 path = self._calibrate(job, name)
         if not path.is_file():
             raise ConfigError(f"system.sim_hardware: no profile at {path}")
+        self.profile_path = path.resolve()  # which file priced the sim: a fresh pass must use its own
         return typed_hardware(OmegaConf.load(path)), (path.stem if path.parent.name == "hardware" else str(path))
 
     def _calibrate(self, job: JobContext, name: str = "local") -> pathlib.Path:
@@ -168,7 +169,8 @@ class Fidelity(System):
             "family": fam.name, "situation": self.cfg.situation or self.cfg.real_system,
             "real_system": self.cfg.real_system, "sim_system": sim_name,
             "real_target": f"{type(real_sys).__module__}.{type(real_sys).__qualname__}", "sim_hardware": hw_name,
-            "sim_hardware_source": getattr(hw, "source", ""), "from_real_run": prof.sources,
+            "sim_hardware_source": getattr(hw, "source", ""), "sim_hardware_path": str(self.profile_path),
+            "from_real_run": prof.sources,
             "rows": rows}, "real_info": real.info, "sim_info": sim.info}
         for why in real.invalid_reasons:
             res.mark_invalid(f"real run: {why}")
