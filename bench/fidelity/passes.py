@@ -209,17 +209,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if stale:
             raise SystemExit(f"mlsys-bench-fidelity-passes: pass {i + 1} priced with a profile outside its own "
                              f"directory ({stale[0]}); a pass must calibrate fresh")
+        if i + 1 < args.passes:
+            _write(out, all_rows, profiles, args)
+    print(_write(out, all_rows, profiles, args))
+    print(f"wrote {out / 'spread.md'} and {out / 'summary.json'}")
+    return 0
+
+
+def _write(out: pathlib.Path, all_rows: list, profiles: list, args) -> str:
+    """The tables over the passes done so far (rewritten after every pass: a cut run keeps them)."""
     spread = row_spread(all_rows)
     verdicts = pass_verdicts(all_rows, args.families)
     prof = profile_spread(profiles)
-    md = format_markdown(spread, verdicts, prof, args.passes)
+    md = format_markdown(spread, verdicts, prof, len(all_rows))
     (out / "spread.md").write_text(md)
-    (out / "summary.json").write_text(json.dumps({"passes": args.passes, "families": args.families,
+    (out / "summary.json").write_text(json.dumps({"passes": len(all_rows), "families": args.families,
                                                   "rows": spread, "verdicts": verdicts, "profile_spread": prof,
                                                   "per_pass_rows": all_rows}, indent=1, default=str))
-    print(md)
-    print(f"wrote {out / 'spread.md'} and {out / 'summary.json'}")
-    return 0
+    return md
 
 
 if __name__ == "__main__":
