@@ -146,8 +146,8 @@ def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
 
 
 def _simulate_grid(wl, hardware, seed: int, batches, info: dict) -> tuple[dict[str, Metric], dict]:
-    """The authors' grid-rule Megatron baseline on the step model (:mod:`.grid_baseline`)."""
-    from .grid_baseline import best_grid, model_of, step_prices
+    """The authors' grid-rule Megatron baseline on the step model (:mod:`impl.common.megatron.grid`)."""
+    from impl.common.megatron.grid import best_grid, model_of, step_prices
 
     model = model_of(wl)
     plan = _batches(wl, seed + 1, 2)

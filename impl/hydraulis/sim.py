@@ -197,12 +197,12 @@ class _Docs:
 
 
 def megatron_grid_prices(env: Env, sample, batches) -> tuple[list, dict]:
-    """Megatron-like by the HotSPa authors' grid rule (spec 10; :mod:`impl.hotspa.grid_baseline`:
+    """Megatron-like by the HotSPa authors' grid rule (spec 10; :mod:`impl.common.megatron.grid`:
     every (dp, tp, pp, mbs), tp across nodes allowed, the fork's packing, SP, the distributed
     optimizer) on the calibrated Megatron step model; the fastest mean step on the sample steps
     wins among layouts that fit. Each step's documents are padded to a multiple of dp x mbs with
     zero-length documents (:func:`_padded_docs`). Needs a profile with Megatron knobs."""
-    from impl.hotspa.grid_baseline import candidates, model_of, step_prices
+    from impl.common.megatron.grid import candidates, model_of, step_prices
 
     wl, hw = env.wl, env.hw
     if hw.megatron is None:

@@ -3,7 +3,7 @@ authors' generator tried, only fitting layouts kept, the winner the fastest of t
 from __future__ import annotations
 
 from impl.common.varlen.sampling import LengthStream
-from impl.hotspa.grid_baseline import MBS, best_grid, candidates, model_of, step_prices
+from impl.common.megatron.grid import MBS, best_grid, candidates, model_of, step_prices
 
 from tests.support.inprocess import run_job
 

@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from impl.common.api import ConfigError
-from impl.common.megatron import MegatronLayout, MegatronModel, pack_work, price
+from .model import MegatronLayout, MegatronModel
+from .step import pack_work, price
 
 MBS = (1, 2, 4, 8, 16, 32)
 
