@@ -32,12 +32,17 @@ def job(seed: int, wl, fault, out: str) -> JobContext:
                       pathlib.Path(out), show_progress=False)
 
 
-def main(seeds=(0, 1, 2, 3, 4), policies=tuple(REAL_POLICIES), storage: str = "nas") -> dict:
+# systems of the preset that are a policy plus real knobs
+VARIANTS = {"ckpt_recovery_peer": ("ckpt_recovery", {"peer_copies": 1})}
+
+
+def main(seeds=(0, 1, 2, 3, 4), policies=tuple(REAL_POLICIES) + tuple(VARIANTS), storage: str = "nas") -> dict:
     wl = workload()
     fault = SimpleNamespace(kind="gpu_loss", ranks=[], at_step=-1, mid_save=False, seed=0)
     out: dict = {}
     for pol in policies:
-        system = SimpleNamespace(cfg=SimpleNamespace(policy=pol, real=RealKnobs(storage=storage, ckpt_every=3)))
+        policy, kw = VARIANTS.get(pol, (pol, {}))
+        system = SimpleNamespace(cfg=SimpleNamespace(policy=policy, real=RealKnobs(storage=storage, ckpt_every=3, **kw)))
         check_real(system, wl, None, fault)
         runs = []
         for s in seeds:
@@ -55,5 +60,5 @@ def main(seeds=(0, 1, 2, 3, 4), policies=tuple(REAL_POLICIES), storage: str = "n
 if __name__ == "__main__":
     a = sys.argv[1:]
     seeds = tuple(range(int(a[0]))) if a else (0, 1, 2, 3, 4)
-    pols = tuple(a[1].split(",")) if len(a) > 1 else tuple(REAL_POLICIES)
+    pols = tuple(a[1].split(",")) if len(a) > 1 else tuple(REAL_POLICIES) + tuple(VARIANTS)
     print(json.dumps(main(seeds, pols, a[2] if len(a) > 2 else "nas"), indent=1, default=str))

@@ -6,6 +6,10 @@ relaunches them from the last committed checkpoint (:mod:`impl.ckpt_recovery.rec
 Policies: ``ckpt_recovery`` (async split checkpoints, planner re-plan on every survivor),
 ``dcp_sync`` / ``dcp_async`` (torch DCP, best homogeneous fit), ``restart_all`` (our
 checkpoints, best homogeneous fit). ``ucp_like`` / ``gemini_like`` are sim only.
+``ckpt_recovery_peer`` is ``ckpt_recovery`` with ``real.peer_copies`` >= 1: one holder process
+per emulated node keeps every rank file in its node's shared memory and in k other nodes'
+(:mod:`impl.common.checkpoint.holder`); the victim's SIGKILL takes its node's holder, and the
+relaunch reads each file from the nearest surviving holder, from storage only where none has it.
 
 ETTR here = useful training time / the job's wall clock, where useful training time counts
 each step once at its final run's measured time (steps redone after the failure count once,
@@ -14,9 +18,12 @@ the lost first runs not at all) and the wall clock runs from the first launch to
 """
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import statistics
 import tempfile
+from typing import Optional
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.checkpoint.layout import check_layout, pipeline_layout
@@ -26,7 +33,7 @@ from impl.common.storage.emulator import profile
 from .real_config import REAL_POLICIES, RELAYOUTS, STORAGES, RealKnobs
 from .recovery import replan as R
 from .recovery.supervisor import run, timeline
-from .recovery.trainer import KillAt, TrainSpec, full_metas
+from .recovery.trainer import KillAt, PeerSpec, TrainSpec, full_metas
 
 
 
@@ -69,6 +76,8 @@ def check_real(system, wl, hardware, fault) -> None:
     metas = full_metas(wl.model, 0)
     check_layout(metas, pipeline_layout(metas, [list(R.uniform_stages(wl.tp, wl.pp, wl.model.num_layers))],
                                         wl.model.num_layers), k.splits)
+    if k.peer_copies:
+        check_peer(k, wl, backend=REAL_POLICIES[policy][0], state_bytes=sum(m.nbytes for m in metas))
     kind = getattr(fault, "kind", "none")
     if kind not in ("none", "gpu_loss"):
         raise ConfigError(f"fault.kind: real mode injects gpu_loss (one rank SIGKILLed), got {kind!r}")
@@ -80,6 +89,40 @@ def check_real(system, wl, hardware, fault) -> None:
         if at is not None and at >= 0 and not k.ckpt_every < at < wl.iterations:
             raise ConfigError(f"fault.at_step: {at} must lie after the first save (step {k.ckpt_every}) and before "
                               f"the last step {wl.iterations}")
+
+
+def check_peer(k: RealKnobs, wl, backend: str, state_bytes: float) -> None:
+    """The peer tier's knobs, and its copies against the host's shared memory (one line)."""
+    if k.peer_copies < 0:
+        raise ConfigError(f"real.peer_copies: must be >= 0, got {k.peer_copies}")
+    if backend != "elastor":
+        raise ConfigError(f"real.peer_copies: peer copies hold our split files; backend {backend!r} has none "
+                          f"(policy ckpt_recovery or restart_all)")
+    if k.peer_net not in STORAGES + ("net",):
+        raise ConfigError(f"real.peer_net: unknown {k.peer_net!r} (one of: {', '.join(STORAGES + ('net',))})")
+    if wl.num_gpus % wl.gpus_per_node:
+        raise ConfigError(f"workload.gpus_per_node: {wl.gpus_per_node} does not divide num_gpus {wl.num_gpus}")
+    nodes = wl.num_gpus // wl.gpus_per_node
+    if k.peer_copies > nodes - 1:
+        raise ConfigError(f"real.peer_copies: {k.peer_copies} copies off the owner's node need >= "
+                          f"{k.peer_copies + 1} emulated nodes, the workload has {nodes}")
+    cap = k.host_mem_bytes or (shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else float("inf"))
+    # One host holds every emulated node: the snapshots, the staging (2 steps) and (1 + k)
+    # copies of 2 commits (the committed one and the one being copied in).
+    need = 3 * state_bytes + 2 * (1 + k.peer_copies) * state_bytes
+    if need > cap:
+        raise ConfigError(f"real.host_mem_bytes: peer copies do not fit: snapshots {state_bytes / 1e6:.0f} MB + staging "
+                          f"{2 * state_bytes / 1e6:.0f} MB + 2 x {1 + k.peer_copies} copies of {state_bytes / 1e6:.0f} MB "
+                          f"= {need / 1e6:.0f} MB > {cap / 1e6:.0f} MB of shared memory")
+
+
+def _peer(wl, k: RealKnobs, root: str) -> Optional[PeerSpec]:
+    if not k.peer_copies:
+        return None
+    base = tempfile.mkdtemp(prefix="ckpt-peer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else root)
+    nodes = wl.num_gpus // wl.gpus_per_node
+    return PeerSpec(base, k.peer_copies, nodes, tuple(r // wl.gpus_per_node for r in range(wl.num_gpus)),
+                    tuple(range(nodes)), profile(k.peer_net))
 
 
 def _kill(job: JobContext, wl, k: RealKnobs):
@@ -108,11 +151,17 @@ def run_real(system, job: JobContext) -> RunResult:
            "homogeneous": lambda lost: R.homogeneous(c, lost, metas, wl.model.heads),
            "same": lambda lost: R.same(c, metas)}
     with tempfile.TemporaryDirectory(prefix="ckpt-real-") as root:  # checkpoints are scratch, not results
-        spec = TrainSpec(wl.model, job.seed, R.uniform_stages(wl.tp, wl.pp, wl.model.num_layers),
-                         steps=wl.iterations, global_batch=wl.global_batch_size, micro_batches=wl.num_microbatches,
-                         root=root, backend=backend, lr=wl.lr, dropout=k.dropout, ckpt_every=k.ckpt_every,
-                         splits=k.splits, keep=k.keep, prof=prof, kill=_kill(job, wl, k), threads=k.threads)
-        o = run(spec, fns[relayout], hb_timeout_s=k.hb_timeout_s, timeout_s=k.timeout_s)
+        peer = _peer(wl, k, root)
+        try:
+            spec = TrainSpec(wl.model, job.seed, R.uniform_stages(wl.tp, wl.pp, wl.model.num_layers),
+                             steps=wl.iterations, global_batch=wl.global_batch_size, micro_batches=wl.num_microbatches,
+                             root=root, backend=backend, lr=wl.lr, dropout=k.dropout, ckpt_every=k.ckpt_every,
+                             splits=k.splits, keep=k.keep, prof=prof, kill=_kill(job, wl, k), threads=k.threads,
+                             peer=peer)
+            o = run(spec, fns[relayout], hb_timeout_s=k.hb_timeout_s, timeout_s=k.timeout_s)
+        finally:
+            if peer is not None:
+                shutil.rmtree(peer.base, ignore_errors=True)
     return result(o, spec, prof, relayout)
 
 
@@ -143,6 +192,16 @@ def result(o, spec: TrainSpec, prof, relayout: str) -> RunResult:
         m["ranks_after"] = Metric.scalar(t["ranks_after"], "ranks", "higher")
         info.update({k: v for k, v in t.items() if not isinstance(v, float) or k.startswith("step_s")})
         info["layout_after"] = o.relayout.describe()
+        if spec.peer is not None:
+            # Where the recovery's slices came from (summed over ranks): this node's memory,
+            # another node's, or the emulated NAS (only for files no live holder had).
+            loads = [r["load"] for r in o.results]
+            for key in ("slices_local", "slices_peer", "slices_storage", "storage_read_calls"):
+                m[key] = Metric.scalar(float(sum(x[key] for x in loads)), "slices" if key.startswith("slices") else "calls")
+            info["peer"] = {**(o.peer or {}), "copies": spec.peer.copies, "net": spec.peer.net.label(),
+                            "sources_per_rank": [x["sources"] for x in loads]}
         info["device_of_new_rank"] = list(o.relayout.device_of)
     emulated = [prof.label()] if prof.emulated else []
+    if spec.peer is not None and spec.peer.net.emulated:
+        emulated.append(spec.peer.net.label())
     return RunResult(metrics=m, emulated=emulated, info=info)

@@ -10,7 +10,7 @@
 | restart_all    | sync, one file per rank               | whole healthy nodes, homogeneous               | sim       |
 | ucp_like       | sync; offline conversion at recovery  | best rectangular mesh on the survivors         | sim       |
 | gemini_like    | every step into a buddy node's RAM    | whole healthy nodes; storage if both copies die| sim       |
-| ckpt_recovery_peer | ours + each file in its owner's and k peers' RAM | as ckpt_recovery; storage if no copy lives | sim       |
+| ckpt_recovery_peer | ours + each file in its owner's and k peers' RAM | as ckpt_recovery; storage if no copy lives | sim, real |
 
 Sim mode lives in :mod:`impl.ckpt_recovery.sim` (knobs in the nested ``sim`` node), real mode
 in :mod:`impl.ckpt_recovery.real` (knobs in ``real``). Faults: ``gpu_loss`` / ``node_loss``

@@ -67,6 +67,7 @@ class Watch:
     t_detect: Optional[float] = None
     detected: Optional[str] = None
     t_stopped: Optional[float] = None
+    on_kill: Optional[Callable[[int], None]] = None  # the victim's node goes with it (peer tier)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_report(self, rank: int, item) -> None:
@@ -96,6 +97,8 @@ class Watch:
                 _, victim, done, mid_save, pid, saver_pid, _ = item
                 _sigkill(pid)
                 _sigkill(saver_pid)
+                if self.on_kill is not None:
+                    self.on_kill(victim)
                 self.t_kill = time.time()
                 self.kill = {"rank": victim, "fail_step": done, "mid_save": mid_save}
 
@@ -118,8 +121,9 @@ class Watch:
                 _sigkill(pid)
 
 
-def _run_launch(spec: TrainSpec, world: int, hb_timeout_s: float, timeout_s: float, label: str):
-    w = Watch(hb_timeout_s, spec.steps)
+def _run_launch(spec: TrainSpec, world: int, hb_timeout_s: float, timeout_s: float, label: str,
+                on_kill: Optional[Callable[[int], None]] = None):
+    w = Watch(hb_timeout_s, spec.steps, on_kill=on_kill)
     stop = threading.Event()
 
     def watchdog() -> None:
@@ -164,6 +168,7 @@ class Outcome:
     t_relaunch: float = 0.0
     world_before: int = 0
     committed_on_disk: tuple = ()  # committed steps found when the survivors relaunched
+    peer: Optional[dict] = None  # the peer tier: nodes lost, holders read by the relaunch
 
     def losses(self) -> dict:
         """The run's loss curve: steps before the resume point from the first launch, the rest
@@ -176,13 +181,73 @@ class Outcome:
         return {**head, **final}
 
 
+class Holders:
+    """The peer tier's holder processes, one per emulated node (:mod:`impl.common.checkpoint.holder`)."""
+
+    def __init__(self, spec: TrainSpec) -> None:
+        self.peer = spec.peer
+        self.storage_root = os.path.join(spec.root, spec.backend)
+        self.procs: dict = {}
+        self.lost: list = []
+        self.pids: list = []  # every holder started (all gone once the job ends)
+
+    def start(self, nodes, min_step: int = 0) -> None:
+        import multiprocessing as mp
+
+        from impl.common.checkpoint.holder import HolderSpec, holder_main
+
+        ctx = mp.get_context("fork")  # up in milliseconds; it imports nothing heavy
+        for n in nodes:
+            hs = HolderSpec(self.peer.base, n, self.storage_root, self.peer.copies, self.peer.num_nodes,
+                            self.peer.net, min_step)
+            p = ctx.Process(target=holder_main, args=(hs,), daemon=True, name=f"holder{n}")
+            p.start()
+            self.procs[n] = p
+            self.pids.append(p.pid)
+
+    def kill_node_of(self, rank: int, node_of) -> None:
+        """A rank's SIGKILL takes its node's holder and that node's memory."""
+        from impl.common.checkpoint.holder import drop_node
+
+        n = node_of[rank]
+        p = self.procs.pop(n, None)
+        if p is not None:
+            _sigkill(p.pid)
+            p.join(timeout=5)
+        drop_node(self.peer.base, n)
+        self.lost.append(n)
+
+    def live(self) -> tuple:
+        return tuple(sorted(n for n, p in self.procs.items() if p.is_alive()))
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            _sigkill(p.pid)
+            p.join(timeout=5)
+        self.procs.clear()
+
+
 def run(spec: TrainSpec, relayout: Optional[Callable[[list], object]] = None, hb_timeout_s: float = 10.0,
         timeout_s: float = 600.0) -> Outcome:
     """Train ``spec``; if its fault fires, re-lay out the survivors with ``relayout(lost)``
-    (a :class:`~impl.ckpt_recovery.recovery.replan.Relayout`), relaunch and train on."""
+    (a :class:`~impl.ckpt_recovery.recovery.replan.Relayout`), relaunch and train on. With
+    ``spec.peer`` one holder process per emulated node keeps the peer copies; the victim's
+    node loses its holder, and the relaunch reads from the holders that survived."""
+    hold = Holders(spec) if spec.peer is not None else None
+    try:
+        if hold is not None:
+            hold.start(range(spec.peer.num_nodes))
+        return _run(spec, relayout, hb_timeout_s, timeout_s, hold)
+    finally:
+        if hold is not None:
+            hold.stop()
+
+
+def _run(spec: TrainSpec, relayout, hb_timeout_s: float, timeout_s: float, hold: Optional[Holders]) -> Outcome:
     t0 = time.time()
     world = sum(len(s.ranks) for s in spec.stages)
-    w1, res = _run_launch(spec, world, hb_timeout_s, timeout_s, "train")
+    on_kill = (lambda r: hold.kill_node_of(r, spec.peer.node_of)) if hold is not None else None
+    w1, res = _run_launch(spec, world, hb_timeout_s, timeout_s, "train", on_kill)
     if res is not None:
         return Outcome(w1, None, res, t_wall_s=time.time() - t0, world_before=world)
     if relayout is None:
@@ -191,11 +256,25 @@ def run(spec: TrainSpec, relayout: Optional[Callable[[list], object]] = None, hb
     on_disk = committed_steps(os.path.join(spec.root, spec.backend))
     lay = relayout(lost)
     spec2 = dataclasses.replace(spec, stages=lay.stages, micro_batches=lay.micro_batches, resume=True, kill=None)
+    if hold is not None:
+        # The control plane knows the last commit (as it knows who is alive): the survivors
+        # load it without asking the storage tier's pointer.
+        node_of = tuple(spec.peer.node_of[d] for d in lay.device_of)
+        live = hold.live()
+        resume = spec.resume_step if spec.resume_step is not None else (max(on_disk) if on_disk else None)
+        spec2 = dataclasses.replace(spec2, resume_step=resume,
+                                    peer=dataclasses.replace(spec.peer, node_of=node_of, live_nodes=live))
+        # a fresh holder where a survivor runs on a node whose holder died (empty: copies from
+        # the next commit on)
+        hold.start(sorted(set(node_of) - set(live)), min_step=(resume or 0) + 1)
     t_rel = time.time()
     w2, res2 = _run_launch(spec2, lay.world, hb_timeout_s, timeout_s, "recovered")
     if res2 is None:
         raise RuntimeError(f"recovered: {w2.detected}")
-    return Outcome(w1, w2, res2, lay, time.time() - t0, lay.t_plan_s, t_rel, world, on_disk)
+    out = Outcome(w1, w2, res2, lay, time.time() - t0, lay.t_plan_s, t_rel, world, on_disk)
+    if hold is not None:
+        out.peer = {"lost_nodes": list(hold.lost), "live_nodes": list(spec2.peer.live_nodes), "holder_pids": hold.pids}
+    return out
 
 
 def committed_steps(root: str) -> tuple:

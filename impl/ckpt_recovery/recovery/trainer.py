@@ -54,6 +54,18 @@ class KillAt:
 
 
 @dataclass(frozen=True)
+class PeerSpec:
+    """The peer-memory tier of one launch (:mod:`impl.common.checkpoint.holder`)."""
+
+    base: str  # shared-memory root of the holders and the savers' staging
+    copies: int  # k peers per file
+    num_nodes: int
+    node_of: tuple  # rank -> emulated node, this launch
+    live_nodes: tuple = ()  # nodes whose holder survived: what a resumed launch reads
+    net: StorageProfile = field(default_factory=StorageProfile)  # a read from another node's memory
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     shape: ModelShape
     seed: int
@@ -74,6 +86,7 @@ class TrainSpec:
     kill: Optional[KillAt] = None
     threads: int = 1
     saver_start: str = "fork"  # how the saver process starts: fork | spawn
+    peer: Optional[PeerSpec] = None  # elastor only: files also held in peer hosts' memory
 
     @property
     def seq_len(self) -> int:
@@ -242,8 +255,10 @@ class ElastorCkpt:
         self.spec, self.rank = spec, rank
         # fork: the saver is up in milliseconds (spawn re-imports torch: seconds of restart
         # time); the child only serialises and writes, it touches no process group.
+        stage = (spec.peer.base, spec.peer.node_of[rank]) if spec.peer is not None else None
         self.ck = AsyncCheckpointer(os.path.join(spec.root, "elastor"), rank, world, metas, layout, spec.splits,
-                                    sm.local, prof=spec.prof, keep=spec.keep, mp_ctx=mp.get_context(spec.saver_start))
+                                    sm.local, prof=spec.prof, keep=spec.keep, mp_ctx=mp.get_context(spec.saver_start),
+                                    stage=stage)
         self.started: dict[int, float] = {}
         self.commit_s: list = []
         self._seen_commit = 0.0
@@ -257,6 +272,8 @@ class ElastorCkpt:
 
     def step(self, sm: StageModel, done: int) -> tuple[bool, float]:
         extra = {"consumed_samples": done * self.spec.global_batch, "scheduler": {"last_epoch": done}}
+        if self.spec.peer is not None:  # which node owns each file: the holders place copies by it
+            extra["node_of_rank"] = list(self.spec.peer.node_of)
         started = self.ck.step(done, sm.local, extra, due=(done % self.spec.ckpt_every == 0))
         stall = self.ck.log.stall_s[-1] if started else 0.0  # the snapshot copy
         if started:
@@ -349,14 +366,18 @@ def _load(spec: TrainSpec, rank: int, sm: StageModel, metas, layout, mesh) -> tu
         from impl.common.checkpoint.store import CheckpointStore
 
         store = CheckpointStore(os.path.join(spec.root, "elastor"), storage, keep=spec.keep)
-        ck = store.open(spec.resume_step)
         t0 = time.perf_counter()
-        tensors, st = load_rank(ck, layout, rank, storage, metas=metas)
+        if spec.peer is not None:
+            ck, tensors, st, extra = _load_peer(spec, rank, layout, metas, store, storage)
+        else:
+            ck = store.open(spec.resume_step)
+            tensors, st = load_rank(ck, layout, rank, storage, metas=metas)
+            extra = {}
         sm.load_(tensors)
         consumed = ck.manifest["extra"]["consumed_samples"]
         if consumed != ck.step * spec.global_batch:
             raise RuntimeError(f"{ck.dir}: consumed_samples {consumed} != step {ck.step} x batch {spec.global_batch}")
-        return ck.step, {**st.to_dict(), "t_load_s": time.perf_counter() - t0}
+        return ck.step, {**st.to_dict(), **extra, "t_load_s": time.perf_counter() - t0}
     from . import dcp_io
 
     step = dcp_io.latest_step(os.path.join(spec.root, spec.backend)) if spec.resume_step is None else spec.resume_step
@@ -364,6 +385,45 @@ def _load(spec: TrainSpec, rank: int, sm: StageModel, metas, layout, mesh) -> tu
     info = dcp_io.load_into(sm.local, metas, layout.ranks[rank], mesh,
                             os.path.join(spec.root, spec.backend, f"step{step:08d}"), storage)
     return step, {**info, "t_load_s": time.perf_counter() - t0}
+
+
+def _load_peer(spec: TrainSpec, rank: int, layout, metas, store, storage: Storage):
+    """The storage path's commit (the pointed step, or ``resume_step``), each file read from
+    the nearest live holder (this node's memory, then another node's over the emulated
+    network) and from storage only where no live holder committed that step."""
+    from impl.common.checkpoint.fileformat import CheckpointError
+    from impl.common.checkpoint.peer import PeerView, open_from_holders
+    from impl.common.checkpoint.reshard import load_rank
+
+    p = spec.peer
+    step = store.latest() if spec.resume_step is None else spec.resume_step
+    me = p.node_of[rank]
+    try:
+        view = open_from_holders(p.base, p.live_nodes, me, store, min_step=step)
+        if view.checkpoint.step != step:
+            raise CheckpointError(f"holders have step {view.checkpoint.step}, not {step}")
+    except CheckpointError:  # no live holder committed it: the storage path
+        ck = store.open(step)
+        view = PeerView(ck, {f: (os.path.join(ck.dir, f), "storage") for f in ck.manifest["files"]})
+    local, net = Storage(), Storage(p.net)
+    calls0, bytes0 = storage.stats.read_calls, storage.stats.read_bytes  # a fallback's manifest read is not a slice
+    tensors, st = load_rank(view.checkpoint, layout, rank, storage, metas=metas,
+                            locate=view.locator(net, storage, local, me))
+    src = view.sources()
+    by_source: dict = {}
+    for f, n in st.slices_by_file.items():
+        kind = "storage" if src[f] == "storage" else ("local" if src[f] == f"peer:{me}" else "peer")
+        by_source[kind] = by_source.get(kind, 0) + n
+    # The invariant the tier exists for: the emulated NAS is read only for files no live
+    # holder has (read_file of a manifest is not a slice, so this counts the load itself).
+    calls, nbytes = storage.stats.read_calls - calls0, storage.stats.read_bytes - bytes0
+    if calls and not by_source.get("storage"):
+        raise RuntimeError(f"rank {rank}: {calls} storage reads while every slice had a live copy")
+    extra = {"slices_local": by_source.get("local", 0), "slices_peer": by_source.get("peer", 0),
+             "slices_storage": by_source.get("storage", 0), "storage_read_calls": calls,
+             "storage_read_bytes": nbytes, "peer_read_bytes": net.stats.read_bytes,
+             "local_read_bytes": local.stats.read_bytes, "sources": src}
+    return view.checkpoint, tensors, st, extra
 
 
 def train_rank(ctx, spec: TrainSpec) -> dict:

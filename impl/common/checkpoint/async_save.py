@@ -43,8 +43,10 @@ def check_shm(nbytes: int, path: str = "/dev/shm") -> None:
 
 
 def _saver_main(root: str, prof: StorageProfile, keep: int, rank: int, world: int, metas: list, layout_d: dict,
-                S: int, duplicate: bool, buffers: dict, state, conn) -> None:
-    """The saver process: wait for a command, act on it, flag the result in ``state``."""
+                S: int, duplicate: bool, buffers: dict, state, conn, stage: Optional[tuple] = None) -> None:
+    """The saver process: wait for a command, act on it, flag the result in ``state``.
+    ``stage`` = (base, node): each file is also staged in the node's shared memory for the
+    peer tier's holders (:mod:`.holder`)."""
     torch.set_num_threads(1)
     layout = Layout.from_dict(layout_d)
     store = CheckpointStore(root, Storage(prof), keep=keep)
@@ -59,7 +61,12 @@ def _saver_main(root: str, prof: StorageProfile, keep: int, rank: int, world: in
             if msg[0] == "write":
                 step = msg[1]
                 items = save_items(metas, layout, S, rank, buffers, duplicate)
-                store.write_rank(step, rank, items, order)
+                mirror = None
+                if stage is not None:
+                    from .holder import stage_file
+
+                    mirror = (lambda name, data, step=step: stage_file(stage[0], stage[1], step, name, data))
+                store.write_rank(step, rank, items, order, mirror=mirror)
                 state[1] = step
                 state[0] = _WRITTEN
             elif msg[0] == "commit":
@@ -90,7 +97,8 @@ class SaveLog:
 class AsyncCheckpointer:
     def __init__(self, root: str, rank: int, world: int, metas: Sequence[TensorMeta], layout: Layout, S: int,
                  local: Mapping[str, torch.Tensor], *, prof: Optional[StorageProfile] = None, keep: int = 2,
-                 min_interval_s: float = 20.0, duplicate: bool = False, group=None, mp_ctx=None) -> None:
+                 min_interval_s: float = 20.0, duplicate: bool = False, group=None, mp_ctx=None,
+                 stage: Optional[tuple] = None) -> None:
         import torch.multiprocessing as mp
 
         self.rank, self.world, self.min_interval_s, self.group = rank, world, min_interval_s, group
@@ -103,7 +111,7 @@ class AsyncCheckpointer:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_saver_main, daemon=True,
                                 args=(root, prof or StorageProfile(), keep, rank, world, self.metas, layout.to_dict(),
-                                      S, duplicate, self.buffers, self.state, child))
+                                      S, duplicate, self.buffers, self.state, child, stage))
         self.proc.start()
         self._up = False
         self.log = SaveLog()

@@ -152,10 +152,17 @@ class PeerView:
     def sources(self) -> dict[str, str]:
         return {f: s for f, (_, s) in self.where.items()}
 
-    def locator(self, peer: Storage, storage: Storage) -> Callable[[str], tuple[str, Storage]]:
+    def locator(self, peer: Storage, storage: Storage, local: Optional[Storage] = None,
+                reader_node: Optional[int] = None) -> Callable[[str], tuple[str, Storage]]:
         """For :func:`~impl.common.checkpoint.reshard.load_rank`: holder files counted on
-        ``peer``, storage files on ``storage``."""
-        return lambda f: (self.where[f][0], storage if self.where[f][1] == "storage" else peer)
+        ``peer``, storage files on ``storage``; with ``local``, files in the reader node's own
+        holder on ``local`` (a memory read, not a transfer)."""
+        def locate(f: str) -> tuple[str, Storage]:
+            path, src = self.where[f]
+            if src == "storage":
+                return path, storage
+            return path, local if local is not None and src == f"peer:{reader_node}" else peer
+        return locate
 
 
 def _holder_steps(base: str, node: int) -> dict[int, Checkpoint]:

@@ -30,6 +30,7 @@ class LoadStats:
     t_io_s: float = 0.0
     t_assembly_s: float = 0.0
     covered: list = field(default_factory=list)  # (name, split) read, for the exactly-once check
+    slices_by_file: dict = field(default_factory=dict)  # file -> (name, split) pieces read from it
 
     @property
     def read_amplification(self) -> float:
@@ -89,6 +90,7 @@ def load_rank(ck: Checkpoint, layout: Layout, rank: int, storage: Optional[Stora
                     raise CheckpointError(f"{paths[b.file]}: checksum mismatch in key {n.entry.key}")
                 raw[(n.name, n.split)] = to_tensor(piece, n.entry)
                 st.covered.append((n.name, n.split))
+                st.slices_by_file[b.file] = st.slices_by_file.get(b.file, 0) + 1
                 st.bytes_needed += n.entry.length
         t2 = time.perf_counter()
     finally:

@@ -130,8 +130,10 @@ class CheckpointStore:
             if d.startswith(".tmp-"):
                 shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
 
-    def write_rank(self, step: int, rank: int, items: Sequence[Item], order: dict[str, int]) -> dict:
-        """This rank's file and sidecar in the temp dir, both fsynced; returns the file record."""
+    def write_rank(self, step: int, rank: int, items: Sequence[Item], order: dict[str, int],
+                   mirror: Optional[Callable[[str, memoryview], None]] = None) -> dict:
+        """This rank's file and sidecar in the temp dir, both fsynced; returns the file record.
+        ``mirror(name, bytes)`` gets the serialised file first (the peer tier's staging)."""
         self.kill(f"before_write:{rank}")
         data, keys = serialize(items, order)
         name = rank_file(rank)
@@ -147,6 +149,8 @@ class CheckpointStore:
         hdr_len = 8 + int.from_bytes(data[:8], "little")
         _, entries = parse_header(data[:hdr_len], name, len(data))
         view = memoryview(data)
+        if mirror is not None:
+            mirror(name, view)
         rec = {"file": name, "rank": rank, "size": len(data), "sha256": sha256(view),
                "header_sha256": sha256(view[:hdr_len]),
                "keys": {k: [nm, j, sha256(view[entries[k].offset:entries[k].offset + entries[k].length])]

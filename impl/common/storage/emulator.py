@@ -78,6 +78,9 @@ SCOPES = ("rank", "node", "aggregate")
 PROFILES = {
     "local": StorageProfile("local"),
     "nas": StorageProfile("nas", latency_s=5e-3, bandwidth_bytes_per_s=200e6),
+    # Another node's host memory (the peer tier's real mode): one rank's share of a 100 Gb/s
+    # NIC and an RDMA round trip per call ([R]: emulated nodes share one host's memory).
+    "net": StorageProfile("net", latency_s=2e-5, bandwidth_bytes_per_s=12.5e9),
 }
 
 
