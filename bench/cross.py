@@ -33,6 +33,8 @@ QUESTIONS = {
     q.experiment: q for q in (
         Question("cross/stragglers", "Stragglers: one DP4 x PP8 7B job, three straggler kinds", "fault",
                  "iteration_time_s", "lower", command="mlsys-bench --multirun experiment=cross/stragglers"),
+        Question("cross/stragglers_cpu", "Stragglers, measured: the 4-rank CPU pipeline job, a slow link and a slow GPU",
+                 "fault", "iteration_time_s", "lower", command="mlsys-bench --multirun experiment=cross/stragglers_cpu"),
         Question("cross/gpu_loss", "Losing GPUs: one 32-GPU job loses 1, 4 and 8 GPUs", "fault",
                  "t_lost_s", "lower", extra=("ettr", "throughput_kept"),
                  command="mlsys-bench --multirun experiment=cross/gpu_loss"),

@@ -46,6 +46,29 @@ def _run_family(family: str, pass_dir: pathlib.Path, extra: Sequence[str]) -> in
         return subprocess.run(cmd, cwd=pass_dir, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
+def _calibrate_median(pass_dir: pathlib.Path, rounds: int) -> None:
+    """``rounds`` fresh ``system=calibrate`` processes per profile, then their per-field median
+    as the pass's ``conf/hardware/<name>.yaml`` (the presets then find it and calibrate nothing)."""
+    from impl.common.calibrate import median_profile
+
+    for name in PROFILES:
+        threads = name.rsplit("-t", 1)[1] if "-t" in name else None
+        paths = []
+        for j in range(rounds):
+            path = pass_dir / "calibrations" / f"{name}-{j + 1}.yaml"
+            cmd = [sys.executable, "-m", "bench", "system=calibrate", "mode=real", f"system.output={path}",
+                   f"results_dir={pass_dir / 'calibrations' / 'results'}"] + ([f"system.threads={threads}"] if threads else [])
+            with open(pass_dir / "calibrate.log", "a") as out:
+                out.write("$ " + " ".join(cmd) + "\n")
+                out.flush()
+                rc = subprocess.run(cmd, cwd=pass_dir, stdout=out, stderr=subprocess.STDOUT).returncode
+            if rc != 0 or not path.exists():
+                raise SystemExit(f"mlsys-bench-fidelity-passes: calibration {j + 1} of {name} failed "
+                                 f"(rc {rc}, see {pass_dir / 'calibrate.log'})")
+            paths.append(path)
+        median_profile(paths, pass_dir / "conf" / "hardware" / f"{name}.yaml")
+
+
 def _family_records(pass_dir: pathlib.Path, family: str, since: str) -> list[dict]:
     res = pass_dir / "results"
     if not (res / "records.jsonl").exists():
@@ -176,10 +199,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     ap.add_argument("--out", default="results/runs/fidelity_passes")
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a family whose real runs were invalid")
+    ap.add_argument("--calibrations", type=int, default=1,
+                    help="fresh calibrations per profile and pass; > 1: the pass prices with their per-field median "
+                         "(1: the presets calibrate once themselves)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every job")
     args = ap.parse_args(argv)
     if args.passes < 1:
         raise SystemExit("mlsys-bench-fidelity-passes: --passes must be >= 1")
+    if args.calibrations < 1:
+        raise SystemExit("mlsys-bench-fidelity-passes: --calibrations must be >= 1")
     _refuse_package_profiles()
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -190,6 +218,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if pdir.exists() and any(pdir.iterdir()):
             raise SystemExit(f"mlsys-bench-fidelity-passes: {pdir} is not empty (a pass must start fresh)")
         pdir.mkdir(parents=True, exist_ok=True)
+        if args.calibrations > 1:
+            _calibrate_median(pdir, args.calibrations)
+            print(f"[{time.monotonic() - t0:7.0f} s] pass {i + 1}/{args.passes}: median of {args.calibrations} "
+                  f"calibrations per profile", flush=True)
         for fam in args.families:
             for attempt in range(args.retries + 1):
                 since = _stamp()
@@ -222,8 +254,12 @@ def _write(out: pathlib.Path, all_rows: list, profiles: list, args) -> str:
     verdicts = pass_verdicts(all_rows, args.families)
     prof = profile_spread(profiles)
     md = format_markdown(spread, verdicts, prof, len(all_rows))
+    how = (f"Profiles: per pass, the per-field median of {args.calibrations} fresh calibrations."
+           if args.calibrations > 1 else "Profiles: one fresh calibration per pass (by the presets).")
+    md = how + "\n\n" + md
     (out / "spread.md").write_text(md)
     (out / "summary.json").write_text(json.dumps({"passes": len(all_rows), "families": args.families,
+                                                  "calibrations": args.calibrations,
                                                   "rows": spread, "verdicts": verdicts, "profile_spread": prof,
                                                   "per_pass_rows": all_rows}, indent=1, default=str))
     return md

@@ -97,6 +97,10 @@ class RecordRow:
 
     @property
     def status(self) -> str:
+        # A job its system refused in preflight (a cross preset's "not applicable") is stored
+        # as failed with not_applicable set: it is not a failure of the system.
+        if self.rec.get("not_applicable"):
+            return "not-applicable"
         return self.rec["status"]
 
     @property

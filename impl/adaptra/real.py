@@ -35,6 +35,18 @@ class AdaptraPlanner:
         return sched
 
 
+def _stage_slowdown(fault, wl):
+    """A static slow GPU as a factor per stage: every op of a stage runs at its slowest
+    replica's factor (as the sim prices it); real mode runs dp = tp = 1, so GPU g is stage g."""
+    if getattr(fault, "kind", None) != "compute_slowdown":
+        return None
+    from faults.compute_slowdown import slowdown_at
+
+    x = slowdown_at(fault, 0, wl.stages * wl.dp * wl.tp)
+    per = wl.dp * wl.tp
+    return [max(x[s * per:(s + 1) * per]) for s in range(wl.stages)]
+
+
 def run_real(system, job: JobContext) -> RunResult:
     from impl.common.runtime.executor import NamedSchedule, run_pipeline
 
@@ -50,7 +62,8 @@ def run_real(system, job: JobContext) -> RunResult:
                          num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
                          fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
                          detection=getattr(job.fault, "detection", None), progress=job.show_progress,
-                         kill_at=(job.fault.rank, job.fault.at_iter) if job.fault.kind == "rank_kill" else None)
+                         kill_at=(job.fault.rank, job.fault.at_iter) if job.fault.kind == "rank_kill" else None,
+                         slowdown=_stage_slowdown(job.fault, wl))
     times = stats.iteration_times_s
     samples = wl.micro_batch_size * wl.num_microbatches
     raw = {op: stats.mean_raw_op_s(op) for op in ("F", "B", "W", "BW")}
@@ -71,6 +84,9 @@ def run_real(system, job: JobContext) -> RunResult:
         "estimated_delays_s": stats.estimated_delays_s, "messages_per_iteration": stats.messages[-1] if stats.messages else {},
         "peak_in_flight": {str(k): v for k, v in stats.peak_in_flight.items()},
         "distinct_schedules": len(stats.schedules), "losses_last_iteration": stats.losses[-1]})
+    if job.fault.kind == "compute_slowdown":
+        result.emulated.append(f"slow GPU: its stage's padded op time x {max(_stage_slowdown(job.fault, wl))} "
+                               "(sleep; the GPU itself is not slowed)")
     if wl.op_pad_s > 0:
         result.emulated.append(f"every F/B/W op padded with sleep to {wl.op_pad_s * 1e3:g} ms (spec adaptra.md 5); "
                                "raw compute is reported as raw_*_compute_s")

@@ -20,7 +20,8 @@ Sim mode also models (spec adaptra §6 S5-S7):
   only at iteration boundaries, from what the system saw;
 - a static slow GPU (fault kind ``compute_slowdown``, no trace): every op of a stage runs at
   its slowest GPU's factor (the stage's DP replicas wait for it at the gradient all-reduce; GPU
-  g sits in stage g // (dp*tp), Megatron's layout); no schedule re-plans around it;
+  g sits in stage g // (dp*tp), Megatron's layout); no schedule re-plans around it. Real mode
+  (dp = tp = 1) stretches the slow rank's padded op time by its factor;
 - RNIC failures (``fault.rnic_failure_iters``): delegated systems fail over for free and stay
   on the delegated path, the others pay ``restart_cost_s`` once per failure.
 One-time costs (remap, restart) go to ``total_time_s``, not to iteration times.
@@ -48,7 +49,7 @@ DELEGATE_WHEN = ("always", "on_delay")
 DETECTIONS = ("oracle", "measured")
 
 
-SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay", "compute_slowdown")
+SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay")
 
 
 class PipelineTraining(System):
@@ -162,6 +163,13 @@ class PipelineTraining(System):
         if fault.kind == "dp_link_delay" and wl.sim_op_time_s:
             raise ConfigError("fault.kind dp_link_delay needs gradient sizes from the model shape; "
                               "workload.sim_op_time_s must be null")
+        if mode == "real" and fault.kind == "compute_slowdown":
+            if wl.dp != 1 or wl.tp != 1:
+                raise ConfigError(f"fault.kind compute_slowdown: real mode runs one pipeline of TP 1 "
+                                  f"(dp={wl.dp}, tp={wl.tp})")
+            if wl.op_pad_s <= 0:
+                raise ConfigError("fault.kind compute_slowdown: real mode stretches the padded op time of the slow "
+                                  "GPU's stage; set workload.op_pad_s > 0")
         if mode != "sim" and (fault.kind in SIM_ONLY_FAULTS or getattr(fault, "rnic_failure_iters", None)):
             what = "fault.rnic_failure_iters" if fault.kind == "link_delay" else f"fault.kind {fault.kind}"
             raise ConfigError(f"{what} exists only in sim mode (mode={mode})")

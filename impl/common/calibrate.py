@@ -389,6 +389,41 @@ def write_profile_atomic(profile: HardwareProfile, path: pathlib.Path, header: s
         raise
 
 
+def median_profile(paths: List[pathlib.Path], out: pathlib.Path) -> None:
+    """One profile whose every measured number is the median over several calibrations' files
+    (fresh processes each: what moves between calibrations on a shared host, thread placement
+    and clock state, averages out where one calibration's repeats cannot)."""
+    from omegaconf import OmegaConf
+
+    if not paths:
+        raise ConfigError("calibrate: median_profile needs at least one profile")
+    nodes = [OmegaConf.to_container(OmegaConf.load(p)) for p in paths]
+
+    def merge(vals: list, key: str):
+        first = vals[0]
+        if isinstance(first, dict):
+            keys = set(first)
+            for v in vals[1:]:
+                if not isinstance(v, dict) or set(v) != keys:
+                    raise ConfigError(f"calibrate: profiles disagree on the fields of {key or 'the profile'}")
+            return {k: merge([v[k] for v in vals], f"{key}.{k}" if key else k) for k in first}
+        if isinstance(first, int) and not isinstance(first, bool):  # counts (gpus_per_node): not measured
+            if any(v != first for v in vals):
+                raise ConfigError(f"calibrate: profiles disagree on {key} ({sorted(set(vals))})")
+            return first
+        if isinstance(first, float):
+            return float(f"{statistics.median(float(v) for v in vals):.4g}")
+        return first
+
+    merged = merge(nodes, "")
+    merged["source"] = f"median of {len(paths)} calibrations ({nodes[0].get('source', '')} ...)"
+    profile = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HardwareProfile), merged))
+    header = ("# Written by median_profile (impl/common/calibrate.py); regenerate, do not edit.\n"
+              f"# Every number: the median over {len(paths)} fresh system=calibrate runs:\n"
+              + "".join(f"#   {p}\n" for p in paths))
+    write_profile_atomic(profile, out, header)
+
+
 def plot_comm(comm: Dict[str, Dict[int, List[float]]], nprocs: int, path: pathlib.Path) -> None:
     """Log-log plot of p2p one-way time (and all-reduce time) against message size."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

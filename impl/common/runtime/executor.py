@@ -13,7 +13,7 @@ rather than a hang.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -90,7 +90,8 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
                  fifo_depth: int = 1, delegate_when: str = "always", pg_timeout_s: float = 120.0,
                  timeout_s: float = 900.0, start_method: str = "forkserver", verify_checksums: bool = True,
                  validate: bool = True, progress: bool = False,
-                 kill_at: Optional[tuple[int, int]] = None) -> RunStats:
+                 kill_at: Optional[tuple[int, int]] = None,
+                 slowdown: Optional[Sequence[float]] = None) -> RunStats:
     """Run ``warmup + iterations`` training iterations of the tiny GPT on S processes.
 
     ``schedule_fn(iteration, {(i, i+1): seconds}) -> Schedule`` is called by every rank at
@@ -98,6 +99,7 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
     compute-only schedules get SEND/RECV inserted. ``comm``: 'inline' | 'fifo' (alias
     'in_stream') | 'delegated'. ``delays``: a LinkDelay fault or a fixed ``{link: seconds}``
     table. ``delegate_when='on_delay'`` uses the FIFO path until the scheduler sees a delay.
+    ``slowdown``: a factor per rank on its padded op time (a static slow GPU; needs ``op_pad_s``).
     Raises ConfigError for bad inputs (before starting anything) and RuntimeError naming the
     failing rank if a worker fails.
     """
@@ -126,6 +128,12 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
     if kill_at is not None and not (0 <= kill_at[0] < S and 0 <= kill_at[1] < warmup + iterations):
         raise ConfigError(f"fault.rank {kill_at[0]} / fault.at_iter {kill_at[1]}: the run has ranks 0..{S - 1} "
                           f"and iterations 0..{warmup + iterations - 1}")
+    if slowdown is not None:
+        slowdown = tuple(float(x) for x in slowdown)
+        if len(slowdown) != S or min(slowdown) < 1.0:
+            raise ConfigError(f"slowdown: one factor >= 1 per rank ({S}), got {list(slowdown)}")
+        if op_pad_s <= 0 and max(slowdown) > 1.0:
+            raise ConfigError("slowdown: a slow rank stretches its padded op time; set op_pad_s > 0")
     controller = LinkDelayController(delays, S, detection)
     K = 0
     if comm == "delegated":
@@ -143,7 +151,7 @@ def run_pipeline(schedule_fn: ScheduleFn, shape: Optional[ModelShape] = None,
     cfg = TrainerConfig(schedule_fn, shape, S, N, workload.micro_batch_size, comm, delegate_when, fifo_depth,
                         controller, iterations, warmup, seed, op_pad_s, optimizer, lr, pg_timeout_s,
                         verify_checksums, max(1, workload.torch_threads), validate, K,
-                        None if kill_at is None else (int(kill_at[0]), int(kill_at[1])))
+                        None if kill_at is None else (int(kill_at[0]), int(kill_at[1])), slowdown)
     channels: dict = {}
     helpers = None
     if comm == "delegated" and not under_torchrun():

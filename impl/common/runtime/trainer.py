@@ -54,6 +54,8 @@ class TrainerConfig:
     num_delegates: int = 0
     # Fault injection: (rank, iteration) at which that rank dies (faults.spec.RankKill).
     kill_at: Optional[tuple[int, int]] = None
+    # A static slow GPU (faults.spec compute_slowdown): per-rank factor on the padded op time.
+    slowdown: Optional[tuple[float, ...]] = None
 
 
 def _schedule_has_comm(schedule: Schedule) -> bool:
@@ -138,7 +140,7 @@ class _Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # raw compute time needs the kernels done
         raw = time.perf_counter() - t0
-        target = self.cfg.op_pad_s * (2 if op is Op.BW else 1)
+        target = self.cfg.op_pad_s * (2 if op is Op.BW else 1) * (self.cfg.slowdown[self.rank] if self.cfg.slowdown else 1.0)
         if target > raw:
             time.sleep(target - raw)
         if stats is not None:

@@ -89,6 +89,19 @@ def as_pipeline(wl):
     m = wl.model
     model = ModelShape(name=m.name, num_layers=m.num_layers, hidden=m.hidden, heads=m.heads, ffn_mult=m.ffn_mult,
                        ffn_hidden=m.ffn_hidden, vocab=m.vocab, seq_len=m.seq_len, kv_heads=m.kv_heads)
+    # Real mode's padding: a pipeline op covers a stage's layers for one micro-batch (forward
+    # = F, backward = B + W = 2 op pads), so per-layer pads map onto one op pad only when the
+    # backward pad is twice the forward one.
+    op_pad = 0.0
+    if wl.layer_fwd_pad_s or wl.layer_bwd_pad_s:
+        if m.num_layers % wl.pp:
+            raise ConfigError(f"workload.pp: {wl.pp} does not divide model.num_layers {m.num_layers} "
+                              f"(per-layer pads need equal stages)")
+        if abs(wl.layer_bwd_pad_s - 2 * wl.layer_fwd_pad_s) > 1e-12:
+            raise ConfigError(f"workload.layer_bwd_pad_s: a pipeline op pads backward as 2x forward; got "
+                              f"{wl.layer_bwd_pad_s} vs 2 x {wl.layer_fwd_pad_s}")
+        op_pad = wl.layer_fwd_pad_s * (m.num_layers // wl.pp)
     return PipelineWorkload(model=model, stages=wl.pp, dp=wl.dp, tp=wl.tp, micro_batch_size=wl.micro_batch_size,
                             num_microbatches=wl.global_batch_size // per_pipeline, dtype=wl.dtype,
-                            iterations=wl.iterations, warmup_iterations=wl.warmup_iterations)
+                            iterations=wl.iterations, warmup_iterations=wl.warmup_iterations, op_pad_s=op_pad,
+                            torch_threads=wl.torch_threads)
