@@ -156,3 +156,23 @@ def test_weights_evictor_runs_untimed_before_every_timed_sample_only():
     evict()
     assert torch.equal(x, keep)  # the input is only read back, never written
     assert cal.weights_evictor(torch.device("meta"), x) is None  # GPUs (any non-CPU device): not evicted
+
+
+def test_median_profile_takes_each_measured_number_s_median(tmp_path):
+    from impl.common.calibrate import median_profile
+
+    paths = []
+    for i, (flops, bw) in enumerate([(1e11, 3e9), (3e11, 1e9), (2e11, 2e9)]):
+        prof = HardwareProfile(name="local", source=f"run {i}", measured=True, peak_flops={"fp32": flops},
+                               intra_node_bw_bytes_per_s=bw, gpus_per_node=1)
+        paths.append(tmp_path / f"c{i}.yaml")
+        write_profile_atomic(prof, paths[-1], "")
+    median_profile(paths, tmp_path / "m.yaml")
+    m = OmegaConf.load(tmp_path / "m.yaml")
+    assert m.peak_flops.fp32 == 2e11 and m.intra_node_bw_bytes_per_s == 2e9 and m.gpus_per_node == 1
+    assert m.source.startswith("median of 3 calibrations") and m.name == "local"
+    # a count is not measured: profiles that disagree on it are not merged
+    write_profile_atomic(HardwareProfile(name="local", measured=True, peak_flops={"fp32": 1e11},
+                                         intra_node_bw_bytes_per_s=1e9, gpus_per_node=2), tmp_path / "c9.yaml", "")
+    with pytest.raises(ConfigError, match=r"^calibrate: profiles disagree on gpus_per_node"):
+        median_profile(paths + [tmp_path / "c9.yaml"], tmp_path / "m2.yaml")
