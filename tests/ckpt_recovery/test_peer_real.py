@@ -86,15 +86,15 @@ def test_a_copy_whose_source_node_died_first_falls_back_to_storage_for_those_fil
 def test_peer_recovery_reads_no_storage_and_equals_the_fault_free_run(tmp_path, shm):
     metas = full_metas(SHAPE32, 5)
     peer = PeerSpec(shm, 1, 2, NODE_OF, (0, 1), profile("net"))
-    # saves at steps 3 and 6; step 6 commits at step 7's boundary and its copies land in ms, so
-    # the kill at step 8 finds them in node 0's holder (a kill inside that window would load
-    # node 1's files from storage: the fallback test above)
-    base = dict(shape=SHAPE32, seed=5, stages=R.uniform_stages(2, 2, 4), steps=10, global_batch=8, micro_batches=4,
-                ckpt_every=3, splits=8, keep=8)
-    o = run(TrainSpec(root=str(tmp_path / "peer"), kill=KillAt(rank=3, at_step=8), peer=peer, **base),
+    # saves at steps 4 and 8; step 8 commits at step 9's boundary (10's on a slow host) and its
+    # copies land in ms, so the kill at step 11 finds them in node 0's holder (a kill inside
+    # that window would load node 1's files from storage: the fallback test above)
+    base = dict(shape=SHAPE32, seed=5, stages=R.uniform_stages(2, 2, 4), steps=12, global_batch=8, micro_batches=4,
+                ckpt_every=4, splits=8, keep=8)
+    o = run(TrainSpec(root=str(tmp_path / "peer"), kill=KillAt(rank=3, at_step=11), peer=peer, **base),
             lambda lost: R.replan(CLUSTER, lost, metas))
     start = o.results[0]["start_step"]
-    assert start == max(o.committed_on_disk) == 6
+    assert start == max(o.committed_on_disk) == 8
     assert o.peer["lost_nodes"] == [1] and o.peer["live_nodes"] == [0]
     loads = [r["load"] for r in o.results]
     # the survivor on node 1 (its holder died with rank 3) reads node 0's copies over the network
