@@ -57,13 +57,14 @@ def run_real(system, job: JobContext) -> RunResult:
                                      cfg.steps_per_op)
     else:
         schedule_fn = NamedSchedule(cfg.schedule, wl.stages, wl.num_microbatches)
+    slowdown = _stage_slowdown(job.fault, wl)
     stats = run_pipeline(schedule_fn, workload=wl, comm=_RUNTIME_COMM[cfg.comm], delays=job.fault
                          if job.fault.kind == "link_delay" else None, seed=job.seed,
                          num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
                          fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
                          detection=getattr(job.fault, "detection", None), progress=job.show_progress,
                          kill_at=(job.fault.rank, job.fault.at_iter) if job.fault.kind == "rank_kill" else None,
-                         slowdown=_stage_slowdown(job.fault, wl))
+                         slowdown=slowdown)
     times = stats.iteration_times_s
     samples = wl.micro_batch_size * wl.num_microbatches
     raw = {op: stats.mean_raw_op_s(op) for op in ("F", "B", "W", "BW")}
@@ -84,8 +85,8 @@ def run_real(system, job: JobContext) -> RunResult:
         "estimated_delays_s": stats.estimated_delays_s, "messages_per_iteration": stats.messages[-1] if stats.messages else {},
         "peak_in_flight": {str(k): v for k, v in stats.peak_in_flight.items()},
         "distinct_schedules": len(stats.schedules), "losses_last_iteration": stats.losses[-1]})
-    if job.fault.kind == "compute_slowdown":
-        result.emulated.append(f"slow GPU: its stage's padded op time x {max(_stage_slowdown(job.fault, wl))} "
+    if slowdown is not None:
+        result.emulated.append(f"slow GPU: its stage's padded op time x {max(slowdown)} "
                                "(sleep; the GPU itself is not slowed)")
     if wl.op_pad_s > 0:
         result.emulated.append(f"every F/B/W op padded with sleep to {wl.op_pad_s * 1e3:g} ms (spec adaptra.md 5); "

@@ -32,17 +32,23 @@ def job(seed: int, wl, fault, out: str) -> JobContext:
                       pathlib.Path(out), show_progress=False)
 
 
-# systems of the preset that are a policy plus real knobs
-VARIANTS = {"ckpt_recovery_peer": ("ckpt_recovery", {"peer_copies": 1})}
+SYSTEMS = tuple(REAL_POLICIES) + ("ckpt_recovery_peer",)  # the preset's sweep
 
 
-def main(seeds=(0, 1, 2, 3, 4), policies=tuple(REAL_POLICIES) + tuple(VARIANTS), storage: str = "nas") -> dict:
+def system_config(name: str, storage: str) -> SimpleNamespace:
+    """``conf/system/<name>.yaml``'s policy and real knobs (the preset's storage and save interval)."""
+    node = OmegaConf.load(ROOT / "conf" / "system" / f"{name}.yaml")
+    real = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RealKnobs), node.get("real") or {},
+                                               {"storage": storage, "ckpt_every": 3}))
+    return SimpleNamespace(policy=str(node.policy), real=real)
+
+
+def main(seeds=(0, 1, 2, 3, 4), policies=SYSTEMS, storage: str = "nas") -> dict:
     wl = workload()
     fault = SimpleNamespace(kind="gpu_loss", ranks=[], at_step=-1, mid_save=False, seed=0)
     out: dict = {}
     for pol in policies:
-        policy, kw = VARIANTS.get(pol, (pol, {}))
-        system = SimpleNamespace(cfg=SimpleNamespace(policy=policy, real=RealKnobs(storage=storage, ckpt_every=3, **kw)))
+        system = SimpleNamespace(cfg=system_config(pol, storage))
         check_real(system, wl, None, fault)
         runs = []
         for s in seeds:
@@ -60,5 +66,5 @@ def main(seeds=(0, 1, 2, 3, 4), policies=tuple(REAL_POLICIES) + tuple(VARIANTS),
 if __name__ == "__main__":
     a = sys.argv[1:]
     seeds = tuple(range(int(a[0]))) if a else (0, 1, 2, 3, 4)
-    pols = tuple(a[1].split(",")) if len(a) > 1 else tuple(REAL_POLICIES) + tuple(VARIANTS)
+    pols = tuple(a[1].split(",")) if len(a) > 1 else SYSTEMS
     print(json.dumps(main(seeds, pols, a[2] if len(a) > 2 else "nas"), indent=1, default=str))

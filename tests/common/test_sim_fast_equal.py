@@ -42,7 +42,7 @@ def _schedules(S, N, costs):
     return out
 
 
-def _same(new, old):
+def assert_same(new, old):
     assert new.iteration_time_s == old.iteration_time_s
     assert new.start_s == old.start_s
     assert new.end_s == old.end_s
@@ -75,7 +75,7 @@ def test_fast_simulator_equals_reference(S, N, comm_kw):
         for kw in ({}, {"delays": straggler}, {"delays": _delay_fn, "origin_s": 0.02},
                    {"dp_allreduce_s": 0.05, "delays": straggler}):
             new, old = _both(schedule, costs, link, comm_kw, **kw)
-            _same(new, old)
+            assert_same(new, old)
 
 
 def test_fast_simulator_equals_reference_at_benchmark_scale():
@@ -84,7 +84,7 @@ def test_fast_simulator_equals_reference_at_benchmark_scale():
     link = LinkCosts.uniform(S, 0.0009)
     schedule = insert_comm(generate("1f1b", S, N))
     for kw in ({}, {"delays": {(3, 4): 0.013}}):
-        _same(*_both(schedule, costs, link, dict(kind="in_stream"), **kw))
+        assert_same(*_both(schedule, costs, link, dict(kind="in_stream"), **kw))
 
 
 def test_long_comm_runs_reorder_like_the_reference():
@@ -93,7 +93,7 @@ def test_long_comm_runs_reorder_like_the_reference():
             "1: RF0<0 RF1<0 F0 F1 BW0 BW1 SB0>0 SB1>0")
     costs = _costs(2, seed=3)
     for comm_kw in COMMS[:5]:
-        _same(*_both(parse_schedule(text), costs, LinkCosts.uniform(2, 0.002), comm_kw))
+        assert_same(*_both(parse_schedule(text), costs, LinkCosts.uniform(2, 0.002), comm_kw))
 
 
 @pytest.mark.parametrize("text", [

@@ -29,13 +29,13 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping
 
 from impl.common.storage.emulator import Storage, StorageProfile
 
 from .fileformat import CheckpointError
 from .peer import copy_commit, holder_root, holders
-from .store import POINTER, CheckpointStore, step_name
+from .store import CheckpointStore, step_name
 
 
 def stage_root(base: str, node: int) -> str:
@@ -84,15 +84,6 @@ class _Staged(Mapping):
         return len(self.owner)
 
 
-def _pointed(root: str) -> Optional[int]:
-    p = os.path.join(root, POINTER)
-    try:
-        txt = open(p).read().strip()
-    except FileNotFoundError:
-        return None
-    return int(txt[4:]) if txt.startswith("step") and txt[4:].isdigit() else None
-
-
 def copy_step(spec: HolderSpec, step: int, net: Storage, local: Storage) -> bool:
     """Copy committed storage step ``step``'s files placed on this node and commit them here.
     False (nothing committed) when a file it needs is no longer staged anywhere."""
@@ -124,17 +115,18 @@ def holder_main(spec: HolderSpec) -> None:
     net, local = Storage(spec.net), Storage()
     os.makedirs(holder_root(spec.base, spec.node), exist_ok=True)
     os.makedirs(stage_root(spec.base, spec.node), exist_ok=True)
+    store = CheckpointStore(spec.storage_root)
     done, seen = spec.min_step - 1, []
     while True:
-        s = _pointed(spec.storage_root)
-        if s is not None and s > done and s >= spec.min_step:
-            try:
+        try:
+            s = store.latest()
+            if s is not None and s > done and s >= spec.min_step:
+                done = s
+                seen = (seen + [s])[-2:]
                 copy_step(spec, s, net, local)
-            except CheckpointError:
-                pass  # rotated away before it could be opened: the next pointer wins
-            done = s
-            seen = (seen + [s])[-2:]
-            _trim_stage(spec, seen[0])
+                _trim_stage(spec, seen[0])
+        except CheckpointError:
+            pass  # rotated away before it could be opened: the next pointer wins
         time.sleep(spec.poll_s)
 
 
