@@ -37,6 +37,9 @@ def job_of(rec: dict):
                        bucket_cuts=s.get("bucket_cuts", "off"))  # records before the knob: the plain DP
     for k in ("large_max_tokens", "small_max_tokens", "interleave"):
         setattr(cfg.real, k, s["real"][k])
+    caps = rec["info"].get("max_tokens")  # records with the budget rule: the caps it chose
+    if caps:
+        cfg.real.large_max_tokens, cfg.real.small_max_tokens = caps["R_L"], caps["R_S"]
     return make_job(LobRA(cfg, "lobra"), wl, rec["seed"]), wl
 
 
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
         return 2
     rec = json.load(open(argv[0]))
     rows = diagnose(rec)
-    cap = rec["config"]["system"]["real"]["small_max_tokens"]
+    cap = (rec["info"].get("max_tokens") or {}).get("R_S", rec["config"]["system"]["real"]["small_max_tokens"])
     fits = rec["info"]["cost_fit"]
     refused = [k for k, f in fits.items() if "c" not in f]
     print(f"R_S max_tokens {cap}; fit R2 {({k: round(f['r2'], 4) for k, f in fits.items() if 'r2' in f})}"

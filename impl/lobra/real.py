@@ -2,8 +2,11 @@
 LoRA adapter per task, through the one launcher (:func:`impl.common.runtime.launch.launch`).
 
 Replica kinds (the CPU proxy for TP differences): ``R_L`` = activation checkpointing,
-``max_tokens`` = ``system.real.large_max_tokens`` (2048); ``R_S`` = no checkpointing,
-``small_max_tokens`` (512). A micro-batch holds up to ``max_tokens // s`` sequences of bucket s.
+``R_S`` = no checkpointing. Their ``max_tokens``: ``system.real.large_max_tokens`` /
+``small_max_tokens`` as given (spec 5: 2048 / 512), or with ``memory_budget_bytes`` > 0 the
+authors' profile_memory rule on that per-rank budget (spec 10, :mod:`impl.lobra.real_memory`:
+checkpointing holds more tokens in the same bytes). A micro-batch holds up to
+``max_tokens // s`` sequences of bucket s.
 
 1. Profile: rank 0 times R_L micro-batches and rank 1 R_S ones (concurrently, 1 thread each) on
    the ``profile_mbs`` x ``profile_lengths`` grid (mbs·s <= max_tokens); rank 0 fits the 2.1 form
@@ -14,7 +17,7 @@ Replica kinds (the CPU proxy for TP differences): ``R_L`` = activation checkpoin
      dispatch ILP of 2.4 (``dispatch=length`` gives GROUP) assigns sequences by bucket;
    - ``task_fused``: R_L + R_L, ``fixed_buckets``, even split;
    - ``task_sequential``: one sub-step per task (its batch alone, its adapter's all-reduce and
-     Adam step), both replicas R_S if the task's maximum <= small_max_tokens, else R_L.
+     Adam step), both replicas R_S if the task's maximum <= R_S's max_tokens, else R_L.
    Rank 0 plans (bucketing + dispatch, timed: planner time) and broadcasts the micro-batches.
    Each replica runs its micro-batches (loss of task t normalised by t's global token count),
    all-reduces the adapter gradients, and steps Adam on the adapters. A step is timed barrier to
@@ -48,32 +51,55 @@ def policies(system) -> list[str]:
     return list(system.cfg.real.interleave) or [system.cfg.policy]
 
 
-def max_tokens_of(rk) -> dict[str, int]:
-    return {"R_L": int(rk.large_max_tokens), "R_S": int(rk.small_max_tokens)}
+def max_tokens_of(system, wl) -> dict[str, int]:
+    """Each kind's cap: ``large/small_max_tokens`` as given, or, with ``memory_budget_bytes`` > 0,
+    the profiling rule on that per-rank budget (:mod:`impl.lobra.real_memory`, spec 10)."""
+    rk = system.cfg.real
+    if rk.memory_budget_bytes <= 0:
+        return {"R_L": int(rk.large_max_tokens), "R_S": int(rk.small_max_tokens)}
+    from .real_memory import caps_from_budget, profile_memory
+
+    mem = profile_memory(wl.model, len(wl.tasks), wl.lora_rank, tuple(rk.memory_profile_lengths))
+    return caps_from_budget(mem, rk.memory_budget_bytes)
+
+
+def memory_rule_info(system, wl) -> dict:
+    rk = system.cfg.real
+    if rk.memory_budget_bytes <= 0:
+        return {"rule": "given (system.real.large_max_tokens / small_max_tokens)"}
+    from .real_memory import profile_memory
+
+    mem = profile_memory(wl.model, len(wl.tasks), wl.lora_rank, tuple(rk.memory_profile_lengths))
+    return {"rule": "profile_memory on a per-rank budget (spec 10)", "budget_bytes": rk.memory_budget_bytes,
+            "peak_bytes": {k: {str(s): b for s, b in km.peak_bytes.items()} for k, km in mem.items()},
+            "states_bytes": {k: km.states_bytes for k, km in mem.items()}, "caps": max_tokens_of(system, wl)}
 
 
 def check_real(system, wl, hardware) -> None:
     """Real-mode limits, one line each naming the field and the numbers."""
     c, rk = system.cfg, system.cfg.real
+    if rk.memory_budget_bytes > 0 and (not rk.memory_profile_lengths or min(rk.memory_profile_lengths) < 1):
+        raise ConfigError(f"system.real.memory_profile_lengths: need lengths >= 1, got {list(rk.memory_profile_lengths)}")
+    caps = max_tokens_of(system, wl)
     if wl.num_gpus != 2:
         raise ConfigError(f"workload.num_gpus: real mode runs 2 replicas (R_L + R_S, spec 5), got {wl.num_gpus}")
     if wl.dtype != "fp32":
         raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
-    if not 1 <= rk.small_max_tokens <= rk.large_max_tokens:
-        raise ConfigError(f"system.real: need 1 <= small_max_tokens ({rk.small_max_tokens}) <= large_max_tokens "
-                          f"({rk.large_max_tokens})")
+    if not 1 <= caps["R_S"] <= caps["R_L"]:
+        raise ConfigError(f"system.real: need 1 <= small_max_tokens ({caps['R_S']}) <= large_max_tokens "
+                          f"({caps['R_L']})")
     top = wl.max_len
-    if top > rk.large_max_tokens:
+    if top > caps["R_L"]:
         t = max(wl.tasks, key=lambda t: t.lengths.max_len)
         raise ConfigError(f"workload.tasks: the longest sequence {top} (task {t.name!r}) is beyond every replica's "
-                          f"max_tokens (R_L {rk.large_max_tokens}, R_S {rk.small_max_tokens})")
+                          f"max_tokens (R_L {caps['R_L']}, R_S {caps['R_S']})")
     pols = policies(system)
     if any(p != "lobra" for p in pols) or c.bucketing == "fixed":
         if c.fixed_buckets[-1] < top:
             raise ConfigError(f"system.fixed_buckets: largest {c.fixed_buckets[-1]} is below the longest sequence {top}")
-        if c.fixed_buckets[-1] > rk.large_max_tokens:
+        if c.fixed_buckets[-1] > caps["R_L"]:
             raise ConfigError(f"system.fixed_buckets: largest {c.fixed_buckets[-1]} is beyond R_L's max_tokens "
-                              f"{rk.large_max_tokens}")
+                              f"{caps['R_L']}")
     if min(rk.profile_mbs, default=0) < 1 or min(rk.profile_lengths, default=0) < 1 or rk.profile_reps < 1:
         raise ConfigError(f"system.real: profile_mbs {list(rk.profile_mbs)}, profile_lengths "
                           f"{list(rk.profile_lengths)} and profile_reps {rk.profile_reps} must be non-empty and >= 1")
@@ -280,7 +306,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 # ---- caller side ------------------------------------------------------------------------------
 def make_job(system, wl, seed: int) -> RealJob:
     c, rk = system.cfg, system.cfg.real
-    return RealJob(wl.model, tuple(wl.tasks), seed, tuple(policies(system)), max_tokens_of(rk), c.num_buckets,
+    return RealJob(wl.model, tuple(wl.tasks), seed, tuple(policies(system)), max_tokens_of(system, wl), c.num_buckets,
                    tuple(c.fixed_buckets), c.bucket_cuts, c.dispatch, c.exec_mode, c.ilp_time_limit_s, c.ilp_gap,
                    tuple(rk.profile_mbs), tuple(rk.profile_lengths), rk.profile_reps,
                    wl.warmup_steps + wl.steps, rk.check_steps, rk.init_b_zero, wl.lora_rank, wl.lora_alpha, wl.lr,
@@ -368,4 +394,6 @@ def run_real(system, job: JobContext) -> RunResult:
     rj = make_job(system, wl, job.seed)
     results = run_job(rj, system.cfg.real.timeout_s)
     main = system.cfg.policy if system.cfg.policy in rj.policies else rj.policies[0]
-    return summarise(results, rj, wl.warmup_steps, main, system.cfg.real.grad_rtol)
+    res = summarise(results, rj, wl.warmup_steps, main, system.cfg.real.grad_rtol)
+    res.info["max_tokens"] = {**rj.max_tokens, "memory": memory_rule_info(system, wl)}
+    return res

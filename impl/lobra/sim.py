@@ -1,15 +1,19 @@
 """LobRA sim mode (spec 6): price every step of a multi-task LoRA job on a deployment.
 
 Per job: derive the schemes (:mod:`impl.lobra.sim_cost`), then
-- lobra (and its ablations): plan the deployment on an expected batch (``system.planner``) or
-  take a homogeneous one (``system.deployment: homogeneous``); per step bucket the lengths
+- lobra (and its ablations): take the authors' deployment for this GPU and task count from
+  ``system.sim.replica_table`` (``deployment: table``, or ``auto`` when a row matches; spec 10),
+  plan one on an expected batch (``system.planner``), or take a homogeneous one
+  (``system.deployment: homogeneous``); per step bucket the lengths
   (dynamic DP or fixed), dispatch (balanced ILP / length-based / even), cut micro-batches;
 - task_fused: homogeneous replicas sized for the longest sequence (``system.sim.homogeneous``
   [tp, pp], the paper's configs in the presets), fixed buckets, even split;
 - task_sequential: per task, the best homogeneous config of all N GPUs that fits that task's
   maximum, the task's batch alone; a joint step costs the sum over tasks.
 A replica's time is ``Σ t + (pp−1)·max t`` over its micro-batches; the step is the slowest
-replica plus the adapter-gradient all-reduce (every adapter is global to its job). GPU-seconds
+replica plus the adapter-gradient all-reduce (every adapter is global to its job) plus the
+per-step overhead (``system.sim.step_overhead_s``; on a calibrated profile its fitted
+iteration overhead, paid per task step by Task-Sequential). GPU-seconds
 = N × step, summed over the measured steps. Seeded and deterministic.
 """
 from __future__ import annotations
@@ -31,7 +35,63 @@ from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_c
 def _knobs(system, wl, hw) -> SimCostKnobs:
     k = system.cfg.sim
     return SimCostKnobs(mfu=wl.mfu if wl.mfu is not None else hw.mfu, comm_scale=k.comm_scale, tp8_ratio=k.tp8_ratio,
-                        memory_reserve_bytes=k.memory_reserve_bytes, act_bytes_per_token_layer=k.act_bytes_per_token_layer)
+                        memory_reserve_bytes=k.memory_reserve_bytes, act_bytes_per_token_layer=k.act_bytes_per_token_layer,
+                        profile_lengths=tuple(k.profile_lengths))
+
+
+def step_overhead_s(system, hw) -> float:
+    """Per optimizer step: the knob, or (< 0) the calibrated profile's fitted iteration overhead."""
+    k = system.cfg.sim.step_overhead_s
+    if k >= 0:
+        return float(k)
+    return float(hw.megatron.iteration_overhead_s) if getattr(hw, "megatron", None) is not None else 0.0
+
+
+def table_row(cfg, wl):
+    """The replica-table row for this GPU and task count, or None."""
+    for row in cfg.sim.replica_table:
+        if row.gpus == wl.num_gpus and row.tasks in (0, len(wl.tasks)):
+            return row
+    return None
+
+
+def deployment_of(cfg, wl) -> str:
+    """What a lobra-policy job deploys: table | planned | homogeneous (``auto`` resolved)."""
+    if cfg.deployment == "auto":
+        return "table" if table_row(cfg, wl) is not None else "planned"
+    return cfg.deployment
+
+
+def _scheme(schemes, tp: int, pp: int, field: str) -> Scheme:
+    match = [s for s in schemes if (s.tp, s.pp) == (tp, pp)]
+    if not match:
+        raise ConfigError(f"{field}: [tp {tp}, pp {pp}] holds none of the profile lengths on this model and "
+                          f"hardware (have {[s.label for s in schemes]})")
+    return match[0]
+
+
+def _with_max_tokens(s: Scheme, m: int) -> Scheme:
+    return Scheme(s.tp, s.pp, int(m), s.cost, s.num_layers)
+
+
+def table_groups(cfg, wl, schemes) -> tuple[list[Group], dict]:
+    """The authors' deployment for this setup; max_tokens ours (rule) or theirs (table)."""
+    row = table_row(cfg, wl)
+    if row is None:
+        raise ConfigError(f"system.sim.replica_table: no row for {wl.num_gpus} GPUs and {len(wl.tasks)} tasks "
+                          f"(rows: {[(r.gpus, r.tasks) for r in cfg.sim.replica_table]})")
+    groups, cmp = [], []
+    for dp, tp, pp, theirs in row.replicas:
+        s = _scheme(schemes, tp, pp, "system.sim.replica_table")
+        ours = s.max_tokens
+        groups.append(Group(s if cfg.sim.max_tokens_from == "rule" else _with_max_tokens(s, theirs), dp))
+        cmp.append({"replica": f"{dp}x(tp{tp},pp{pp})", "max_tokens_table": theirs, "max_tokens_rule": ours})
+    top = max(g.scheme.max_tokens for g in groups)
+    if top < wl.max_len:
+        raise ConfigError(f"system.sim.replica_table: the row for {wl.num_gpus} GPUs holds at most {top} tokens "
+                          f"({cfg.sim.max_tokens_from}), below the longest sequence {wl.max_len}")
+    return groups, {"source": "authors' replica table", "max_tokens_from": cfg.sim.max_tokens_from,
+                    "max_tokens": cmp}
 
 
 def schemes_for(system, wl, hw, num_tasks: int):
@@ -39,13 +99,13 @@ def schemes_for(system, wl, hw, num_tasks: int):
     return sim_schemes(wl.model, hw, _knobs(system, wl, hw), wl.num_gpus, num_tasks, wl.lora_rank, cap)
 
 
-def homogeneous(schemes, num_gpus: int, tp_pp, need: int, field: str) -> Group:
+def homogeneous(schemes, num_gpus: int, tp_pp, need: int, field: str, hold_longest: bool = False) -> Group:
+    """``hold_longest``: the authors' tables size these replicas for the longest sequence (their
+    max_tokens, not ours)."""
     tp, pp = tp_pp
-    match = [s for s in schemes if (s.tp, s.pp) == (tp, pp)]
-    if not match:
-        raise ConfigError(f"{field}: [{tp}, {pp}] is not a scheme that fits this model's weights "
-                          f"(have {[s.label for s in schemes]})")
-    s = match[0]
+    s = _scheme(schemes, tp, pp, field)
+    if hold_longest:
+        s = _with_max_tokens(s, max(s.max_tokens, need))
     if num_gpus % s.gpus:
         raise ConfigError(f"{field}: {num_gpus} GPUs is not a multiple of {s.label}'s {s.gpus}")
     if s.max_tokens < need:
@@ -96,24 +156,34 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     cfg = system.cfg
     names = [t.name for t in wl.tasks]
     schemes, scale = schemes_for(system, wl, hw, len(wl.tasks))
+    calibrated = getattr(hw, "megatron", None) is not None
     info: dict = {"num_gpus": wl.num_gpus, "model": wl.model.name, "tasks": names, "comm_scale": round(scale, 4),
                   "schemes": {s.label: round(s.throughput_per_gpu(), 1) for s in schemes},
                   "table3_check": table3_check(wl.model, hw, _knobs(system, wl, hw), scale),
-                  "cost_source": "derived (FLOPs, MFU, TP collectives, Table-3 TP8 ratio); not profiled"}
+                  "cost_source": ("calibrated Megatron step model (LoRA GEMMs x 2/3); memory: fitted bytes"
+                                  if calibrated else "derived (FLOPs, MFU, TP collectives, Table-3 TP8 ratio)")
+                                 + "; max_tokens by the profile_memory rule; not profiled"}
     solver = dict(time_limit_s=cfg.ilp_time_limit_s, mip_gap=cfg.ilp_gap) if cfg.dispatch == "balanced" else {}
     streams = TaskStreams(wl.tasks, seed)
     steps, pads, solve, statuses = [], [], [], []
     cut_steps = 0
     planner_s = 0.0
+    overhead = step_overhead_s(system, hw)
+    info["step_overhead_s"] = overhead
+    from_table = cfg.sim.max_tokens_from == "table"
     if cfg.policy == "task_sequential":
         per_task = {}
         t0 = time.perf_counter()
         for t in wl.tasks:
             need = t.lengths.max_len
             best = None
-            allowed = {tuple(c) for c in cfg.sim.sequential_configs}
+            allowed = {tuple(c[:2]): (c[2] if len(c) > 2 else 0) for c in cfg.sim.sequential_configs}
             for s in schemes:
-                if s.max_tokens < need or wl.num_gpus % s.gpus or (allowed and (s.tp, s.pp) not in allowed):
+                if allowed and (s.tp, s.pp) not in allowed:
+                    continue
+                if from_table and allowed.get((s.tp, s.pp)):
+                    s = _with_max_tokens(s, allowed[(s.tp, s.pp)])
+                if s.max_tokens < need or wl.num_gpus % s.gpus:
                     continue
                 g = [Group(s, wl.num_gpus // s.gpus)]
                 one = type(wl)(**{**wl.__dict__, "tasks": [t]})
@@ -137,15 +207,20 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
                 gs = per_task[t.name]
                 bs = boundaries_for(mine, "fixed", num_buckets=cfg.num_buckets, fixed=_fixed(system, wl))
                 sp = plan_step(gs, mine, bs, "even", exec_mode=cfg.exec_mode, min_len=cfg.min_bucket_len)
-                total += step_time(gs, sp) + sync_time_s(wl, hw, gs, 1)
+                total += step_time(gs, sp) + sync_time_s(wl, hw, gs, 1) + overhead
                 real += sp.real_tokens
                 padded += sp.padded_tokens
             steps.append(total)
             pads.append((padded - real) / padded)
     else:
-        if cfg.policy == "task_fused" or cfg.deployment == "homogeneous":
+        kind = "homogeneous" if cfg.policy == "task_fused" else deployment_of(cfg, wl)
+        info["deployment_kind"] = kind
+        if kind == "homogeneous":
             groups = [homogeneous(schemes, wl.num_gpus, cfg.sim.homogeneous, pow2_ceil(wl.max_len),
-                                  "system.sim.homogeneous")]
+                                  "system.sim.homogeneous", hold_longest=from_table)]
+            info["deployment"] = [f"{g.dp}x{g.scheme.label}" for g in groups]
+        elif kind == "table":
+            groups, info["replica_table"] = table_groups(cfg, wl, schemes)
             info["deployment"] = [f"{g.dp}x{g.scheme.label}" for g in groups]
         else:
             bk, cnt = expected_batch(wl, seed, cfg.bucketing, system)
@@ -164,7 +239,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
             sp = plan_bucketed(groups, samples, bucketing_kind, dispatcher, num_buckets=cfg.num_buckets,
                                fixed=_fixed(system, wl), cuts=cfg.bucket_cuts, min_len=cfg.min_bucket_len,
                                exec_mode=cfg.exec_mode, task_order=names, **solver)
-            steps.append(step_time(groups, sp) + sync)
+            steps.append(step_time(groups, sp) + sync + overhead)
             pads.append(sp.pad_ratio)
             solve.append(sp.dispatch.solve_s)
             statuses.append(sp.dispatch.status)

@@ -1,21 +1,32 @@
-"""Paper-scale schemes for sim mode (spec 2.1, 6): f_tp(mbs, s) and max_tokens per (tp, pp).
+"""Paper-scale schemes for sim mode (spec 2.1, 6, 10): f_tp(mbs, s) and max_tokens per (tp, pp).
 
-Derived, not profiled (only 7B profiles ship with the authors' code; spec 9):
-- time: :func:`impl.common.cost.varlen_model.analytic_seq_cost` for one stage of
+Derived, not profiled (only 7B profiles ship with the authors' code; spec 9). Two pricings:
+- a profile with fitted Megatron knobs (``hardware=*-megatron``, the calibrated step model of
+  the paper-scale fidelity issue): one stage's micro-batch time is
+  :func:`impl.common.megatron.step.seq_cost_terms` (GEMMs at the fitted efficiency and
+  small-row slowdown, causal attention, the TP collectives on the fitted intra- or inter-node
+  bus bandwidth, so TP 16 across two nodes is priced by the fit, the pipeline p2p, the LM head on
+  the last stage, per-layer overhead), with the GEMM terms scaled by ``lora_matrix_factor``
+  (2/3: frozen weights have no weight-gradient GEMMs). No Table-3 rescaling: every Table-3
+  entry is a prediction (:func:`table3_check`). The fitted per-iteration overhead is added
+  once per optimizer step by :mod:`impl.lobra.sim` (``system.sim.step_overhead_s``).
+- a datasheet profile: :func:`impl.common.cost.varlen_model.analytic_seq_cost` for one stage of
   ``Layout(1, tp, pp)`` (forward + backward FLOPs / (peak·mfu), 8 TP collectives of s·h·2 B per
-  layer, pipeline p2p), split into its compute and communication parts. LoRA: the frozen
-  weights need no weight-gradient GEMMs, so the matrix FLOPs are ⅔ of full fine-tuning
-  (forward + input gradient); attention has no weights and keeps its 3x (spec 6).
-- TP efficiency: the communication part is multiplied by one factor ``comm_scale`` chosen so
-  that the per-GPU throughput of TP8 at 2K tokens is ``tp8_ratio`` (0.546 = 2.79 / 5.11, spec 4
-  Table 3 [S2]) of TP1's. Every other Table-3 entry is then a prediction, reported next to the
-  source in :func:`table3_check`.
-- f is per layer with a fixed micro-batch overhead c6 (the collectives' latencies), linear in
-  mbs otherwise: c1 = attention, c3 = matrices + collectives bandwidth, c2 = c4 = c5 = 0.
-- memory per GPU [R]: frozen bf16 weights / (tp·pp) + per task LoRA params (bf16) + fp32 grads
-  + Adam (12 B) on the adapters / (tp·pp) + activations (``MemoryModel.per_token_bytes``: 34·h
-  bytes per token and layer / tp, 1F1B in-flight micro-batches, fp32 logits). ``max_tokens`` is
-  the largest power of two that fits, at most ``cap``.
+  layer, pipeline p2p), split into its compute and communication parts; matrix FLOPs x 2/3
+  (LoRA), attention keeps its 3x (spec 6); the communication part is multiplied by one factor
+  ``comm_scale`` chosen so that TP8's per-GPU throughput at 2K tokens is ``tp8_ratio`` (0.546 =
+  2.79 / 5.11, spec 4 Table 3 [S2]) of TP1's.
+f is per layer of an L/pp-layer stage (fixed micro-batch part in c6, linear in mbs otherwise:
+c1 = attention, c3 = matrices + collectives bandwidth, c2 = c4 = c5 = 0).
+
+``max_tokens`` by the authors' profiling rule (spec 10, ``scripts/profile_memory.py``): for each
+tp and each pp dividing the layers, mbs 1 with 2·pp micro-batches at lengths ``profile_lengths``
+(1K..16K); max_tokens is the largest that fits. Memory per GPU [R]: frozen bf16 weights / (tp·pp)
++ per task LoRA params (bf16) + fp32 grads + Adam (12 B) on the adapters / (tp·pp) + activations
+of the 1F1B in-flight micro-batches (stage 0 holds pp) + logits, by
+:class:`~impl.common.cost.varlen_model.MemoryModel`: on a calibrated profile
+``MemoryModel.for_hardware`` (the fitted activation and logit bytes per token and the fitted
+allocatable bytes), else 34·h bytes per token and layer under ``memory - memory_reserve_bytes``.
 """
 from __future__ import annotations
 
@@ -24,12 +35,13 @@ from dataclasses import dataclass
 
 from impl.common.api import ConfigError
 from impl.common.cost.transformer import layer_matrix_params, layer_split, model_params
-from impl.common.cost.varlen_model import Layout, MemoryModel, analytic_seq_cost
+from impl.common.cost.varlen_model import Layout, MemoryModel, analytic_seq_cost, megatron_seq_cost
 
 from .cost import Scheme, TpCost
 
 TP_DEGREES = (1, 2, 4, 8, 16)
-PP_DEGREES = (1, 2, 4, 8)
+MAX_PP = 8
+PROFILE_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # scripts/profile_memory.py (spec 10)
 LORA_MATRIX_FACTOR = 2.0 / 3.0
 # Spec 4, Table 3 [S2] (per-GPU throughput, model not stated): 2K tokens unless noted.
 TABLE3 = {(1, 1): 5.11, (2, 1): 4.30, (1, 8): 4.45, (2, 4): 4.27, (4, 2): 3.48, (8, 1): 2.79}
@@ -45,6 +57,16 @@ class SimCostKnobs:
     lora_matrix_factor: float = LORA_MATRIX_FACTOR
     memory_reserve_bytes: float = 4 * 2**30
     act_bytes_per_token_layer: float = 34.0
+    profile_lengths: tuple = PROFILE_LENGTHS
+
+
+def calibrated(hw) -> bool:
+    return getattr(hw, "megatron", None) is not None
+
+
+def pp_degrees(model) -> list[int]:
+    """Pipeline degrees the profiling rule tries: those dividing the layers, up to MAX_PP."""
+    return [p for p in range(1, MAX_PP + 1) if model.num_layers % p == 0]
 
 
 def lora_params_per_layer(model, rank: int) -> int:
@@ -63,6 +85,11 @@ def _parts(model, tp: int, pp: int, hw, mfu: float) -> tuple[float, float, float
 
 
 def tp_cost(model, tp: int, pp: int, hw, k: SimCostKnobs, comm_scale: float) -> TpCost:
+    if calibrated(hw):
+        sc = megatron_seq_cost(model, Layout(1, tp, pp), hw, gemm_scale=k.lora_matrix_factor)
+        per = model.num_layers / pp  # Scheme.t multiplies f by L/pp
+        return TpCost((sc.a / per, 0.0, sc.b / per, 0.0, 0.0, sc.c / per),
+                      source=f"megatron-calibrated ({hw.name}, LoRA GEMMs x {k.lora_matrix_factor:.3f})")
     a, b_c, b_x, c = _parts(model, tp, pp, hw, k.mfu)
     n_layers = max(layer_split(model.num_layers, pp))
     # f is per layer of an L/pp-layer stage: the stage's p2p is spread over its layers.
@@ -76,7 +103,10 @@ def _throughput(model, tp, pp, hw, k, scale, s=2048) -> float:
 
 
 def calibrate_comm_scale(model, hw, k: SimCostKnobs) -> float:
-    """Bisection on the TP8/TP1 per-GPU throughput ratio at 2K (monotone in the scale)."""
+    """Bisection on the TP8/TP1 per-GPU throughput ratio at 2K (monotone in the scale); 1 on a
+    calibrated profile (its collectives are fitted, not rescaled)."""
+    if calibrated(hw):
+        return 1.0
     if k.comm_scale >= 0:
         return k.comm_scale
     base = _throughput(model, 1, 1, hw, k, 1.0)
@@ -107,35 +137,42 @@ def table3_check(model, hw, k: SimCostKnobs, scale: float) -> dict:
     return out
 
 
-def max_tokens(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, cap: int) -> int:
-    """Largest power of two of tokens one micro-batch may hold (0 when the weights do not fit)."""
+def memory_model(hw, k: SimCostKnobs) -> MemoryModel:
+    if calibrated(hw):
+        return MemoryModel.for_hardware(hw)
+    return MemoryModel(capacity_bytes=hw.memory_bytes - k.memory_reserve_bytes,
+                       act_bytes_per_token_layer=k.act_bytes_per_token_layer)
+
+
+def peak_bytes(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, tokens: int) -> float:
+    """Peak per GPU of mbs 1 at ``tokens`` with 2·pp micro-batches (stage 0 holds pp of them)."""
     shard = tp * pp
     weights = 2.0 * model_params(model) / shard
     lora = lora_params_per_layer(model, rank) * model.num_layers * num_tasks / shard
-    states = weights + lora * (2.0 + 4.0 + 12.0)
-    mem = MemoryModel(capacity_bytes=hw.memory_bytes - k.memory_reserve_bytes,
-                      act_bytes_per_token_layer=k.act_bytes_per_token_layer)
-    room = mem.capacity_bytes - states
-    if room <= 0:
-        return 0
-    fit = int(room // mem.per_token_bytes(model, Layout(1, tp, pp)))
-    if fit < 1:
-        return 0
-    return min(cap, 1 << int(math.floor(math.log2(fit))))
+    mem = memory_model(hw, k)
+    return weights + lora * (2.0 + 4.0 + 12.0) + tokens * mem.per_token_bytes(model, Layout(1, tp, pp))
 
 
-def sim_schemes(model, hw, k: SimCostKnobs, num_gpus: int, num_tasks: int, rank: int, cap: int,
-                min_tokens: int = 256) -> tuple[list[Scheme], float]:
-    """Every (tp, pp) of the grid that fits ``num_gpus`` GPUs and >= ``min_tokens`` tokens, and
-    the comm scale used. TP stays inside a node unless tp = 16 (the paper's 70B TP16)."""
+def max_tokens(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, cap: int) -> int:
+    """The profiling rule: the largest of ``profile_lengths`` (<= ``cap``) that fits; 0: none."""
+    room = memory_model(hw, k).capacity_bytes
+    fit = [s for s in sorted(k.profile_lengths) if s <= cap
+           and peak_bytes(model, tp, pp, hw, k, num_tasks, rank, s) <= room]
+    return fit[-1] if fit else 0
+
+
+def sim_schemes(model, hw, k: SimCostKnobs, num_gpus: int, num_tasks: int, rank: int, cap: int) -> tuple[list[Scheme], float]:
+    """Every (tp, pp) of the grid that fits ``num_gpus`` GPUs and holds one of the profile
+    lengths, and the comm scale used. TP stays inside a node unless tp = 16 (the paper's 70B
+    TP16)."""
     scale = calibrate_comm_scale(model, hw, k)
     out = []
     for tp in TP_DEGREES:
-        for pp in PP_DEGREES:
-            if tp * pp > num_gpus or pp > model.num_layers:
+        for pp in pp_degrees(model):
+            if tp * pp > num_gpus:
                 continue
             m = max_tokens(model, tp, pp, hw, k, num_tasks, rank, cap)
-            if m < min_tokens:
+            if m < 1:
                 continue
             out.append(Scheme(tp, pp, m, tp_cost(model, tp, pp, hw, k, scale), model.num_layers))
     return out, scale

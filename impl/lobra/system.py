@@ -21,7 +21,18 @@ from .engine import BUCKET_CUTS, BUCKETINGS
 from .plan import PLANNERS
 
 POLICIES = ("lobra", "task_fused", "task_sequential")
-DEPLOYMENTS = ("planned", "homogeneous")
+DEPLOYMENTS = ("auto", "planned", "homogeneous", "table")
+MAX_TOKENS_FROM = ("rule", "table")
+
+
+@dataclass
+class ReplicaRow:
+    """One row of the authors' replica tables (spec 10): the deployment of ``gpus`` GPUs (and
+    ``tasks`` tasks; 0 = any count) as ``[dp, tp, pp, max_tokens]`` per replica group."""
+
+    gpus: int = 0
+    tasks: int = 0
+    replicas: List[List[int]] = field(default_factory=list)
 EXEC_MODES = ("fused", "single")
 
 
@@ -29,13 +40,23 @@ EXEC_MODES = ("fused", "single")
 class SimKnobs:
     # Homogeneous [tp, pp] of Task-Fused (and deployment=homogeneous): the paper's configs (spec 3).
     homogeneous: List[int] = field(default_factory=lambda: [8, 1])
-    # Task-Sequential: the [tp, pp] configs a task may run on (spec 3, Table 6); empty = any scheme.
+    # Task-Sequential: the [tp, pp] (or [tp, pp, max_tokens] from the authors' table) configs a task
+    # may run on (spec 3, Table 6; spec 10); empty = any scheme.
     sequential_configs: List[List[int]] = field(default_factory=list)
     # < 0: calibrate the TP communication factor to tp8_ratio (spec 4 Table 3: 2.79 / 5.11).
     comm_scale: float = -1.0
     tp8_ratio: float = 0.5460
-    memory_reserve_bytes: float = 4294967296.0  # 4 GiB per GPU kept back [R]
-    act_bytes_per_token_layer: float = 34.0  # x hidden (Korthikanti et al. 2022, flash attn, SP)
+    memory_reserve_bytes: float = 4294967296.0  # 4 GiB per GPU kept back [R] (datasheet profiles)
+    act_bytes_per_token_layer: float = 34.0  # x hidden (Korthikanti et al. 2022, flash attn, SP; datasheet)
+    # max_tokens per (tp, pp): the authors' profile_memory rule tries these lengths (spec 10).
+    profile_lengths: List[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
+    # The authors' replica tables (deployment=table, or auto when a row matches).
+    replica_table: List[ReplicaRow] = field(default_factory=list)
+    # A table deployment's max_tokens: rule (ours, profile_memory on the memory model) | table.
+    max_tokens_from: str = "rule"
+    # Per optimizer step (Task-Sequential: per task step): < 0 = the calibrated profile's fitted
+    # iteration overhead (0 on a datasheet profile).
+    step_overhead_s: float = -1.0
 
 
 @dataclass
@@ -43,6 +64,10 @@ class RealKnobs:
     # Replica proxies (spec 5): checkpointing + max_tokens per replica kind.
     large_max_tokens: int = 2048
     small_max_tokens: int = 512
+    # > 0: both caps by the authors' profile_memory rule on this per-rank budget (spec 10,
+    # impl/lobra/real_memory.py), the two knobs above then unused; the lengths it tries.
+    memory_budget_bytes: float = 0.0
+    memory_profile_lengths: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
     # The cost fit per replica: mbs and s grid of timed micro-batches.
     profile_mbs: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
     profile_lengths: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
@@ -60,7 +85,9 @@ class LobRA(System):
     @dataclass
     class Config:
         policy: str = "lobra"
-        deployment: str = "planned"  # planned | homogeneous
+        # auto: the authors' table row for this GPU and task count if sim.replica_table has one,
+        # else planned | planned (PRUNE/GROUP/BALANCE) | homogeneous (sim.homogeneous) | table
+        deployment: str = "auto"
         planner: str = "prune"  # prune | group | balance
         scheme_pool: bool = True  # ablation: pool pruning on/off
         keep_within: float = 0.15
@@ -94,6 +121,21 @@ class LobRA(System):
         if cfg.ilp_time_limit_s <= 0 or not 0 <= cfg.ilp_gap < 1:
             raise ConfigError(f"system.ilp_time_limit_s ({cfg.ilp_time_limit_s}) must be > 0 and system.ilp_gap "
                               f"({cfg.ilp_gap}) in [0, 1)")
+        if cfg.sim.max_tokens_from not in MAX_TOKENS_FROM:
+            raise ConfigError(f"system.sim.max_tokens_from: unknown value {cfg.sim.max_tokens_from!r} "
+                              f"(one of: {', '.join(MAX_TOKENS_FROM)})")
+        if not cfg.sim.profile_lengths or min(cfg.sim.profile_lengths) < 1:
+            raise ConfigError(f"system.sim.profile_lengths: need lengths >= 1, got {list(cfg.sim.profile_lengths)}")
+        for i, row in enumerate(cfg.sim.replica_table):
+            if row.gpus < 1 or row.tasks < 0 or not row.replicas:
+                raise ConfigError(f"system.sim.replica_table[{i}]: need gpus >= 1, tasks >= 0 and replicas")
+            for r in row.replicas:
+                if len(r) != 4 or min(r) < 1:
+                    raise ConfigError(f"system.sim.replica_table[{i}].replicas: {list(r)} is not [dp, tp, pp, "
+                                      f"max_tokens] >= 1")
+            if sum(r[0] * r[1] * r[2] for r in row.replicas) != row.gpus:
+                raise ConfigError(f"system.sim.replica_table[{i}]: replicas use "
+                                  f"{sum(r[0] * r[1] * r[2] for r in row.replicas)} GPUs, the row says {row.gpus}")
         if len(cfg.sim.homogeneous) != 2 or min(cfg.sim.homogeneous) < 1:
             raise ConfigError(f"system.sim.homogeneous: must be [tp, pp] >= 1, got {cfg.sim.homogeneous}")
         for p in cfg.real.interleave:

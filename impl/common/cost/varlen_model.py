@@ -117,7 +117,8 @@ def analytic_seq_cost(model, layout: Layout, hw: HardwareProfile, *, mfu: float 
     return SeqCost(a=a, b=b, c=c, r2=1.0, source="analytic")
 
 
-def megatron_seq_cost(model, layout: Layout, hw: HardwareProfile, sequence_parallel: bool = True) -> SeqCost:
+def megatron_seq_cost(model, layout: Layout, hw: HardwareProfile, sequence_parallel: bool = True,
+                      gemm_scale: float = 1.0) -> SeqCost:
     """:func:`impl.common.megatron.step.seq_cost_terms` for a harness model shape."""
     from impl.common.megatron.model import MegatronLayout, MegatronModel
     from impl.common.megatron.step import seq_cost_terms
@@ -136,7 +137,7 @@ def megatron_seq_cost(model, layout: Layout, hw: HardwareProfile, sequence_paral
         m = dataclasses.replace(m, heads=layout.tp)
     lay = MegatronLayout(dp=layout.dp, tp=layout.tp, pp=layout.pp, mbs=1, gbs=layout.dp, context=max(1, m.max_position_embeddings),
                          sequence_parallel=sequence_parallel, gpus_per_node=hw.gpus_per_node)
-    a, b, c = seq_cost_terms(m, lay, hw)
+    a, b, c = seq_cost_terms(m, lay, hw, gemm_scale=gemm_scale)
     return SeqCost(a=a, b=b, c=c, r2=1.0, source="megatron-calibrated")
 
 

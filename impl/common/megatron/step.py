@@ -391,13 +391,18 @@ def work_from_microbatches(ranks: "list[list[list[int]]]", lm_head_rows: str = "
 
 
 def seq_cost_terms(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
-                   knobs: Optional[MegatronKnobs] = None) -> tuple[float, float, float]:
+                   knobs: Optional[MegatronKnobs] = None, gemm_scale: float = 1.0) -> tuple[float, float, float]:
     """The step model's time of one packed micro-batch on the slowest pipeline stage as
     ``a * sum(s^2) + b * rows + c`` (the LM head on the row's tokens), for planners that price
     micro-batches one by one (:class:`~impl.common.cost.seqlen.SeqCost`). Exact: every term of a
-    micro-batch is affine in its rows and its sum of squares, so three probes determine it."""
+    micro-batch is affine in its rows and its sum of squares, so three probes determine it.
+    ``gemm_scale`` multiplies the GEMM terms: LoRA over frozen weights runs the forward and input
+    gradient GEMMs but no weight gradient (2/3 of 6 x rows x params)."""
+    if not 0 < gemm_scale <= 1:
+        raise ConfigError(f"gemm_scale: must be in (0, 1], got {gemm_scale}")
     k = knobs or hw.megatron_knobs()
-    theta = theta_of(hw, k)
+    theta = theta_of(hw, k).copy()
+    theta[[F_GEMM, F_GEMM_ROWS]] *= gemm_scale
     probe = MicroBatchWork(rows=np.array([[[1.0, 2.0, 2.0]]]), attn_sq=np.array([[[0.0, 0.0, 1.0]]]),
                            grid=np.array([[[1.0, 2.0, 2.0]]]))
     t = features(model, lay.with_(gbs=3 * lay.dp * lay.mbs), hw, probe).T[0, 0] @ theta  # (3, pp)

@@ -6,8 +6,11 @@ A :class:`LengthDist` is either
 
 Limits ``[min_len, max_len]`` (``max_len = 0``: no upper limit) are part of the distribution.
 With ``clip: true`` a draw outside them is clipped to the nearest limit (the spec's
-"lognormal(...) clipped to [16, 2048]"). With ``clip: false`` a draw or histogram row outside
-them is an error naming the numbers: a sequence is never silently dropped or shortened.
+"lognormal(...) clipped to [16, 2048]"). With ``resample: true`` a draw outside them is drawn
+again: the distribution conditioned on the range, i.e. a dataset filtered to it (LobRA spec 10:
+"lengths kept in [256, 16384]"); it wins over ``clip``, and a range holding under 1e-4 of the
+mass is an error. With both false a draw or histogram row outside them is an error naming the
+numbers: a sequence is never silently dropped or shortened.
 
 Presets [R] (stand-ins, not the papers' data): CommonCrawl lognormal(ln 700, 1.25) and GitHub
 lognormal(ln 1800, 1.3), clipped to the context (HotSPa spec 6, Hydraulis spec 6); HotSPa's
@@ -42,6 +45,7 @@ class LengthDist:
     min_len: int = 1
     max_len: int = 0  # 0 = no upper limit
     clip: bool = True
+    resample: bool = False  # draws outside [min_len, max_len] are drawn again (filtered data)
     field: str = "workload.lengths"  # config path named in error messages
 
     def validate(self) -> None:
@@ -65,16 +69,34 @@ class LengthDist:
         self.validate()
         if n < 0:
             raise ConfigError(f"{self.field}: cannot draw {n} lengths")
+        if self.resample:
+            return self._resampled(n, rng)
+        return self._limit(self._raw(n, rng))
+
+    def _raw(self, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "lognormal":
             raw = np.rint(rng.lognormal(math.log(self.median), self.sigma, size=n))
             # Far-tail draws can overflow int64; they are clipped or reported below anyway.
             raw = np.minimum(raw, float(2 ** 62)).astype(np.int64)
-            raw = np.maximum(raw, 1)
-        else:
-            self.check_histogram_limits()
-            lengths, counts = load_histogram(self.path)
-            raw = rng.choice(lengths, size=n, p=counts / counts.sum())
-        return self._limit(raw)
+            return np.maximum(raw, 1)
+        self.check_histogram_limits()
+        lengths, counts = load_histogram(self.path)
+        return rng.choice(lengths, size=n, p=counts / counts.sum())
+
+    def _resampled(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Rejection sampling into [min_len, max_len], in draw order (seeded, deterministic)."""
+        hi = self.max_len or np.iinfo(np.int64).max
+        out = np.empty(0, dtype=np.int64)
+        drawn = 0
+        while len(out) < n:
+            want = max(64, 2 * (n - len(out)))
+            raw = self._raw(want, rng)
+            drawn += want
+            out = np.concatenate([out, raw[(raw >= self.min_len) & (raw <= hi)]])
+            if drawn >= 10000 and len(out) < 1e-4 * drawn:
+                raise ConfigError(f"{self.field}: [{self.min_len}, {self.max_len or 'inf'}] holds under 1e-4 of "
+                                  f"the distribution's mass with resample true ({len(out)} of {drawn} draws)")
+        return out[:n]
 
     def _limit(self, raw: np.ndarray) -> np.ndarray:
         hi = self.max_len or None
@@ -90,8 +112,9 @@ class LengthDist:
         return raw
 
     def check_histogram_limits(self) -> None:
-        """With ``clip: false``, a histogram row outside the limits fails up front (file, line)."""
-        if self.kind != "histogram" or self.clip:
+        """With ``clip`` and ``resample`` false, a histogram row outside the limits fails up
+        front (file, line)."""
+        if self.kind != "histogram" or self.clip or self.resample:
             return
         for length, line in _rows(self.path):
             if length < self.min_len or (self.max_len and length > self.max_len):
