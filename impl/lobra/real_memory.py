@@ -28,7 +28,6 @@ import torch
 from impl.common.api import ConfigError
 from impl.common.llm.lora_train import MultiTaskLoRA, Sample
 
-KIND_CHECKPOINT = {"R_L": True, "R_S": False}
 PROFILE_ID0 = 1 << 41
 FP32 = 4
 

@@ -18,6 +18,7 @@ iteration overhead, paid per task step by Task-Sequential). GPU-seconds
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -29,7 +30,7 @@ from .cost import Scheme, pow2_ceil, replica_time
 from .dispatch import Group
 from .engine import TaskStreams, boundaries_for, plan_bucketed, plan_step
 from .plan import plan
-from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
+from .sim_cost import SimCostKnobs, calibrated, lora_params_per_layer, sim_schemes, table3_check
 
 
 def _knobs(system, wl, hw) -> SimCostKnobs:
@@ -44,7 +45,7 @@ def step_overhead_s(system, hw) -> float:
     k = system.cfg.sim.step_overhead_s
     if k >= 0:
         return float(k)
-    return float(hw.megatron.iteration_overhead_s) if getattr(hw, "megatron", None) is not None else 0.0
+    return float(hw.megatron.iteration_overhead_s) if calibrated(hw) else 0.0
 
 
 def table_row(cfg, wl):
@@ -71,7 +72,7 @@ def _scheme(schemes, tp: int, pp: int, field: str) -> Scheme:
 
 
 def _with_max_tokens(s: Scheme, m: int) -> Scheme:
-    return Scheme(s.tp, s.pp, int(m), s.cost, s.num_layers)
+    return dataclasses.replace(s, max_tokens=int(m))
 
 
 def table_groups(cfg, wl, schemes) -> tuple[list[Group], dict]:
@@ -156,12 +157,11 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     cfg = system.cfg
     names = [t.name for t in wl.tasks]
     schemes, scale = schemes_for(system, wl, hw, len(wl.tasks))
-    calibrated = getattr(hw, "megatron", None) is not None
     info: dict = {"num_gpus": wl.num_gpus, "model": wl.model.name, "tasks": names, "comm_scale": round(scale, 4),
                   "schemes": {s.label: round(s.throughput_per_gpu(), 1) for s in schemes},
                   "table3_check": table3_check(wl.model, hw, _knobs(system, wl, hw), scale),
                   "cost_source": ("calibrated Megatron step model (LoRA GEMMs x 2/3); memory: fitted bytes"
-                                  if calibrated else "derived (FLOPs, MFU, TP collectives, Table-3 TP8 ratio)")
+                                  if calibrated(hw) else "derived (FLOPs, MFU, TP collectives, Table-3 TP8 ratio)")
                                  + "; max_tokens by the profile_memory rule; not profiled"}
     solver = dict(time_limit_s=cfg.ilp_time_limit_s, mip_gap=cfg.ilp_gap) if cfg.dispatch == "balanced" else {}
     streams = TaskStreams(wl.tasks, seed)

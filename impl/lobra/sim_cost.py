@@ -30,7 +30,6 @@ allocatable bytes), else 34·h bytes per token and layer under ``memory - memory
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from impl.common.api import ConfigError
@@ -138,10 +137,10 @@ def table3_check(model, hw, k: SimCostKnobs, scale: float) -> dict:
 
 
 def memory_model(hw, k: SimCostKnobs) -> MemoryModel:
-    if calibrated(hw):
-        return MemoryModel.for_hardware(hw)
-    return MemoryModel(capacity_bytes=hw.memory_bytes - k.memory_reserve_bytes,
-                       act_bytes_per_token_layer=k.act_bytes_per_token_layer)
+    """The shared per-GPU memory model; a calibrated profile replaces the reserve and the
+    activation bytes with its fitted ones."""
+    return MemoryModel.for_hardware(hw, reserve_bytes=k.memory_reserve_bytes,
+                                    act_bytes_per_token_layer=k.act_bytes_per_token_layer)
 
 
 def peak_bytes(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, tokens: int) -> float:

@@ -19,6 +19,7 @@ from impl.common.api import ConfigError, JobContext, RunResult, System
 from .dispatch import DISPATCHERS
 from .engine import BUCKET_CUTS, BUCKETINGS
 from .plan import PLANNERS
+from .sim_cost import PROFILE_LENGTHS
 
 POLICIES = ("lobra", "task_fused", "task_sequential")
 DEPLOYMENTS = ("auto", "planned", "homogeneous", "table")
@@ -49,7 +50,7 @@ class SimKnobs:
     memory_reserve_bytes: float = 4294967296.0  # 4 GiB per GPU kept back [R] (datasheet profiles)
     act_bytes_per_token_layer: float = 34.0  # x hidden (Korthikanti et al. 2022, flash attn, SP; datasheet)
     # max_tokens per (tp, pp): the authors' profile_memory rule tries these lengths (spec 10).
-    profile_lengths: List[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192, 16384])
+    profile_lengths: List[int] = field(default_factory=lambda: list(PROFILE_LENGTHS))
     # The authors' replica tables (deployment=table, or auto when a row matches).
     replica_table: List[ReplicaRow] = field(default_factory=list)
     # A table deployment's max_tokens: rule (ours, profile_memory on the memory model) | table.
