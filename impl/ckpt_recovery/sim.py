@@ -57,6 +57,7 @@ POLICY_MODELS = {
 }
 RAM = PAPER_PROFILES["network"]
 HOUR = 3600.0
+TIER_CHOICES = ("fixed", "auto")
 
 
 def planner_config(wl, hw, cm: HybridCostModel) -> PlannerConfig:
@@ -105,6 +106,12 @@ def check_sim(system, wl, hw, fault) -> None:
                           f"nodes, got k={k.peer_copies} with policy {system.cfg.policy!r}, local_copies={k.local_copies}")
     if k.peer_copies < 0:
         raise ConfigError(f"system.sim.peer_copies: must be >= 0, got {k.peer_copies}")
+    if k.tier_choice not in TIER_CHOICES:
+        raise ConfigError(f"system.sim.tier_choice: unknown {k.tier_choice!r} (one of: {', '.join(TIER_CHOICES)})")
+    if k.tier_choice == "auto" and (system.cfg.policy != "ckpt_recovery" or k.local_copies or k.peer_copies < 1):
+        raise ConfigError(f"system.sim.tier_choice: auto needs policy ckpt_recovery, peer_copies >= 1 (the peer "
+                          f"candidate) and local_copies 0, got policy {system.cfg.policy!r}, "
+                          f"peer_copies={k.peer_copies}, local_copies={k.local_copies}")
     if not 0 <= k.peer_correlated_frac <= 1:
         raise ConfigError(f"system.sim.peer_correlated_frac: must be in [0, 1], got {k.peer_correlated_frac}")
     for name in ("host_mem_bytes_per_node", "train_host_bytes_per_gpu"):
@@ -144,7 +151,7 @@ class Scenario:
             p = after_loss(self.pm.granularity, self.pcfg, self.cm, key)
             if self.pm.granularity == "gpu_heterogeneous" and key:
                 # a partition-agnostic checkpoint loads into any layout: keep the faster of the
-                # heterogeneous plan and the best rectangular mesh (README_sim.md)
+                # heterogeneous plan and the best rectangular mesh (impl/ckpt_recovery/README.md, section "Sim")
                 r = rectangular(self.pcfg, self.cm, key, whole_nodes=False)
                 if r is not None and (p is None or step_time_s(r, self.cm) < step_time_s(p, self.cm) - 1e-12):
                     p = r
@@ -335,14 +342,10 @@ def fault_metrics(sc: Scenario, fault, prof: StorageProfile) -> dict:
     repair_s = HOUR * (k.repair_h[0] + k.repair_h[1]) / 2.0
     lost = lost_gpus(fault, sc.wl.gpus_per_node)
     down = frozenset([fault.node]) if fault.kind == "node_loss" else frozenset()
-    f = sc.failure(prof, lost, fault.mid_save, repair_s, down_nodes=down)
+    per_failure, f, g = per_failure_cost(sc, prof, lost, repair_s, fault.mid_save, down)
     sv = sc.save(prof)
-    per_failure = f["t_lost_s"] + f["t_degraded_s"] + f["t_rejoin_s"]
     out = dict(f)
-    c = k.peer_correlated_frac if sc.peer and down else 0.0
-    if c:  # expected cost over the loss that also takes every copy of the files the node held
-        g = sc.failure(prof, lost, fault.mid_save, repair_s, down_nodes=down, copies_lost=True)
-        per_failure = (1.0 - c) * per_failure + c * (g["t_lost_s"] + g["t_degraded_s"] + g["t_rejoin_s"])
+    if g is not None:
         out.update({"t_lost_correlated_s": g["t_lost_s"], "storage_slices_correlated": g["storage_slices"]})
     if sc.peer:
         out.update(peer_info(sc))
@@ -523,13 +526,77 @@ def _metric(name: str, v) -> Metric:
     return Metric.scalar(v, unit, better)
 
 
+def per_failure_cost(sc: Scenario, prof: StorageProfile, lost, repair_s: float, mid_save: bool,
+                     down: frozenset) -> tuple[float, dict, Optional[dict]]:
+    """Expected T_lost + T_degraded + T_rejoin of one loss (over the correlated share for a
+    node loss with peer copies), the failure's costs, and the correlated failure's (or None)."""
+    f = sc.failure(prof, lost, mid_save, repair_s, down_nodes=down)
+    cost = f["t_lost_s"] + f["t_degraded_s"] + f["t_rejoin_s"]
+    c = sc.k.peer_correlated_frac if sc.peer and down else 0.0
+    if not c:
+        return cost, f, None
+    g = sc.failure(prof, lost, mid_save, repair_s, down_nodes=down, copies_lost=True)
+    return (1.0 - c) * cost + c * (g["t_lost_s"] + g["t_degraded_s"] + g["t_rejoin_s"]), f, g
+
+
+def predicted_ettr(sc: Scenario, prof: StorageProfile) -> float:
+    """What the system can know before any failure: the S1-S4 ETTR formula over the failure
+    model's mix (one GPU with probability single_gpu_frac, else a whole node; mean repair;
+    a loss at a uniform phase), not over the scenario's own fault."""
+    k, gpn, N = sc.k, sc.wl.gpus_per_node, sc.wl.num_gpus
+    repair_s = HOUR * (k.repair_h[0] + k.repair_h[1]) / 2.0
+    one = per_failure_cost(sc, prof, canonical([0], N, gpn), repair_s, False, frozenset())[0]
+    last = N // gpn - 1  # canonical() puts a lost node last
+    node = per_failure_cost(sc, prof, canonical(range(gpn), N, gpn), repair_s, False, frozenset([last]))[0]
+    expected = k.single_gpu_frac * one + (1.0 - k.single_gpu_frac) * node
+    return (1.0 - sc.overhead(prof)) * max(0.0, 1.0 - expected / sc.mtbf_s)
+
+
+def tier_candidates(policy: str, wl, hw, knobs) -> tuple[list[tuple[str, Scenario]], dict[str, str]]:
+    """tier_choice=auto: storage alone, local copies (k=1), peer copies (k=peer_copies), in that
+    order (a tie keeps the earlier, simpler one); a tier that cannot run here is left out with
+    its one-line reason (e.g. peer copies that do not fit in host memory)."""
+    nodes = wl.num_gpus // wl.gpus_per_node
+    want = [("storage only", 0, 0), ("local copies k=1", 0, 1), (f"peer copies k={knobs.peer_copies}", knobs.peer_copies, 0)]
+    out, refused, plans = [], {}, None
+    for label, peer, local in want:
+        if local and not local < nodes:
+            refused[label] = f"needs >= 2 nodes, the job has {nodes}"
+            continue
+        try:
+            sc = Scenario(policy, wl, hw, replace(knobs, peer_copies=peer, local_copies=local, tier_choice="fixed"))
+        except ConfigError as exc:
+            refused[label] = str(exc)
+            continue
+        if plans is None:
+            plans = sc._plans
+        sc._plans = plans  # same policy and workload: one re-plan per lost set for every candidate
+        out.append((label, sc))
+    return out, refused
+
+
 def run_sim(system, job) -> RunResult:
     k = system.cfg.sim
-    sc = Scenario(system.cfg.policy, job.workload, job.hardware, k)
+    profiles = list(dict.fromkeys([k.storage, *k.storage_profiles]))
+    if k.tier_choice == "auto":
+        cands, refused = tier_candidates(system.cfg.policy, job.workload, job.hardware, k)
+        chosen, tiers = {}, {}
+        for name in profiles:
+            prof = paper_profile(name)
+            pred = [(label, predicted_ettr(c, prof)) for label, c in cands]
+            best = max(range(len(pred)), key=lambda i: (pred[i][1], -i))
+            chosen[name] = cands[best][1]
+            tiers[name] = {"chosen": pred[best][0], "predicted_ettr": dict(pred), "refused": refused}
+    else:
+        chosen = {name: None for name in profiles}
+        tiers = None
+    base_sc = Scenario(system.cfg.policy, job.workload, job.hardware, k) if k.tier_choice == "fixed" else None
     per: dict[str, dict] = {}
-    for name in dict.fromkeys([k.storage, *k.storage_profiles]):
+    for name in profiles:
         prof = paper_profile(name)
+        sc = chosen[name] or base_sc
         per[name] = fault_metrics(sc, job.fault, prof) if k.failures == "fault" else poisson_metrics(sc, prof, job.seed)
+    sc = chosen[k.storage] or base_sc
     head = per[k.storage]
     metrics = {}
     for m, v in head.items():
@@ -542,11 +609,13 @@ def run_sim(system, job) -> RunResult:
     info = {"policy": system.cfg.policy, "granularity": sc.pm.granularity, "save": sc.pm.save, "format": sc.pm.fmt,
             "storage": k.storage, "storage_profiles": list(per), "failures": k.failures,
             "state_bytes": sc.io.state_bytes, "base_step_s": sc.base_step_s, "base_layout": describe(sc.base),
-            "reconstructed": "spec ckpt_recovery 6: inputs tagged [R] in README_sim.md"}
+            "reconstructed": "spec ckpt_recovery 6: inputs tagged [R] in impl/ckpt_recovery/README.md, section Sim"}
     if sc.local:
         info["local_copies"] = sc.local
     if sc.peer:
         info["peer_copies"] = sc.peer
+    if tiers is not None:
+        info["tier_choice"] = tiers
     if k.failures == "fault":
         lost = lost_gpus(job.fault, job.workload.gpus_per_node)
         info["lost_gpus"] = list(lost)

@@ -1,5 +1,5 @@
 """Sim-only knobs of the checkpoint-recovery systems (spec ckpt_recovery 6). [R] = a
-reconstructed input, its choice argued in README_sim.md."""
+reconstructed input, its choice argued in impl/ckpt_recovery/README.md, section "Sim"."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,6 +31,12 @@ class SimKnobs:
     # (its failure domain held them all); their recovery reads storage. Only copies are lost,
     # no GPU (the failure trace stays the one every system sees).
     peer_correlated_frac: float = 0.0
+    # fixed: the tiers above as set (copies that do not fit are refused). auto (issue 27, policy
+    # ckpt_recovery): per storage profile, run the tier set with the highest ETTR *predicted*
+    # over the failure model's mix (single_gpu_frac one-GPU losses, else a node), never the
+    # scenario's own fault: peer copies (peer_copies, if they fit in host memory), local copies
+    # (k = 1), or storage alone (impl/ckpt_recovery/README.md, "Peer memory").
+    tier_choice: str = "fixed"
     # Failure model (spec 6: Llama 3 405B, 419 interruptions / 54 days / 16,384 GPUs).
     failure_rate_per_gpu_h: float = 2.0e-5
     single_gpu_frac: float = 0.587
