@@ -580,6 +580,8 @@ def run_sim(system, job) -> RunResult:
     profiles = list(dict.fromkeys([k.storage, *k.storage_profiles]))
     if k.tier_choice == "auto":
         cands, refused = tier_candidates(system.cfg.policy, job.workload, job.hardware, k)
+        if not cands:
+            raise ConfigError(f"system.sim.tier_choice: no tier set can run here: {refused}")
         chosen, tiers = {}, {}
         for name in profiles:
             prof = paper_profile(name)

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from faults.spec import GpuLoss
+from faults.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim import Scenario, check_sim, fault_metrics, predicted_ettr, run_sim, tier_candidates
 from impl.ckpt_recovery.sim_config import SimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
@@ -50,6 +50,9 @@ def test_auto_runs_the_tier_it_predicts_best_and_prices_it_like_a_fixed_run():
         assert auto.metrics[f"t_lost_s@{prof}"].value == fixed["t_lost_s"]
         chosen.add(tiers[prof]["chosen"])
     assert chosen == {"peer copies k=1", "storage only"}  # both branches taken
+    # info describes the headline profile's tier (nas5: the peer tier), not the last one priced
+    assert auto.info["storage"] == "nas5" and tiers["nas5"]["chosen"] == "peer copies k=1"
+    assert auto.info["peer_copies"] == 1
 
 
 def test_peer_copies_that_do_not_fit_are_left_out_with_the_host_memory_line():
@@ -67,12 +70,22 @@ def test_peer_copies_that_do_not_fit_are_left_out_with_the_host_memory_line():
 
 
 def test_prediction_is_the_fault_formula_over_the_failure_mix():
-    knobs = dataclasses.replace(SimKnobs(), peer_copies=1, single_gpu_frac=1.0)
+    knobs = dataclasses.replace(SimKnobs(), peer_copies=1, peer_correlated_frac=0.25)
     sc = Scenario("ckpt_recovery", _wl("ckpt_s1_7b"), _hw(), knobs)
     prof = paper_profile("nas5")
-    # all losses one GPU: the prediction is the S1-S4 ETTR of a one-GPU loss (canonical: the last GPU),
-    # whatever the job's fault
-    assert predicted_ettr(sc, prof) == fault_metrics(sc, GpuLoss(ranks=[sc.wl.num_gpus - 1]), prof)["ettr"]
+    last = sc.num_nodes - 1
+    # the S1-S4 ETTR of a one-GPU loss (canonical: the last GPU) and of the last node's loss
+    # (with its correlated share), whatever the job's fault
+    one = fault_metrics(sc, GpuLoss(ranks=[sc.wl.num_gpus - 1]), prof)["ettr"]
+    node = fault_metrics(sc, NodeLoss(node=last), prof)["ettr"]
+    assert one != node
+    for frac, want in ((1.0, one), (0.0, node)):
+        sc.k = dataclasses.replace(knobs, single_gpu_frac=frac)
+        assert predicted_ettr(sc, prof) == want
+    # ETTR is linear in the expected loss: the mix is the weighted mean of the two
+    p = 0.587
+    sc.k = dataclasses.replace(knobs, single_gpu_frac=p)
+    assert predicted_ettr(sc, prof) == pytest.approx(p * one + (1 - p) * node, rel=1e-12)
 
 
 def test_bad_tier_choice_is_one_line():

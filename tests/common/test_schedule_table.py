@@ -44,5 +44,16 @@ def test_bad_tables_fail_with_one_line():
         ScheduleTable(np.array([0, 2]), np.array([0, 9], np.int8), z, z)
     with pytest.raises(ConfigError, match="offsets must start at 0"):
         ScheduleTable(np.array([0, 3, 2]), np.zeros(2, np.int8), z, z)
+    with pytest.raises(ConfigError, match="ScheduleTable.peer must be -1 for compute ops"):
+        ScheduleTable(np.array([0, 2]), np.array([0, 4], np.int8), z, np.array([1, 1]))  # F with a peer
+    with pytest.raises(ConfigError, match="ScheduleTable.peer must be -1 for compute ops"):
+        ScheduleTable(np.array([0, 2]), np.array([0, 4], np.int8), z, np.array([NO_PEER, NO_PEER]))  # SF without
     with pytest.raises(ConfigError, match="expected 0..1"):
         ScheduleTable.from_schedule({0: [], 2: []})
+
+
+def test_the_callers_arrays_stay_writable():
+    op = np.array([0, 3], np.int8)
+    t = ScheduleTable(np.array([0, 2]), op, np.zeros(2, np.int64), np.full(2, NO_PEER))
+    op[0] = 3  # the table holds read-only views; the caller's own array is not frozen
+    assert not t.op.flags.writeable

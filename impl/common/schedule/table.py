@@ -47,8 +47,14 @@ class ScheduleTable:
             raise ConfigError(f"ScheduleTable.op holds a code outside 0..{len(OP_CODES) - 1}")
         if n and self.mb.min() < 0:
             raise ConfigError("ScheduleTable.mb: micro-batch ids must be >= 0")
-        for a in (self.offsets, self.op, self.mb, self.peer):
-            a.setflags(write=False)
+        is_comm = self.op >= len(OP_CODES) // 2
+        if np.any(self.peer[~is_comm] != NO_PEER) or np.any(self.peer[is_comm] < 0):
+            raise ConfigError(f"ScheduleTable.peer must be {NO_PEER} for compute ops and a stage >= 0 for "
+                              "SEND/RECV ops")
+        for name in ("offsets", "op", "mb", "peer"):  # read-only views: the caller's arrays stay as they were
+            view = np.asarray(getattr(self, name)).view()
+            view.setflags(write=False)
+            object.__setattr__(self, name, view)
 
     @property
     def num_stages(self) -> int:

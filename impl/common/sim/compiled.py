@@ -38,9 +38,9 @@ def compile_program(off, op, mb, peer, tf, tb, tw, batch):
     last_weight = np.zeros(S, np.int64)
     n_comm = np.zeros(S, np.int64)
     n_send = np.zeros(2 * S, np.int64)  # per in_stream worker: 2s+1 forward, 2s backward
-    max_mb = 0
+    max_mb = 0  # message ids come from comm ops only (compute ops' ids never index the flags)
     for i in range(total):
-        if mb[i] > max_mb:
+        if op[i] >= 4 and mb[i] > max_mb:
             max_mb = mb[i]
     size = (max_mb * L + L) * 2
     sent = np.zeros(size, np.int8)
