@@ -125,7 +125,8 @@ def check_sim(system, wl, hw, fault) -> None:
 class Scenario:
     """One workload's layouts, checkpoint I/O and per-profile costs, cached per lost set."""
 
-    def __init__(self, policy: str, wl, hw, knobs) -> None:
+    def __init__(self, policy: str, wl, hw, knobs, plans: Optional[dict] = None) -> None:
+        """``plans``: another Scenario's re-plan cache (same policy and workload) to share."""
         self.policy, self.pm, self.k, self.wl = policy, POLICY_MODELS[policy], knobs, wl
         self.cm = HybridCostModel.build(wl, hw)
         self.pcfg = planner_config(wl, hw, self.cm)
@@ -141,7 +142,7 @@ class Scenario:
             # at run time, not in check_sim: a sweep's preflight would stop every other system's
             # job over this one's refusal; the job's record fails with this line instead
             sim_peer.check(self.io, self.base, self.peer, self.num_nodes, self.rank_state, knobs)
-        self._plans: dict = {}
+        self._plans: dict = {} if plans is None else plans
         self._memo: dict = {}
 
     # ---- layouts --------------------------------------------------------------------------
@@ -484,10 +485,9 @@ def poisson_metrics(sc: Scenario, prof: StorageProfile, seed: int) -> dict:
         lost += r["lost"]
         sslices.append(r["storage_slices"])
         fallbacks.append(r["peer_fallbacks"])
-    gpn = sc.wl.gpus_per_node
-    one = sc.failure(prof, canonical([0], sc.wl.num_gpus, gpn), False, 0.0)
-    last = sc.wl.num_gpus // gpn - 1  # canonical() puts a lost node last
-    node = sc.failure(prof, canonical(range(gpn), sc.wl.num_gpus, gpn), False, 0.0, down_nodes=frozenset([last]))
+    (one_lost, _), (node_lost, node_down) = typical_losses(sc)
+    one = sc.failure(prof, one_lost, False, 0.0)
+    node = sc.failure(prof, node_lost, False, 0.0, down_nodes=node_down)
     sv = sc.save(prof)
     return {"ettr_samples": ettrs, "failures_per_trial": statistics.fmean(fails),
             "t_lost_s": statistics.fmean(lost) if lost else 0.0,
@@ -539,15 +539,22 @@ def per_failure_cost(sc: Scenario, prof: StorageProfile, lost, repair_s: float, 
     return (1.0 - c) * cost + c * (g["t_lost_s"] + g["t_degraded_s"] + g["t_rejoin_s"]), f, g
 
 
+def typical_losses(sc: Scenario) -> tuple[tuple[tuple, frozenset], tuple[tuple, frozenset]]:
+    """(lost GPUs, dead nodes) of the failure model's two kinds: one GPU, and one whole node
+    (canonical sets: the damaged node last)."""
+    gpn, N = sc.wl.gpus_per_node, sc.wl.num_gpus
+    return (canonical([0], N, gpn), frozenset()), (canonical(range(gpn), N, gpn), frozenset([N // gpn - 1]))
+
+
 def predicted_ettr(sc: Scenario, prof: StorageProfile) -> float:
     """What the system can know before any failure: the S1-S4 ETTR formula over the failure
     model's mix (one GPU with probability single_gpu_frac, else a whole node; mean repair;
     a loss at a uniform phase), not over the scenario's own fault."""
-    k, gpn, N = sc.k, sc.wl.gpus_per_node, sc.wl.num_gpus
+    k = sc.k
     repair_s = HOUR * (k.repair_h[0] + k.repair_h[1]) / 2.0
-    one = per_failure_cost(sc, prof, canonical([0], N, gpn), repair_s, False, frozenset())[0]
-    last = N // gpn - 1  # canonical() puts a lost node last
-    node = per_failure_cost(sc, prof, canonical(range(gpn), N, gpn), repair_s, False, frozenset([last]))[0]
+    (one_lost, _), (node_lost, node_down) = typical_losses(sc)
+    one = per_failure_cost(sc, prof, one_lost, repair_s, False, frozenset())[0]
+    node = per_failure_cost(sc, prof, node_lost, repair_s, False, node_down)[0]
     expected = k.single_gpu_frac * one + (1.0 - k.single_gpu_frac) * node
     return (1.0 - sc.overhead(prof)) * max(0.0, 1.0 - expected / sc.mtbf_s)
 
@@ -558,19 +565,18 @@ def tier_candidates(policy: str, wl, hw, knobs) -> tuple[list[tuple[str, Scenari
     its one-line reason (e.g. peer copies that do not fit in host memory)."""
     nodes = wl.num_gpus // wl.gpus_per_node
     want = [("storage only", 0, 0), ("local copies k=1", 0, 1), (f"peer copies k={knobs.peer_copies}", knobs.peer_copies, 0)]
-    out, refused, plans = [], {}, None
+    out, refused, plans = [], {}, {}
     for label, peer, local in want:
         if local and not local < nodes:
             refused[label] = f"needs >= 2 nodes, the job has {nodes}"
             continue
         try:
-            sc = Scenario(policy, wl, hw, replace(knobs, peer_copies=peer, local_copies=local, tier_choice="fixed"))
+            # same policy and workload: one re-plan per lost set for every candidate
+            sc = Scenario(policy, wl, hw, replace(knobs, peer_copies=peer, local_copies=local, tier_choice="fixed"),
+                          plans=plans)
         except ConfigError as exc:
             refused[label] = str(exc)
             continue
-        if plans is None:
-            plans = sc._plans
-        sc._plans = plans  # same policy and workload: one re-plan per lost set for every candidate
         out.append((label, sc))
     return out, refused
 
@@ -590,15 +596,14 @@ def run_sim(system, job) -> RunResult:
             chosen[name] = cands[best][1]
             tiers[name] = {"chosen": pred[best][0], "predicted_ettr": dict(pred), "refused": refused}
     else:
-        chosen = {name: None for name in profiles}
-        tiers = None
-    base_sc = Scenario(system.cfg.policy, job.workload, job.hardware, k) if k.tier_choice == "fixed" else None
+        fixed = Scenario(system.cfg.policy, job.workload, job.hardware, k)
+        chosen, tiers = {name: fixed for name in profiles}, None
     per: dict[str, dict] = {}
     for name in profiles:
         prof = paper_profile(name)
-        sc = chosen[name] or base_sc
+        sc = chosen[name]
         per[name] = fault_metrics(sc, job.fault, prof) if k.failures == "fault" else poisson_metrics(sc, prof, job.seed)
-    sc = chosen[k.storage] or base_sc
+    sc = chosen[k.storage]
     head = per[k.storage]
     metrics = {}
     for m, v in head.items():

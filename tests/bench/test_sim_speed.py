@@ -24,24 +24,28 @@ def big_1f1b_table(big_1f1b):
     return ScheduleTable.from_schedule(big_1f1b)
 
 
-def _time(benchmark, schedule, engine):
-    # Dyadic op times keep the closed form exact: (N + S - 1)(tF + tB + tW).
+def _timed(benchmark, schedule, engine):
     costs = StageCosts.uniform(S, 0.25, 0.5, 0.25)
     link = LinkCosts.uniform(S)
     simulate_iteration(schedule, costs, link, CommModel("in_stream"), engine=engine)  # numba JIT / cache load
-    result = benchmark.pedantic(simulate_iteration, args=(schedule, costs, link, CommModel("in_stream")),
-                                kwargs={"engine": engine}, rounds=3, iterations=1)
+    return benchmark.pedantic(simulate_iteration, args=(schedule, costs, link, CommModel("in_stream")),
+                              kwargs={"engine": engine}, rounds=3, iterations=1)
+
+
+# Dyadic op times keep the closed form exact: (N + S - 1)(tF + tB + tW) = N + S - 1 seconds.
+def test_sim_speed_1f1b_s128_n1024(benchmark, big_1f1b_table):
+    result = _timed(benchmark, big_1f1b_table, "auto")
     assert result.iteration_time_s == (N + S - 1) * 1.0
     assert result.bubble_fraction(0) == (S - 1) / (N + S - 1)
 
 
-def test_sim_speed_1f1b_s128_n1024(benchmark, big_1f1b_table):
-    _time(benchmark, big_1f1b_table, "auto")
-
-
 def test_sim_speed_1f1b_s128_n1024_from_action_lists(benchmark, big_1f1b):
-    _time(benchmark, big_1f1b, "auto")
+    result = _timed(benchmark, big_1f1b, "auto")
+    assert result.iteration_time_s == (N + S - 1) * 1.0
+    assert result.bubble_fraction(0) == (S - 1) / (N + S - 1)
 
 
 def test_sim_speed_1f1b_s128_n1024_python_loop(benchmark, big_1f1b):
-    _time(benchmark, big_1f1b, "python")
+    result = _timed(benchmark, big_1f1b, "python")
+    assert result.iteration_time_s == (N + S - 1) * 1.0
+    assert result.bubble_fraction(0) == (S - 1) / (N + S - 1)

@@ -21,6 +21,7 @@ from impl.common.schedule.ir import Action, Op, Schedule
 # Op codes of the table's ``op`` column: compute ops first, so ``op < 4`` is "compute".
 OP_CODES: tuple[Op, ...] = (Op.F, Op.B, Op.W, Op.BW, Op.SEND_F, Op.RECV_F, Op.SEND_B, Op.RECV_B)
 CODE_OF_VALUE = {op.value: code for code, op in enumerate(OP_CODES)}
+F, B, W, BW, SEND_F, RECV_F, SEND_B, RECV_B = range(len(OP_CODES))
 NO_PEER = -1
 
 _op_value, _mb, _peer = attrgetter("op._value_"), attrgetter("mb"), attrgetter("peer")
@@ -47,7 +48,7 @@ class ScheduleTable:
             raise ConfigError(f"ScheduleTable.op holds a code outside 0..{len(OP_CODES) - 1}")
         if n and self.mb.min() < 0:
             raise ConfigError("ScheduleTable.mb: micro-batch ids must be >= 0")
-        is_comm = self.op >= len(OP_CODES) // 2
+        is_comm = self.op >= SEND_F
         if np.any(self.peer[~is_comm] != NO_PEER) or np.any(self.peer[is_comm] < 0):
             raise ConfigError(f"ScheduleTable.peer must be {NO_PEER} for compute ops and a stage >= 0 for "
                               "SEND/RECV ops")
@@ -83,7 +84,7 @@ class ScheduleTable:
         n = int(offsets[-1])
         op = np.fromiter(map(CODE_OF_VALUE.__getitem__, map(_op_value, chain.from_iterable(rows))), np.int8, n)
         mb = np.fromiter(map(_mb, chain.from_iterable(rows)), np.int64, n)
-        is_comm = op >= len(OP_CODES) // 2  # only comm actions have a peer (Action checks that)
+        is_comm = op >= SEND_F  # only comm actions have a peer (Action checks that)
         peer = np.full(n, NO_PEER, np.int64)
         peer[is_comm] = np.fromiter(map(_peer, compress(chain.from_iterable(rows), is_comm.tolist())), np.int64,
                                     int(is_comm.sum()))

@@ -16,8 +16,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# program codes, as in pipeline.py
-COMPUTE, SEND_F, SEND_B, RECV = 0, 1, 2, 3
+from impl.common.schedule.table import B, RECV_B, RECV_F, SEND_F, W
+from impl.common.schedule.table import F as OP_F
+
+# program codes, as in pipeline.py (table op codes are imported above)
+COMPUTE, P_SEND_F, P_SEND_B, RECV = 0, 1, 2, 3
 # comm model kinds
 LATENCY, IN_STREAM, DELEGATED, BLOCKING = 0, 1, 2, 3
 
@@ -40,7 +43,7 @@ def compile_program(off, op, mb, peer, tf, tb, tw, batch):
     n_send = np.zeros(2 * S, np.int64)  # per in_stream worker: 2s+1 forward, 2s backward
     max_mb = 0  # message ids come from comm ops only (compute ops' ids never index the flags)
     for i in range(total):
-        if op[i] >= 4 and mb[i] > max_mb:
+        if op[i] >= SEND_F and mb[i] > max_mb:
             max_mb = mb[i]
     size = (max_mb * L + L) * 2
     sent = np.zeros(size, np.int8)
@@ -61,14 +64,14 @@ def compile_program(off, op, mb, peer, tf, tb, tw, batch):
         for k in range(n):
             i = base + k
             c = op[i]
-            if c < 4:
+            if c < SEND_F:
                 for h in range(nh):
                     pcode[pos] = RECV
                     pmsg[pos] = held_m[h]
                     porder[pos] = held_k[h]
                     pos += 1
                 nh = 0
-                d = t_f if c == 0 else (t_b if c == 1 else (t_w if c == 2 else t_bw))
+                d = t_f if c == OP_F else (t_b if c == B else (t_w if c == W else t_bw))
                 pcode[pos] = COMPUTE
                 pdur[pos] = d
                 porder[pos] = k
@@ -77,17 +80,17 @@ def compile_program(off, op, mb, peer, tf, tb, tw, batch):
                 lc = k
                 if fst < 0:
                     fst = k
-                if c >= 2:
+                if c >= W:  # W or BW
                     lw = k
                 continue
-            if c == 4:  # SF
-                code, fwd, lk, want = SEND_F, 1, s, s + 1
-            elif c == 7:  # RB
+            if c == SEND_F:
+                code, fwd, lk, want = P_SEND_F, 1, s, s + 1
+            elif c == RECV_B:
                 code, fwd, lk, want = RECV, 0, s, s + 1
-            elif c == 5:  # RF
+            elif c == RECV_F:
                 code, fwd, lk, want = RECV, 1, s - 1, s - 1
-            else:  # SB
-                code, fwd, lk, want = SEND_B, 0, s - 1, s - 1
+            else:  # SEND_B
+                code, fwd, lk, want = P_SEND_B, 0, s - 1, s - 1
             if peer[i] != want or lk < 0 or lk >= S - 1:
                 ok = False
                 break
@@ -193,7 +196,7 @@ def run_program(off, pcode, pdur, pmsg, porder, n_send, n_keys, n_workers, kind,
                     t += copy_s
             else:
                 a = pmsg[i]
-                if code == SEND_F:
+                if code == P_SEND_F:
                     b, c = wf, cf
                 else:
                     b, c = wb, cb

@@ -53,7 +53,7 @@ from impl.common.api import ConfigError
 from impl.common.cost.comm import LinkCosts
 from impl.common.cost.transformer import StageCosts
 from impl.common.schedule.ir import Action, Op, Schedule
-from impl.common.schedule.table import ScheduleTable
+from impl.common.schedule.table import RECV_B, RECV_F, ScheduleTable
 
 from .delays import normalize_delays
 
@@ -475,8 +475,8 @@ def _simulate_compiled(schedule, costs: StageCosts, link: LinkCosts, comm: CommM
     first, last_weight = first.tolist(), last_weight.tolist()
     startup = []
     for s in range(S):
-        recv = np.flatnonzero((tab.op[off[s]:off[s] + first[s]] == 5) | (tab.op[off[s]:off[s] + first[s]] == 7))
-        idx = (recv + off[s]).tolist()
+        head = tab.op[off[s]:off[s] + first[s]]  # the actions before the stage's first compute op
+        idx = (np.flatnonzero((head == RECV_F) | (head == RECV_B)) + off[s]).tolist()
         startup.append(sum([e - b - copy_s for e, b in zip(ends[idx].tolist(), starts[idx].tolist())], 0.0))
     weight_end = [float(ends[off[s] + lw]) if lw >= 0 else None for s, lw in enumerate(last_weight)]
     busy = busy.tolist()
