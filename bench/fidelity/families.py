@@ -239,7 +239,8 @@ def _diffusion(real: RunResult, wl: Any, hw: Any = None) -> Profile:
 # before they existed would silently price those ops at the fallback rates.
 DIFFUSION_RATES = ("conv_flops", "conv_window_flops", "window_gather_bytes_per_s", "window_scatter_bytes_per_s",
                    "cell_gather_bytes_per_s", "cell_scatter_bytes_per_s", "token_gather_bytes_per_s",
-                   "token_scatter_bytes_per_s", "attn_flops")
+                   "token_scatter_bytes_per_s", "attn_flops", "linear_flops",
+                   "activation_bytes_per_s", "elementwise_bytes_per_s")
 
 
 def _diffusion_hw(hw: Any, wl: Any, hw_name: str) -> None:

@@ -46,6 +46,7 @@ SCHEDULES = ("adaptra", "zb", "zb_uncapped", "1f1b", "gpipe")
 # latency: no queueing at all (the spec's "simulator reference", sim only).
 COMMS = ("inline", "in_stream", "delegated", "latency")
 DELEGATE_WHEN = ("always", "on_delay")
+P2P_ORDERS = ("batch", "schedule")
 DETECTIONS = ("oracle", "measured")
 
 
@@ -72,6 +73,11 @@ class PipelineTraining(System):
         # figures); blocking = the send holds the compute stream until delivered (this repo's CPU
         # runtime, which sleeps the delay and sends on the compute thread; fidelity/pipeline).
         inline_model: str = "fifo"
+        # Sim order of a run of consecutive SEND/RECV actions on a stage: batch = posted as one
+        # batch, sends first (Megatron's batch_isend_irecv; the paper figures); schedule = one
+        # by one in schedule order, a RECV holding the stream until its message is there (this
+        # repo's runtime trainer, whose receives block the compute thread; fidelity/pipeline).
+        p2p_order: str = "batch"
         cpu_penalty: float = 1.15
         steps_per_op: int = 30
         # Write a Chrome trace and a timeline PNG of the slowest simulated iteration.
@@ -90,7 +96,7 @@ class PipelineTraining(System):
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
         for field, allowed in (("schedule", SCHEDULES), ("comm", COMMS), ("delegate_when", DELEGATE_WHEN),
-                               ("adapt_formula", ("paper", "artifact"))):
+                               ("adapt_formula", ("paper", "artifact")), ("p2p_order", P2P_ORDERS)):
             value = getattr(cfg, field)
             if value not in allowed:
                 raise ConfigError(f"system.{field}: unknown value {value!r} (one of: {', '.join(allowed)})")
@@ -234,7 +240,7 @@ class PipelineTraining(System):
             # Sends in schedule order on the compute thread (the FIFO model put the CPU
             # runtime's 1F1B 34% under real at 60 ms; fidelity/pipeline).
             return CommModel(kind="blocking", batch_p2p=False)
-        return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth)
+        return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth, batch_p2p=self.cfg.p2p_order == "batch")
 
     def _mitigation(self, job: JobContext):
         from impl.adaptra.mitigate import DpMitigation, RemapOnDetect
@@ -341,7 +347,7 @@ class PipelineTraining(System):
             if delegated:
                 max_delay = max(list(detected.values()) + [0.0])
                 comm = CommModel(kind="delegated", delegates=self._delegates(job, max_delay),
-                                 cpu_penalty=self.cfg.cpu_penalty)
+                                 cpu_penalty=self.cfg.cpu_penalty, batch_p2p=self.cfg.p2p_order == "batch")
             else:
                 comm = self._stream_comm()
             plan_key = tuple(sorted(detected.items())) if self.cfg.schedule == "adaptra" else ()
@@ -383,7 +389,8 @@ class PipelineTraining(System):
                 worst = res
         # The same policy with no delay at all: the denominator of the paper's "slowdown".
         sched0, _ = self._compute_schedule(tF, tB, tW, {}, S, N)
-        comm0 = (CommModel(kind="delegated", delegates=self._delegates(job, 0.0), cpu_penalty=self.cfg.cpu_penalty)
+        comm0 = (CommModel(kind="delegated", delegates=self._delegates(job, 0.0), cpu_penalty=self.cfg.cpu_penalty,
+                           batch_p2p=self.cfg.p2p_order == "batch")
                  if self.cfg.comm == "delegated" and self.cfg.delegate_when == "always"
                  else self._stream_comm())
         t0 = simulate_iteration(insert_comm(sched0), costs, link, comm0,

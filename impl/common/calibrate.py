@@ -17,6 +17,15 @@ What is measured, and how each figure is defined (units in every name):
   of one dispatch-bound torch call.
 - ``attn_flops[dtype]``: ``scaled_dot_product_attention`` at UNet self/cross-attention shapes,
   FLOPs ``4 B H Nq Nk d``.
+- ``linear_flops[dtype]``: ``nn.Linear`` with bias on ``(B, N, C)`` activations at UNet
+  transformer-block shapes (``LINEAR_SHAPES``: projections, the 4x-wide FF, text K/V), FLOPs
+  ``2 B N C_in C_out``.
+- ``activation_bytes_per_s`` / ``elementwise_bytes_per_s[dtype]``: a forward's non-module
+  tensor work (``impl.common.diffusion.cost.GlueTracer``) at UNet sizes (``GLUE_SHAPES``):
+  SiLU and GELU, and adds, a multiply, a division, a concatenation and a strided copy
+  (``.contiguous()`` of a transposed activation); bytes read + written over time.
+- The process keeps freed host memory (``host_malloc: retain``, ``impl.common.host_alloc``), as
+  the real runs priced with this profile do.
 - On a CPU ``conv_flops`` and ``conv_window_flops`` are timed with cold weights (caches evicted,
   then the input read back, before each timed call: ``weights_evictor``), as in a UNet step that
   streams its weights from DRAM; every other figure is timed back to back.
@@ -59,6 +68,7 @@ from impl.common.calibrate_comm import measure_comm
 from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_windows, pad_for_windows, scatter_blocks,
                                            scatter_cells, scatter_tokens, window_size)
 from impl.common.hardware import HardwareProfile
+from impl.common.host_alloc import apply_host_malloc
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -101,6 +111,9 @@ class CalibrateConfig:
     # Relative paths resolve against the current working directory (the harness keeps the
     # original cwd); absolute paths are used as given.
     output: str = "conf/hardware/local.yaml"
+    # retain = keep freed host memory in the process (impl.common.host_alloc), as the real runs
+    # do; default = the C library's own behaviour.
+    host_malloc: str = "retain"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -133,6 +146,10 @@ class CalibrateConfig:
             raise ConfigError(f"system.threads: must be >= 0 (0 = torch's default), got {self.threads}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"system.device: unknown device {self.device!r} (one of: auto, cpu, cuda)")
+        from impl.common.host_alloc import HOST_MALLOC
+
+        if self.host_malloc not in HOST_MALLOC:
+            raise ConfigError(f"system.host_malloc: unknown value {self.host_malloc!r} (one of: {', '.join(HOST_MALLOC)})")
         if not str(self.output).strip():
             raise ConfigError("system.output: needs a path (e.g. conf/hardware/local.yaml)")
 
@@ -320,6 +337,77 @@ def measure_attention(dtype: str, device: torch.device, sync: Callable[[], None]
     return _mix_rate(per_shape)
 
 
+# The token linears calibrate times (batch, tokens, in, out): a UNet transformer block's
+# projections and FF (GEGLU's 2 x 4C-wide input projection, the 4C -> C output) at two
+# resolutions, and the cross-attention K/V projection of 77 text tokens.
+LINEAR_SHAPES = {"cpu": [(2, 576, 256, 256), (2, 576, 256, 2048), (2, 576, 1024, 256), (2, 144, 256, 256),
+                         (2, 144, 256, 2048), (2, 77, 64, 256)],
+                 "cuda": [(2, 4096, 320, 320), (2, 4096, 320, 2560), (2, 4096, 1280, 320), (2, 1024, 640, 640),
+                          (2, 1024, 640, 5120), (2, 77, 768, 320)]}
+
+
+def measure_linear(dtype: str, device: torch.device, sync: Callable[[], None], cfg: CalibrateConfig) -> List[float]:
+    """FLOP/s of ``nn.Linear`` (with bias) on (B, N, C) activations, FLOPs = 2 B N C_in C_out;
+    per sample round, total FLOPs over total time of the shapes."""
+    per_shape = []
+    tdt = _TORCH_DTYPE[dtype]
+    for b, n, cin, cout in LINEAR_SHAPES[device.type]:
+        lin = torch.nn.Linear(cin, cout).to(device=device, dtype=tdt).eval()
+        x = torch.randn(b, n, cin, device=device, dtype=tdt)
+        with torch.no_grad():
+            per_shape.append((2.0 * b * n * cin * cout, _timed_samples(lambda: lin(x), sync, cfg)))
+    return _mix_rate(per_shape)
+
+
+# The glue calibrate times, (op, shape): activations over a resnet's maps and a GEGLU's gate;
+# the elementwise mix of residual adds, GEGLU's product, an output-scale division, a skip
+# concatenation and the head transposes' copy.
+GLUE_SHAPES = {"cpu": {"activation": [("silu", (2, 128, 48, 48)), ("silu", (2, 256, 24, 24)), ("gelu", (2, 576, 1024))],
+                       "elementwise": [("add", (2, 128, 48, 48)), ("add", (2, 576, 256)), ("mul", (2, 576, 1024)),
+                                       ("div", (2, 256, 24, 24)), ("cat", (2, 256, 24, 24)),
+                                       ("copy", (2, 576, 256))]},
+               "cuda": {"activation": [("silu", (2, 320, 64, 64)), ("silu", (2, 640, 32, 32)), ("gelu", (2, 4096, 1280))],
+                        "elementwise": [("add", (2, 320, 64, 64)), ("add", (2, 4096, 320)), ("mul", (2, 4096, 1280)),
+                                        ("div", (2, 640, 32, 32)), ("cat", (2, 640, 32, 32)),
+                                        ("copy", (2, 4096, 320))]}}
+
+
+def _glue_call(op: str, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], int]:
+    """The call and its elements read + written."""
+    n = x.numel()
+    if op == "silu":
+        return (lambda: F.silu(x)), 2 * n
+    if op == "gelu":
+        return (lambda: F.gelu(x)), 2 * n
+    if op == "add":
+        return (lambda: x + y), 3 * n
+    if op == "mul":
+        return (lambda: x * y), 3 * n
+    if op == "div":
+        return (lambda: x / 1.5), 2 * n
+    if op == "cat":
+        return (lambda: torch.cat([x, y], dim=1)), 4 * n
+    t = x.transpose(1, 2)
+    return (lambda: t.contiguous()), 2 * n
+
+
+def measure_glue(dtype: str, device: torch.device, sync: Callable[[], None],
+                 cfg: CalibrateConfig) -> Dict[str, List[float]]:
+    """Bytes/s (read + written) of each glue kind's mix (``GLUE_SHAPES``), fresh outputs per call."""
+    tdt = _TORCH_DTYPE[dtype]
+    out: Dict[str, List[float]] = {}
+    for kind, items in GLUE_SHAPES[device.type].items():
+        per_shape = []
+        for op, shape in items:
+            x = torch.randn(shape, device=device, dtype=tdt)
+            y = torch.randn(shape, device=device, dtype=tdt)
+            fn, elems = _glue_call(op, x, y)
+            with torch.no_grad():
+                per_shape.append((float(elems * x.element_size()), _timed_samples(fn, sync, cfg)))
+        out[kind] = _mix_rate(per_shape)
+    return out
+
+
 def measure_matmul(dtype: str, sizes: List[int], device: torch.device, sync: Callable[[], None],
                    cfg: CalibrateConfig) -> tuple[int, List[float]]:
     """FLOP/s samples of the best size (by median): returns (n, samples)."""
@@ -499,12 +587,16 @@ class Calibrate(System):
         if not dtypes:
             raise ConfigError(f"system.dtypes: {cfg.dtypes} all need CUDA (tf32); add fp32, fp16 or bf16")
         metrics: Dict[str, Metric] = {}
-        info: Dict[str, Any] = {"output": str(out_path), "device": kind}
+        info: Dict[str, Any] = {"output": str(out_path), "device": kind,
+                                "host_malloc": "retain" if apply_host_malloc(cfg.host_malloc, "system.host_malloc")
+                                else "default"}
         emulated: List[str] = []
         peak: Dict[str, float] = {}
         conv: Dict[str, float] = {}
         window: Dict[str, Dict[str, float]] = {}
         attn: Dict[str, float] = {}
+        linear: Dict[str, float] = {}
+        glue: Dict[str, Dict[str, float]] = {}
         gathers: Dict[str, Dict[str, float]] = {}
         if skipped:
             info["skipped_dtypes"] = {d: "tf32 needs CUDA tensor cores" for d in skipped}
@@ -541,6 +633,11 @@ class Calibrate(System):
                 conv[d] = metrics[f"conv_{d}_flops"].value
                 metrics[f"attn_{d}_flops"] = Metric.from_samples(measure_attention(d, device, sync, cfg), "FLOP/s", "higher")
                 attn[d] = metrics[f"attn_{d}_flops"].value
+                metrics[f"linear_{d}_flops"] = Metric.from_samples(measure_linear(d, device, sync, cfg), "FLOP/s", "higher")
+                linear[d] = metrics[f"linear_{d}_flops"].value
+                for key, rate in measure_glue(d, device, sync, cfg).items():
+                    metrics[f"{key}_{d}_bytes_per_s"] = Metric.from_samples(rate, "B/s", "higher")
+                    glue.setdefault(key, {})[d] = metrics[f"{key}_{d}_bytes_per_s"].value
                 for key, rate in measure_window_conv(d, device, sync, cfg).items():
                     unit = "FLOP/s" if key == "flops" else "B/s"
                     metrics[f"conv_window_{d}_{key}"] = Metric.from_samples(rate, unit, "higher")
@@ -621,6 +718,9 @@ class Calibrate(System):
                 window_gather_bytes_per_s={d: r4(v) for d, v in window["gather"].items()},
                 window_scatter_bytes_per_s={d: r4(v) for d, v in window["scatter"].items()},
                 attn_flops={d: r4(v) for d, v in attn.items()},
+                linear_flops={d: r4(v) for d, v in linear.items()},
+                activation_bytes_per_s={d: r4(v) for d, v in glue["activation"].items()},
+                elementwise_bytes_per_s={d: r4(v) for d, v in glue["elementwise"].items()},
                 cell_gather_bytes_per_s={d: r4(v) for d, v in gathers["cell_gather"].items()},
                 cell_scatter_bytes_per_s={d: r4(v) for d, v in gathers["cell_scatter"].items()},
                 token_gather_bytes_per_s={d: r4(v) for d, v in gathers["token_gather"].items()},
@@ -654,7 +754,10 @@ class Calibrate(System):
                 f"#   on the gathered windows, bytes/s of the window gather and block scatter; cell/token gather and\n"
                 f"#   scatter: bytes/s of a 1x1 conv's and a token op's pick of the same active cells; host_dispatch_s:\n"
                 f"#   seconds per tiny a + b from Python (CPU only); attn_flops: 4BHNqNkd/t\n"
-                f"#   of scaled_dot_product_attention at (B, H, Nq, Nk, d) in {ATTN_SHAPES[kind]}; memory bandwidths count bytes\n"
+                f"#   of scaled_dot_product_attention at (B, H, Nq, Nk, d) in {ATTN_SHAPES[kind]}; linear_flops: 2BNCiCo/t of\n"
+                f"#   nn.Linear (bias) at (B, N, Ci, Co) in {LINEAR_SHAPES[kind]}; host malloc: {info['host_malloc']};\n"
+                f"#   activation / elementwise_bytes_per_s: bytes read + written of the glue mix {GLUE_SHAPES[kind]};\n"
+                f"#   memory bandwidths count bytes\n"
                 f"#   read + written ({mem_bytes} B copy); host link counts bytes moved once"
                 f"{'' if use_cuda else ' (CPU-only host: a host memcpy stands in)'};\n"
                 f"#   intra_node: gloo loopback ping-pong between 2 local processes, one-way = RTT/2,\n"

@@ -81,6 +81,18 @@ class HardwareProfile:
     # UNet attention shapes, measured by calibrate: a fused attention kernel (CPU flash
     # attention: tiled softmax passes) runs off the matmul rate. Absent = the matmul peak.
     attn_flops: Dict[str, float] = field(default_factory=dict)
+    # Achievable FLOP/s of a token linear (nn.Linear with bias on a (B, N, C) activation) per
+    # dtype at UNet transformer-block shapes, measured by calibrate: at these skinny shapes
+    # (N = 77-576 tokens, a 4x-wide FF projection) a CPU GEMM runs 10-35% under the square
+    # matmul peak. Absent (datasheet profiles) = the matmul peak prices them.
+    linear_flops: Dict[str, float] = field(default_factory=dict)
+    # A forward's non-module tensor work (impl.common.diffusion.cost.GlueTracer), bytes/s read +
+    # written per dtype, measured by calibrate at UNet tensor sizes: activations (SiLU, GELU:
+    # transcendental, compute-bound on a CPU core) and the rest (adds, divisions, concatenations,
+    # upsampling, strided copies). Absent (datasheet profiles) = not priced on their own: the norm
+    # ops' ELEMENTWISE_PASSES stand for them, as before.
+    activation_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+    elementwise_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     memory_bytes: float = 0.0
     memory_bw_bytes_per_s: float = 0.0
     gpus_per_node: int = 8
@@ -141,6 +153,20 @@ class HardwareProfile:
         if dtype in self.attn_flops:
             return self.attn_flops[dtype] * self.mfu
         return self.flops(dtype)
+
+    def linear_flops_per_s(self, dtype: str) -> float:
+        """Achievable FLOP/s of a token linear: the measured rate, else :meth:`flops`."""
+        if dtype in self.linear_flops:
+            return self.linear_flops[dtype] * self.mfu
+        return self.flops(dtype)
+
+    def glue_bw(self, kind: str, dtype: str) -> Optional[float]:
+        """Bytes/s of a glue op of ``kind`` (``activation`` | ``elementwise``), or None where the
+        profile has no glue rates (then glue is not priced on its own)."""
+        if dtype not in self.elementwise_bytes_per_s:
+            return None
+        table = self.activation_bytes_per_s if kind == "activation" else self.elementwise_bytes_per_s
+        return table.get(dtype) or self.elementwise_bytes_per_s[dtype]
 
     def conv_window_flops_per_s(self, dtype: str) -> float:
         """Achievable FLOP/s of a k>1 conv on gathered windows: measured, else :meth:`conv_flops_per_s`."""

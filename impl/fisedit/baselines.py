@@ -24,7 +24,7 @@ from impl.common.diffusion.pipelines import build_components, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
 
 from .mask import check_pool_factors
-from .real import _device, _dtype, make_mask
+from .real import _device, _dtype, host_malloc_in_force, make_mask
 
 
 class QualityBaseline(System):
@@ -46,6 +46,7 @@ class QualityBaseline(System):
         wl = job.workload
         if getattr(wl, "kind", None) != "diffusion_edit":
             raise ConfigError(f"workload.kind: {self.name} needs a diffusion_edit workload")
+        malloc = host_malloc_in_force(wl)
         if wl.torch_threads > 0:
             torch.set_num_threads(wl.torch_threads)
         device = _device(wl)
@@ -87,7 +88,7 @@ class QualityBaseline(System):
             "psnr_outside_image_db": Metric.scalar(min(psnr(orig, edit, ~pix_mask, 1.0), 999.0), "dB", "higher"),
             "ssim_outside_image": Metric.scalar(ssim(orig[0], edit[0], ~pix_mask, 1.0), "ssim", "higher"),
         }
-        return RunResult(metrics=metrics, info={"kind": self.cfg.kind, "strength": self.cfg.strength,
+        return RunResult(metrics=metrics, info={"kind": self.cfg.kind, "strength": self.cfg.strength, "host_malloc": malloc,
                                                 "mask_ratio": float(mask.float().mean())})
 
     def _inpaint(self, job, comps, orig, pix_mask, gen, common):

@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, op_time_s, stream_time_s
+from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, glue_time_s, op_time_s, stream_time_s
 from impl.common.diffusion.windows import window_size
 from impl.common.hardware import HardwareProfile
 
@@ -228,14 +228,19 @@ SIM_ENGINES = ("fused", "reference")
 def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, block: int = 2,
               hw: Optional[HardwareProfile] = None, dtype: str = "fp16", launch_s: float = 5e-6,
               cache_bytes: float = 0.0, pcie_efficiency: float = 0.7, cache_on_gpu: bool = False,
-              engine: str = "fused", torch_calls: int = 0) -> StepCost:
+              engine: str = "fused", torch_calls: int = 0, glue=()) -> StepCost:
     """``engine``: ``fused`` = the paper's engine (GroupNorm and the activation/residual passes
     charged to it fused into the sparse conv, at the active fraction); ``reference`` = this
     repo's engine (``impl/fisedit/engine.py``), which applies the cached GroupNorm scale/shift
     and the activations over the full map, clones each sparse op's full cached output and pads
     each block-sparse conv's full input (all timed; FLOP fractions and caps are the same).
     ``torch_calls``: the dense forward's torch calls, charged with the sparse step's extra ones
-    at ``hw.host_dispatch_s`` (0 on datasheet profiles: nothing charged)."""
+    at ``hw.host_dispatch_s`` (0 on datasheet profiles: nothing charged). ``glue``: the
+    forward's non-module ops (``trace_unet_glue``), priced where the profile has glue rates:
+    dense in full; on the sparse step those inside a sparse transformer block at the block's
+    active-token fraction (the engine runs the block on gathered tokens), the rest in full (both
+    engines: the reference engine applies activations and residuals over the full map; the
+    fused engine's fusion of them into the sparse conv is not modelled here)."""
     if engine not in SIM_ENGINES:
         raise ValueError(f"sim engine: unknown value {engine!r} (one of: {', '.join(SIM_ENGINES)})")
     mf = MaskFractions(mask, block) if mask is not None else None
@@ -246,8 +251,11 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
     # the op that writes each sparse transformer block's output (its last FF linear)
     block_outputs = {o.block: o.name for o in ops if o.block and o.role == "ff" and o.cells >= th.attn_min}
     block_outputs = set(block_outputs.values()) if engine == "reference" else set()
+    block_frac: dict = {}  # sparse transformer block -> its active-token fraction (its FF's)
     for o in ops:
         f, gs = op_fraction(o, mf, th, latent_hw)
+        if o.block and o.role == "ff":
+            block_frac[o.block] = f
         sparse_f += o.flops * f
         if mf is not None:
             sparse_calls += extra_calls(o, f, gs, th, engine)
@@ -269,6 +277,11 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
             else:  # gather + op on the active part + scatter: three launches
                 sparse_k.append((op_time_s(o, hw, dtype, flops_scale=f, bytes_scale=f, launch_s=0.0)
                                  + gather_scatter_s(o, f, gs, hw, dtype) + copies, 3))
+    if hw is not None:
+        for g in glue:
+            if hw.glue_bw(g.kind, dtype):
+                dense_k.append((glue_time_s(g, hw, dtype), 1))
+                sparse_k.append((glue_time_s(g, hw, dtype, block_frac.get(g.block, 1.0) if mf is not None else 1.0), 1))
     dense_s = stream_time_s(dense_k, launch_s) + torch_calls * hw.host_dispatch_s if hw is not None else 0.0
     sparse_s = stream_time_s(sparse_k, launch_s) + sparse_calls * hw.host_dispatch_s if hw is not None else 0.0
     cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)

@@ -13,6 +13,7 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.diffusion.cost import trace_unet_ops
 from impl.common.diffusion.pipelines import build_components, build_scheduler, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
+from impl.common.host_alloc import apply_host_malloc
 
 from .costmodel import Thresholds, step_cost
 from .engine import CachedConv2d, uninstall, install, wrappers
@@ -36,6 +37,11 @@ def _dtype(wl, device) -> torch.dtype:
     if wl.dtype == "fp16" and device.type != "cuda":
         raise ConfigError("workload.dtype: fp16 needs a CUDA device (CPU runs fp32)")
     return torch.float16 if wl.dtype == "fp16" else torch.float32
+
+
+def host_malloc_in_force(wl) -> str:
+    """Apply ``workload.host_malloc`` (impl.common.host_alloc) and name what is in force."""
+    return "retain" if apply_host_malloc(wl.host_malloc) else "default"
 
 
 def setup(system, job: JobContext):
@@ -166,6 +172,7 @@ def block_sweep(pipe, orig, emb, mask, step_idx, blocks):
 
 def run_real(system, job: JobContext) -> RunResult:
     cfg, wl = system.cfg, job.workload
+    malloc = host_malloc_in_force(wl)  # before the models allocate
     pipe, device, dtype = setup(system, job)
     N = wl.num_steps
     k = system.mask_steps(N)
@@ -174,17 +181,19 @@ def run_real(system, job: JobContext) -> RunResult:
         times = [diffusers_dense_run(pipe, job, wl.edited_prompt) for _ in range(wl.repeats)]
         return RunResult(metrics={"e2e_time_s": Metric.from_samples(times, "s", "lower"),
                                   "step_time_s": Metric.from_samples([t / N for t in times], "s", "lower")},
-                         info={"variant": "diffusers_dense", "device": str(device), "num_steps": N})
+                         info={"variant": "diffusers_dense", "device": str(device), "num_steps": N,
+                               "host_malloc": malloc})
     if cfg.variant == "dense_edit":
         runs = [pipe.dense(wl.edited_prompt, seed=job.seed, num_steps=N) for _ in range(wl.repeats)]
         steps = [t for r in runs for t in r.step_times_s]
         return RunResult(metrics={"e2e_time_s": Metric.from_samples([r.total_s for r in runs], "s", "lower"),
                                   "step_time_s": Metric.from_samples(steps, "s", "lower")},
-                         info={"variant": "dense_edit", "device": str(device), "num_steps": N})
-    return _run_fisedit(system, job, pipe, device, N, k, budget)
+                         info={"variant": "dense_edit", "device": str(device), "num_steps": N,
+                               "host_malloc": malloc})
+    return _run_fisedit(system, job, pipe, device, N, k, budget, malloc)
 
 
-def _run_fisedit(system, job, pipe, device, N, k, budget) -> RunResult:
+def _run_fisedit(system, job, pipe, device, N, k, budget, malloc) -> RunResult:
     cfg, wl = system.cfg, job.workload
     seed_edit = job.seed if wl.edit_seed is None else wl.edit_seed
     t0 = time.perf_counter()
@@ -224,6 +233,7 @@ def _run_fisedit(system, job, pipe, device, N, k, budget) -> RunResult:
     step_idx = sparse_idx[len(sparse_idx) // 2] if sparse_idx else N // 2
     metrics: dict = {}
     info: dict = {"variant": "fisedit", "schedule": cfg.schedule, "device": str(device), "num_steps": N,
+                  "host_malloc": malloc,
                   "mask_steps": k, "block": cfg.block, "approx_groupnorm": cfg.approx_groupnorm,
                   "phases": ed.phases, "dense_fallback": ed.dense_fallback, "mask_info": ed.mask_info,
                   "mask_source": "synthetic" if wl.mask_ratio is not None else "captured",

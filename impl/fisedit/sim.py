@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.diffusion.cost import BYTES, dense_step_time_s, forward_torch_calls, trace_unet_ops
+from impl.common.diffusion.cost import BYTES, dense_step_time_s, forward_torch_calls, trace_unet_glue, trace_unet_ops
 from impl.common.diffusion.pipelines import SD21_ATTENTION_HEAD_DIM, SD21_UNET
 from impl.common.plots.save import save_png
 
@@ -56,6 +56,7 @@ class Model:
     cache_dtype: str = "fp16"
     engine: str = "fused"  # costmodel.SIM_ENGINES
     torch_calls: int = 0  # the dense forward's torch calls, charged at hw.host_dispatch_s (CPU profiles)
+    glue: tuple = ()  # the forward's non-module ops, priced on profiles with glue rates (CPU profiles)
     memo: dict = field(default_factory=dict)
 
     @property
@@ -87,7 +88,7 @@ def _sparse_step(m: Model, f: float, with_gain: bool, on_gpu: bool) -> float:
         mask = synthetic_mask(m.latent_hw, min(1.0, f), "rect", seed=0)
         sc = step_cost(m.ops, mask, m.th, m.latent_hw, m.block, m.hw, m.dtype, m.launch_s,
                        cache_bytes=0.0, pcie_efficiency=m.pcie_eff, cache_on_gpu=True, engine=m.engine,
-                       torch_calls=m.torch_calls)
+                       torch_calls=m.torch_calls, glue=m.glue)
         compute = sc.sparse_compute_s / (m.gain if with_gain else 1.0)
         h2d = 0.0 if on_gpu else m.step_bytes / (m.hw.host_link_bw_bytes_per_s * m.pcie_eff)
         m.memo[key] = compute + max(0.0, h2d - compute)
@@ -121,10 +122,13 @@ def build_model(system, job: JobContext) -> Model:
     step_bytes = cache_bytes_per_step(ops, th, cache_dtype, latent_elems=shape.in_channels * latent_hw[0] * latent_hw[1])
     # a CPU profile charges host dispatch per torch call; the count needs one meta-device forward
     calls = forward_torch_calls(shape, batch=sp.batch, attention_head_dim=heads) if hw.host_dispatch_s else 0
-    dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s, torch_calls=calls)
+    # a profile with glue rates prices the forward's non-module ops; tracing them needs one more
+    glue = trace_unet_glue(shape, batch=sp.batch, attention_head_dim=heads) if hw.glue_bw("elementwise", sp.dtype) else []
+    dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s, torch_calls=calls, glue=glue)
     return Model(ops, th, latent_hw, hw, sp.dtype, cfg.block, sp.engine_gain, cfg.pcie_efficiency,
                  sp.launch_overhead_s, step_bytes, sp.num_steps, sp.mask_steps, dense, cfg.dense_fallback_ratio,
-                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu, engine=cfg.sim_engine, torch_calls=calls)
+                 cache_dtype=cache_dtype, on_gpu_default=cfg.cache_on_gpu, engine=cfg.sim_engine, torch_calls=calls,
+                 glue=tuple(glue))
 
 
 def beta_params(mean: float, p90: float) -> tuple:

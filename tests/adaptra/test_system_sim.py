@@ -81,10 +81,23 @@ def test_time_varying_trace_switches_plans_at_iteration_boundaries(tmp_path):
     assert [p["comm"] for p in plans] == ["in_stream"] * 2 + ["delegated"] * 4
 
 
+def test_schedule_order_holds_a_send_behind_a_receive(tmp_path):
+    # p2p_order=schedule runs each SEND/RECV in schedule order (this repo's runtime trainer):
+    # a SEND written after a RECV that waits on the slow link leaves only once the message is
+    # there, so under the delay ZB is slower than with Megatron's sends-first batches.
+    batch = it_time("zb", REF, tmp_path)
+    ordered = it_time("zb", [*REF, "system.p2p_order=schedule"], tmp_path)
+    assert ordered > batch * 1.02, (batch, ordered)
+    # Without a delay nothing waits on a link, so the order changes nothing.
+    base = ["workload=pipeline_s4_n24", "fault=none", "system.timeline=false"]
+    assert it_time("zb", [*base, "system.p2p_order=schedule"], tmp_path) == it_time("zb", base, tmp_path)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["fault=link_delay", "fault.links=[[3,4]]"], "fault.links: link (3, 4) does not exist in a 4-stage pipeline"),
     (["fault=link_delay_60ms", "system.num_delegates=5"], "num_microbatches 12 is not divisible by delegate count 5"),
     (["system.schedule=zigzag"], "system.schedule: unknown value 'zigzag'"),
+    (["system.p2p_order=eager"], "system.p2p_order: unknown value 'eager' (one of: batch, schedule)"),
 ])
 def test_bad_input_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as err:

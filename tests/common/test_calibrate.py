@@ -52,7 +52,7 @@ def test_profile_written_and_valid(calibrated):
     assert set(hw.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.conv_flops.values())
     for rates in (hw.conv_window_flops, hw.window_gather_bytes_per_s, hw.window_scatter_bytes_per_s, hw.attn_flops,
                   hw.cell_gather_bytes_per_s, hw.cell_scatter_bytes_per_s, hw.token_gather_bytes_per_s,
-                  hw.token_scatter_bytes_per_s):
+                  hw.token_scatter_bytes_per_s, hw.linear_flops, hw.activation_bytes_per_s, hw.elementwise_bytes_per_s):
         assert set(rates) == {"fp32", "bf16"} and all(v > 0 for v in rates.values())
     assert 0 < hw.host_dispatch_s < 1e-3  # CPU host: one tiny call, measured
     for value in [*hw.peak_flops.values(), hw.memory_bytes, hw.memory_bw_bytes_per_s,
@@ -133,6 +133,7 @@ def test_system_yaml_validates_against_config():
                                         ({"p2p_sizes_bytes": []}, "system.p2p_sizes_bytes"),
                                         ({"device": "tpu"}, "system.device"),
                                         ({"threads": -1}, "system.threads"),
+                                        ({"host_malloc": "jemalloc"}, "system.host_malloc"),
                                         ({"repeats": 1, "min_repeats": 3}, "system.repeats")])
 def test_bad_knobs_fail_with_one_line_naming_the_field(bad, field):
     with pytest.raises(ConfigError) as err:

@@ -6,7 +6,8 @@ LayerNorm and attention core becomes an :class:`Op` with its shapes, FLOPs and b
 :func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``,
 with a k>1 convolution at the profile's measured conv rate where it has one (``conv_flops``:
 oneDNN runs a 3x3 conv at ~2x the sgemm rate on this CPU), a 1x1 conv at the matmul rate,
-and the attention core at the measured attention rate where the profile has one (``attn_flops``).
+the attention core at the measured attention rate where the profile has one (``attn_flops``),
+and a linear at the measured token-linear rate where it has one (``linear_flops``).
 :func:`stream_time_s` puts a sequence of kernels on one CUDA stream: the host issues each
 launch in ``launch_s`` and the GPU runs the kernels back to back, so launch cost is exposed
 only where kernels are shorter than their launches (CUDA kernel launches are asynchronous to
@@ -16,7 +17,10 @@ that runs it) a step is also charged its torch calls at that cost, serially:
 :func:`forward_torch_calls` counts the dense forward's calls (:class:`TorchCallCounter` on the
 meta-device forward, the same code path the real run takes).
 Elementwise work that is not a module (SiLU, residual adds) is charged to the norm ops as
-``ELEMENTWISE_PASSES`` extra read+write passes over their tensors.
+``ELEMENTWISE_PASSES`` extra read+write passes over their tensors, unless the profile has glue
+rates (``activation_bytes_per_s`` / ``elementwise_bytes_per_s``, measured by calibrate): then
+:func:`trace_unet_glue` records every such call of the meta forward (:class:`GlueTracer`) and
+:func:`glue_time_s` prices it, and the norms carry their own bytes only.
 """
 from __future__ import annotations
 
@@ -156,8 +160,8 @@ class TorchCallCounter(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-@functools.lru_cache(maxsize=16)
-def _forward_calls(shape_key: tuple, latent: int, batch: int, text_len: int) -> int:
+def _meta_unet(shape_key: tuple, latent: int, batch: int, text_len: int) -> tuple:
+    """The UNet and one forward's inputs (latent, timestep, text states) on the meta device."""
     from diffusers import UNet2DConditionModel
 
     kw = dict(shape_key)
@@ -166,9 +170,73 @@ def _forward_calls(shape_key: tuple, latent: int, batch: int, text_len: int) -> 
         x = torch.zeros(batch, kw.get("in_channels", 4), latent, latent)
         e = torch.zeros(batch, text_len, kw["cross_attention_dim"])
         t = torch.tensor(10)
+    return unet, x, t, e
+
+
+@functools.lru_cache(maxsize=16)
+def _forward_calls(shape_key: tuple, latent: int, batch: int, text_len: int) -> int:
+    unet, x, t, e = _meta_unet(shape_key, latent, batch, text_len)
     with torch.no_grad(), TorchCallCounter() as counter:
         unet(x, t, encoder_hidden_states=e)
     return counter.calls
+
+
+# Non-module tensor work of a forward (``glue``): activations (transcendental, compute-bound on a
+# CPU core) and the rest (residual adds, output-scale divisions, concatenations, upsampling and
+# the copies of .contiguous() / reshape on a non-contiguous tensor). Views, dropout in eval and
+# dtype no-ops move no bytes and are not glue.
+GLUE_ACTIVATIONS = frozenset({"silu", "gelu"})
+GLUE_ELEMENTWISE = frozenset({"add", "__add__", "__radd__", "__iadd__", "add_", "mul", "__mul__", "__rmul__",
+                              "__imul__", "mul_", "div", "__truediv__", "__itruediv__", "div_", "sub", "__sub__",
+                              "__rsub__", "cat", "interpolate"})
+GLUE_COPIES = frozenset({"contiguous", "reshape"})  # glue only when they copy (a non-contiguous input)
+
+
+class GlueTracer(TorchFunctionMode):
+    """Records each glue call of the ``with`` block as an :class:`Op` (kind ``activation`` or
+    ``elementwise``; bytes = tensor inputs + output, in elements), with the transformer block of
+    the innermost module running it (``module_stack``, kept by the trace's module hooks)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[Op] = []
+        self.module_stack: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", "")
+        kind = ("activation" if name in GLUE_ACTIVATIONS else "elementwise" if name in GLUE_ELEMENTWISE
+                or name in GLUE_COPIES and args and isinstance(args[0], torch.Tensor) and not args[0].is_contiguous()
+                else "")
+        if kind and isinstance(out, torch.Tensor):
+            flat = [a for a in args if isinstance(a, torch.Tensor)]
+            flat += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+            where = self.module_stack[-1] if self.module_stack else ""
+            cells = out.shape[-1] * out.shape[-2] if out.ndim == 4 else out.shape[1] if out.ndim == 3 else 0
+            self.ops.append(Op(f"{where}:{name}", kind, cells, 0.0, float(sum(t.numel() for t in flat)),
+                               float(out.numel()), 0, _block_of(where), "glue"))
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def _glue(shape_key: tuple, latent: int, batch: int, text_len: int) -> tuple:
+    unet, x, t, e = _meta_unet(shape_key, latent, batch, text_len)
+    tracer = GlueTracer()
+
+    def enter(name):
+        def hook(mod, args) -> None:
+            tracer.module_stack.append(name)
+        return hook
+
+    def leave(mod, args, out) -> None:  # returning None keeps the module's output
+        tracer.module_stack.pop()
+
+    for name, mod in unet.named_modules():
+        mod.register_forward_pre_hook(enter(name))
+        mod.register_forward_hook(leave)
+    with torch.no_grad(), tracer:
+        unet(x, t, encoder_hidden_states=e)
+    return tuple(tracer.ops)
 
 
 def _shape_key(shape, attention_head_dim) -> tuple:
@@ -192,11 +260,26 @@ def trace_unet_ops(shape, latent: Optional[int] = None, batch: int = 2, text_len
     return list(_trace(_shape_key(shape, attention_head_dim), int(latent or shape.sample_size), batch, text_len))
 
 
+def trace_unet_glue(shape, latent: Optional[int] = None, batch: int = 2, text_len: int = 77,
+                    attention_head_dim=None) -> list[Op]:
+    """Glue ops (:class:`GlueTracer`) of one UNet forward, traced on the meta device."""
+    return list(_glue(_shape_key(shape, attention_head_dim), int(latent or shape.sample_size), batch, text_len))
+
+
+def glue_time_s(op: Op, hw: HardwareProfile, dtype: str, scale: float = 1.0) -> float:
+    """A glue op's bytes (read + written) at the profile's measured rate for its kind; 0 on a
+    profile without glue rates (the norm ops' ``ELEMENTWISE_PASSES`` stand for it there)."""
+    bw = hw.glue_bw(op.kind, dtype)
+    return (op.bytes_in + op.bytes_out) * BYTES[dtype] * scale / bw if bw else 0.0
+
+
 def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1.0, bytes_scale: float = 1.0,
               launch_s: float = 5e-6, windowed: bool = False) -> float:
     """Roofline time of ``op``; ``windowed``: a conv run on gathered windows (block-sparse),
     priced at :meth:`HardwareProfile.conv_window_flops_per_s`."""
     b = BYTES[dtype]
+    if op.kind in ("groupnorm", "layernorm") and hw.glue_bw("elementwise", dtype):
+        bytes_scale /= 1 + ELEMENTWISE_PASSES  # the glue is priced on its own (glue_time_s)
     mem = (op.bytes_in + op.bytes_out) * bytes_scale * b + op.weight_elems * b
     if op.kind == "conv" and windowed and op.kernel > 1:
         rate = hw.conv_window_flops_per_s(dtype)
@@ -204,6 +287,8 @@ def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1
         rate = hw.conv_flops_per_s(dtype)
     elif op.kind == "attn_core":
         rate = hw.attn_flops_per_s(dtype)
+    elif op.kind == "linear":
+        rate = hw.linear_flops_per_s(dtype)
     else:
         rate = hw.flops(dtype)
     return max(op.flops * flops_scale / rate, mem / hw.memory_bw_bytes_per_s) + launch_s
@@ -224,8 +309,11 @@ def stream_time_s(kernels, launch_s: float) -> float:
     return end
 
 
-def dense_step_time_s(ops, hw: HardwareProfile, dtype: str, launch_s: float = 5e-6, torch_calls: int = 0) -> float:
+def dense_step_time_s(ops, hw: HardwareProfile, dtype: str, launch_s: float = 5e-6, torch_calls: int = 0,
+                      glue=()) -> float:
     """One UNet forward, one kernel per traced op, launches overlapped with execution; plus
-    ``torch_calls`` (:func:`forward_torch_calls`) at the profile's ``host_dispatch_s``."""
-    return stream_time_s([(op_time_s(o, hw, dtype, launch_s=0.0), 1) for o in ops], launch_s) \
-        + torch_calls * hw.host_dispatch_s
+    ``torch_calls`` (:func:`forward_torch_calls`) at the profile's ``host_dispatch_s``, and the
+    ``glue`` ops (:func:`trace_unet_glue`) at its glue rates where it has them."""
+    kernels = [(op_time_s(o, hw, dtype, launch_s=0.0), 1) for o in ops]
+    kernels += [(glue_time_s(g, hw, dtype), 1) for g in glue if hw.glue_bw(g.kind, dtype)]
+    return stream_time_s(kernels, launch_s) + torch_calls * hw.host_dispatch_s
