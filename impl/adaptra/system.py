@@ -231,6 +231,10 @@ class PipelineTraining(System):
         costs = stage_costs(wl.model, wl.stages, wl.micro_batch_size, wl.dtype, wl.tp, job.hardware)
         return costs, LinkCosts.from_hardware(wl.stages, msg, job.hardware, tp=wl.tp, dp=wl.dp)
 
+    @property
+    def _batch_p2p(self) -> bool:
+        return self.cfg.p2p_order == "batch"
+
     def _stream_comm(self):
         from impl.common.sim.pipeline import CommModel
 
@@ -240,7 +244,7 @@ class PipelineTraining(System):
             # Sends in schedule order on the compute thread (the FIFO model put the CPU
             # runtime's 1F1B 34% under real at 60 ms; fidelity/pipeline).
             return CommModel(kind="blocking", batch_p2p=False)
-        return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth, batch_p2p=self.cfg.p2p_order == "batch")
+        return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth, batch_p2p=self._batch_p2p)
 
     def _mitigation(self, job: JobContext):
         from impl.adaptra.mitigate import DpMitigation, RemapOnDetect
@@ -347,7 +351,7 @@ class PipelineTraining(System):
             if delegated:
                 max_delay = max(list(detected.values()) + [0.0])
                 comm = CommModel(kind="delegated", delegates=self._delegates(job, max_delay),
-                                 cpu_penalty=self.cfg.cpu_penalty, batch_p2p=self.cfg.p2p_order == "batch")
+                                 cpu_penalty=self.cfg.cpu_penalty, batch_p2p=self._batch_p2p)
             else:
                 comm = self._stream_comm()
             plan_key = tuple(sorted(detected.items())) if self.cfg.schedule == "adaptra" else ()
@@ -390,7 +394,7 @@ class PipelineTraining(System):
         # The same policy with no delay at all: the denominator of the paper's "slowdown".
         sched0, _ = self._compute_schedule(tF, tB, tW, {}, S, N)
         comm0 = (CommModel(kind="delegated", delegates=self._delegates(job, 0.0), cpu_penalty=self.cfg.cpu_penalty,
-                           batch_p2p=self.cfg.p2p_order == "batch")
+                           batch_p2p=self._batch_p2p)
                  if self.cfg.comm == "delegated" and self.cfg.delegate_when == "always"
                  else self._stream_comm())
         t0 = simulate_iteration(insert_comm(sched0), costs, link, comm0,

@@ -68,7 +68,7 @@ from impl.common.calibrate_comm import measure_comm
 from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_windows, pad_for_windows, scatter_blocks,
                                            scatter_cells, scatter_tokens, window_size)
 from impl.common.hardware import HardwareProfile
-from impl.common.host_alloc import apply_host_malloc
+from impl.common.host_alloc import check_host_malloc, host_malloc_in_force
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -146,10 +146,7 @@ class CalibrateConfig:
             raise ConfigError(f"system.threads: must be >= 0 (0 = torch's default), got {self.threads}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"system.device: unknown device {self.device!r} (one of: auto, cpu, cuda)")
-        from impl.common.host_alloc import HOST_MALLOC
-
-        if self.host_malloc not in HOST_MALLOC:
-            raise ConfigError(f"system.host_malloc: unknown value {self.host_malloc!r} (one of: {', '.join(HOST_MALLOC)})")
+        check_host_malloc(self.host_malloc, "system.host_malloc")
         if not str(self.output).strip():
             raise ConfigError("system.output: needs a path (e.g. conf/hardware/local.yaml)")
 
@@ -588,8 +585,7 @@ class Calibrate(System):
             raise ConfigError(f"system.dtypes: {cfg.dtypes} all need CUDA (tf32); add fp32, fp16 or bf16")
         metrics: Dict[str, Metric] = {}
         info: Dict[str, Any] = {"output": str(out_path), "device": kind,
-                                "host_malloc": "retain" if apply_host_malloc(cfg.host_malloc, "system.host_malloc")
-                                else "default"}
+                                "host_malloc": host_malloc_in_force(cfg.host_malloc, "system.host_malloc")}
         emulated: List[str] = []
         peak: Dict[str, float] = {}
         conv: Dict[str, float] = {}

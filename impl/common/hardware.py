@@ -83,7 +83,7 @@ class HardwareProfile:
     attn_flops: Dict[str, float] = field(default_factory=dict)
     # Achievable FLOP/s of a token linear (nn.Linear with bias on a (B, N, C) activation) per
     # dtype at UNet transformer-block shapes, measured by calibrate: at these skinny shapes
-    # (N = 77-576 tokens, a 4x-wide FF projection) a CPU GEMM runs 10-35% under the square
+    # (N = 77-576 tokens, a 4x-wide FF projection) a CPU GEMM runs up to 35% under the square
     # matmul peak. Absent (datasheet profiles) = the matmul peak prices them.
     linear_flops: Dict[str, float] = field(default_factory=dict)
     # A forward's non-module tensor work (impl.common.diffusion.cost.GlueTracer), bytes/s read +

@@ -10,8 +10,8 @@ processes each, median of 8 forwards; bench/fidelity/README.md, session 12). The
 moves between runs, so the cost is also noise. CUDA's caching allocator never returns freed
 blocks to the driver during a run, so a GPU step pays nothing of the kind, and neither do
 the simulator's cost models. :func:`retain_freed_host_memory` raises both thresholds
-(``mallopt``), the glibc tunables PyTorch's CPU tuning guide points at when it recommends a
-caching allocator (jemalloc / tcmalloc) instead.
+(``mallopt``): the effect PyTorch's CPU performance tuning guide gets by recommending a caching
+allocator (jemalloc / tcmalloc), here from glibc itself, with no other library to install.
 """
 from __future__ import annotations
 
@@ -63,12 +63,22 @@ def retained() -> bool:
     return _retained
 
 
-def apply_host_malloc(policy: str, field: str = "workload.host_malloc") -> bool:
-    """``retain``: :func:`retain_freed_host_memory`; ``default``: leave the allocator alone.
-    Returns whether the retain setting is in force (:func:`retained`: also after an earlier
-    ``retain`` in this process); an unknown policy is a one-line error."""
+def check_host_malloc(policy: str, field: str = "workload.host_malloc") -> None:
+    """An unknown policy is a one-line error naming ``field``."""
     if policy not in HOST_MALLOC:
         from impl.common.api import ConfigError
 
         raise ConfigError(f"{field}: unknown value {policy!r} (one of: {', '.join(HOST_MALLOC)})")
+
+
+def apply_host_malloc(policy: str, field: str = "workload.host_malloc") -> bool:
+    """``retain``: :func:`retain_freed_host_memory`; ``default``: leave the allocator alone.
+    Returns whether the retain setting is in force (:func:`retained`: also after an earlier
+    ``retain`` in this process)."""
+    check_host_malloc(policy, field)
     return retain_freed_host_memory() if policy == "retain" else retained()
+
+
+def host_malloc_in_force(policy: str, field: str = "workload.host_malloc") -> str:
+    """Apply ``policy`` and name what the process runs under (``retain`` | ``default``), for records."""
+    return "retain" if apply_host_malloc(policy, field) else "default"

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.diffusion.pipelines import build_components, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
+from impl.common.host_alloc import host_malloc_in_force
 
 from .mask import check_pool_factors
-from .real import _device, _dtype, host_malloc_in_force, make_mask
+from .real import _device, _dtype, make_mask
 
 
 class QualityBaseline(System):
@@ -46,7 +47,7 @@ class QualityBaseline(System):
         wl = job.workload
         if getattr(wl, "kind", None) != "diffusion_edit":
             raise ConfigError(f"workload.kind: {self.name} needs a diffusion_edit workload")
-        malloc = host_malloc_in_force(wl)
+        malloc = host_malloc_in_force(wl.host_malloc)
         if wl.torch_threads > 0:
             torch.set_num_threads(wl.torch_threads)
         device = _device(wl)

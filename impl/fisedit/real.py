@@ -13,7 +13,7 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.diffusion.cost import trace_unet_ops
 from impl.common.diffusion.pipelines import build_components, build_scheduler, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
-from impl.common.host_alloc import apply_host_malloc
+from impl.common.host_alloc import host_malloc_in_force
 
 from .costmodel import Thresholds, step_cost
 from .engine import CachedConv2d, uninstall, install, wrappers
@@ -37,11 +37,6 @@ def _dtype(wl, device) -> torch.dtype:
     if wl.dtype == "fp16" and device.type != "cuda":
         raise ConfigError("workload.dtype: fp16 needs a CUDA device (CPU runs fp32)")
     return torch.float16 if wl.dtype == "fp16" else torch.float32
-
-
-def host_malloc_in_force(wl) -> str:
-    """Apply ``workload.host_malloc`` (impl.common.host_alloc) and name what is in force."""
-    return "retain" if apply_host_malloc(wl.host_malloc) else "default"
 
 
 def setup(system, job: JobContext):
@@ -172,7 +167,7 @@ def block_sweep(pipe, orig, emb, mask, step_idx, blocks):
 
 def run_real(system, job: JobContext) -> RunResult:
     cfg, wl = system.cfg, job.workload
-    malloc = host_malloc_in_force(wl)  # before the models allocate
+    malloc = host_malloc_in_force(wl.host_malloc)  # before the models allocate
     pipe, device, dtype = setup(system, job)
     N = wl.num_steps
     k = system.mask_steps(N)

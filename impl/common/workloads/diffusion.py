@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from impl.common.api import ConfigError
 from impl.common.diffusion.pipelines import UNetShape
+from impl.common.host_alloc import check_host_malloc
 
 
 @dataclass
@@ -68,7 +68,4 @@ class DiffusionEditWorkload:
     sim: EditSimSpec = field(default_factory=EditSimSpec)
 
     def __post_init__(self) -> None:
-        from impl.common.host_alloc import HOST_MALLOC
-
-        if self.host_malloc not in HOST_MALLOC:
-            raise ConfigError(f"workload.host_malloc: unknown value {self.host_malloc!r} (one of: {', '.join(HOST_MALLOC)})")
+        check_host_malloc(self.host_malloc)
