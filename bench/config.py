@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from impl.common.execution import ExecutionConfig
 from impl.common.hardware import HardwareProfile
 
 
@@ -51,6 +52,8 @@ class BenchConfig:
     workload: Any = None
     hardware: HardwareProfile = field(default_factory=HardwareProfile)
     fault: Any = None
+    # Where real work runs: device, dtype, threads, backend (conf/execution/; impl.common.execution).
+    execution: Any = None
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     validity: ValidityConfig = field(default_factory=ValidityConfig)
     # Label for records; defaults to the chosen experiment preset (experiment=...), else "adhoc".

@@ -19,6 +19,8 @@ from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
 from impl.common.api import JobContext, NotApplicable, RunResult
 from impl.common.errors import one_line
+from impl.common.execution import Execution, hardware_label as execution_hardware_label, summarize as execution_summary
+from impl.common.execution import set_current as set_current_execution, take_notes
 from impl.common.runtime.launch import is_primary, stdlib_start_method
 
 
@@ -47,15 +49,50 @@ def _label(group: str, choice: str, overrides: list[str]) -> str:
     return f"{choice}[{','.join(tweaks)}]" if tweaks else choice
 
 
-def _hardware_label(mode: str, profile: str) -> str:
+def _hardware_label(mode: str, profile: str, where: Optional[dict] = None) -> str:
     """Real runs ran on this host, whatever profile was composed (it only feeds emulated pieces,
-    kept in the config); sim runs are labelled with the profile they priced."""
+    kept in the config), on the device the job's placements name; sim runs are labelled with
+    the profile they priced."""
     if mode != "real":
         return profile
-    dev = provenance.devices()[0]
-    if dev["type"] == "cuda":
-        return f"local-cuda[{dev['name']}]"
-    return f"local-cpu[{dev.get('cores')} cores]"
+    if where is None:
+        where = execution_summary(Execution(), [])
+    return execution_hardware_label(where)
+
+
+TRACEBACK_FRAMES = 6
+
+
+def _traceback_tail(text: str) -> list[str]:
+    """The last frames of a traceback as ``file:line in func`` lines, innermost last."""
+    frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith('File "')]
+    out = []
+    for fr in frames[-TRACEBACK_FRAMES:]:
+        try:
+            path = fr.split('"')[1]
+            rest = fr.split('"', 2)[2]  # , line N, in func
+            line = rest.split("line", 1)[1].split(",")[0].strip()
+            func = rest.rsplit(" in ", 1)[1].strip()
+            out.append(f"{_short_path(path)}:{line} in {func}")
+        except IndexError:
+            out.append(fr)
+    return out
+
+
+def _short_path(path: str) -> str:
+    """Paths inside the repository relative to it; others (site-packages) from the package on."""
+    p = pathlib.Path(path)
+    try:
+        return str(p.resolve().relative_to(_REPO))
+    except (ValueError, OSError):
+        parts = p.parts
+        for marker in ("site-packages", "dist-packages"):
+            if marker in parts:
+                return "/".join(parts[parts.index(marker) + 1:])
+        return path
+
+
+_REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
@@ -89,8 +126,13 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     host_load: Optional[dict] = None
     not_applicable = False
     invalid_reasons: list[str] = []
+    error_log: Optional[pathlib.Path] = None
+    error_frames: list[str] = []
+    execution = Execution()
+    take_notes()  # placements of an earlier job in this process are not this job's
     try:
         job = typed_job(cfg)
+        execution = job.execution
         # A knob override does not rename the system (a global tweak like timeline=false would
         # otherwise break --baseline); name a variant with system.name=... instead.
         system_label = job.system_name
@@ -100,14 +142,18 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
 
             logger = make_logger(OmegaConf.to_object(cfg.logger), out_dir)
             logger.start(run_id=run_id, experiment=experiment, system=system_label, mode=mode,
-                         hardware=_hardware_label(mode, choices["hardware"]), fault=choices["fault"],
+                         hardware=_hardware_label(mode, choices["hardware"], execution_summary(execution, [])),
+                         fault=choices["fault"],
                          workload=choices["workload"], config=resolved)
         seed_everything(int(cfg.seed))
         ctx = JobContext(mode=mode, seed=int(cfg.seed), experiment=experiment,
                          workload=job.workload, workload_name=choices["workload"], hardware=job.hardware,
                          hardware_name=choices["hardware"] or job.hardware.name, fault=job.fault,
                          fault_name=choices["fault"] or "none", out_dir=out_dir,
-                         show_progress=bool(cfg.progress))
+                         show_progress=bool(cfg.progress), execution=execution)
+        set_current_execution(execution)
+        if mode == "real":
+            execution.apply_threads()
         # Real timings are judged by how busy the host was meanwhile; sim ones never are.
         probe = HostLoadProbe().start() if mode == "real" else None
         with stdlib_start_method():  # a joblib worker's loky start method would kill the job's children
@@ -127,8 +173,12 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         if probe is not None and host_load is None:
             host_load = probe.stop()
         error = one_line(exc)
-        (out_dir / "error.log").write_text(traceback.format_exc())
+        tb = traceback.format_exc()
+        error_log = out_dir / "error.log"
+        error_log.write_text(tb)
+        error_frames = _traceback_tail(tb)
     finally:
+        set_current_execution(None)
         if logger is not None:
             try:
                 if result is not None:
@@ -139,6 +189,16 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
                 (out_dir / "logger-error.log").write_text(traceback.format_exc())
                 wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": one_line(exc)}
 
+    mode_s = str(resolved["mode"])
+    where = execution_summary(execution, take_notes()) if mode_s == "real" else None
+    info = provenance.redact(result.info) if result else {}
+    if where is not None:
+        info = dict(info)
+        info["execution"] = where
+        # What the job itself reports wins (a system may place part of its work elsewhere);
+        # otherwise the placements say where it ran.
+        info.setdefault("device", where["device"])
+        info.setdefault("backend", where["backend"])
     record: dict[str, Any] = {
         "schema": SCHEMA_ID,
         "run_id": run_id,
@@ -150,7 +210,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "system": system_label,
         "mode": str(resolved["mode"]),
         "workload": choices["workload"],
-        "hardware": _hardware_label(str(resolved["mode"]), choices["hardware"]),
+        "hardware": _hardware_label(mode_s, choices["hardware"], where),
         "fault": choices["fault"] or "none",
         "seed": int(cfg.seed),
         "metrics": {k: m.to_dict() for k, m in (result.metrics.items() if result else [])},
@@ -158,12 +218,16 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         "config": resolved,
         "overrides": list(overrides),
         "wandb": wandb_info,
-        "info": provenance.redact(result.info) if result else {},
+        "info": info,
         "artifacts": list(result.artifacts) if result else [],
         "duration_s": round(time.perf_counter() - started, 3),
     }
     if error is not None and not_applicable:
         record["not_applicable"] = True
+    if error_log is not None and not not_applicable:
+        # the console prints the path; the record keeps where it failed
+        record["error_log"] = str(error_log) if primary else None
+        record["error_frames"] = error_frames
     if host_load is not None:
         record["host_load"] = host_load
     if sweep:

@@ -16,6 +16,10 @@ def print_record(record: dict) -> None:
     print(head)
     if record.get("error"):
         print(f"  error: {record['error']}")
+        for frame in (record.get("error_frames") or [])[-3:]:
+            print(f"    at {frame}")
+        if record.get("error_log"):
+            print(f"  traceback: {record['error_log']}")
     for reason in record.get("invalid_reasons") or []:
         print(f"  invalid: {reason}")
     for name, m in sorted(record.get("metrics", {}).items()):

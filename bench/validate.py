@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from faults.spec import KINDS as FAULT_KINDS
 from impl.common.api import ConfigError, NotApplicable, System
 from impl.common.errors import first_line
+from impl.common.execution import Execution, ExecutionConfig, resolve as resolve_execution
 from impl.common.hardware import HardwareProfile
 from impl.common.workloads import KINDS as WORKLOAD_KINDS, workload_class
 
@@ -82,6 +83,15 @@ def typed_hardware(node: Any) -> HardwareProfile:
     return _merge("hardware", HardwareProfile, node)
 
 
+def typed_execution(node: Any, mode: str = "real") -> Execution:
+    """The job's device decision. A sim job prices a profile and runs nowhere in particular,
+    so only a real job is refused for a device the host lacks."""
+    cfg = _merge("execution", ExecutionConfig, node) if node is not None else ExecutionConfig()
+    if mode != "real" and cfg.device == "cuda":
+        cfg = dataclasses.replace(cfg, device="auto")
+    return resolve_execution(cfg)
+
+
 @dataclasses.dataclass
 class TypedJob:
     system: System
@@ -89,6 +99,7 @@ class TypedJob:
     workload: Any
     hardware: HardwareProfile
     fault: Any
+    execution: Execution
 
 
 def typed_job(cfg: DictConfig) -> TypedJob:
@@ -99,8 +110,9 @@ def typed_job(cfg: DictConfig) -> TypedJob:
     mode = str(cfg.mode.value if hasattr(cfg.mode, "value") else cfg.mode)
     if mode not in system.modes:
         raise ConfigError(f"mode: system {name!r} does not run in mode {mode!r} (supports: {', '.join(system.modes)})")
+    execution = typed_execution(cfg.get("execution"), mode)
     job = TypedJob(system=system, system_name=name, workload=typed_workload(cfg.workload),
-                   hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault))
+                   hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault), execution=execution)
     try:
         system.check(mode, job.workload, job.hardware, job.fault)
     except NotApplicable:

@@ -102,6 +102,15 @@ class JobContext:
     fault_name: str
     out_dir: pathlib.Path
     show_progress: bool = True
+    # Where real work runs (device, dtype, threads, backend), decided once per job by the
+    # harness from the ``execution`` group; real-mode systems read it instead of probing torch.
+    execution: Any = None
+
+    def __post_init__(self) -> None:
+        if self.execution is None:
+            from impl.common.execution import Execution
+
+            self.execution = Execution()
 
 
 class System(abc.ABC):

@@ -25,7 +25,7 @@ from impl.common.diffusion.quality import psnr, ssim
 from impl.common.host_alloc import host_malloc_in_force
 
 from .mask import check_pool_factors
-from .real import _device, _dtype, make_mask
+from .real import make_mask
 
 
 class QualityBaseline(System):
@@ -48,10 +48,9 @@ class QualityBaseline(System):
         if getattr(wl, "kind", None) != "diffusion_edit":
             raise ConfigError(f"workload.kind: {self.name} needs a diffusion_edit workload")
         malloc = host_malloc_in_force(wl.host_malloc)
-        if wl.torch_threads > 0:
-            torch.set_num_threads(wl.torch_threads)
-        device = _device(wl)
-        dtype = _dtype(wl, device)
+        job.execution.apply_threads(wl.torch_threads)
+        device = job.execution.torch_device()
+        dtype = job.execution.torch_dtype(wl.dtype)
         hw = (wl.unet.sample_size, wl.unet.sample_size)
         check_pool_factors(hw, wl.unet.pool_factors())
         comps = build_components(wl.unet, job.seed, wl.scheduler, device=str(device), dtype=dtype)

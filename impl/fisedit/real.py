@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from impl.common.api import ConfigError, JobContext, Metric, RunResult
+from impl.common.api import JobContext, Metric, RunResult
 from impl.common.diffusion.cost import trace_unet_ops
 from impl.common.diffusion.pipelines import build_components, build_scheduler, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
@@ -23,28 +23,11 @@ from .pipeline import FISEditPipeline
 log = logging.getLogger("impl.fisedit")
 
 
-def _device(wl) -> torch.device:
-    if wl.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("workload.device: cuda requested but no CUDA device is visible")
-    if wl.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"workload.device: unknown value {wl.device!r} (one of: auto, cpu, cuda)")
-    return torch.device("cuda" if wl.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
-
-
-def _dtype(wl, device) -> torch.dtype:
-    if wl.dtype not in ("fp32", "fp16"):
-        raise ConfigError(f"workload.dtype: unknown value {wl.dtype!r} (one of: fp32, fp16)")
-    if wl.dtype == "fp16" and device.type != "cuda":
-        raise ConfigError("workload.dtype: fp16 needs a CUDA device (CPU runs fp32)")
-    return torch.float16 if wl.dtype == "fp16" else torch.float32
-
-
 def setup(system, job: JobContext):
     wl, cfg = job.workload, system.cfg
-    if wl.torch_threads > 0:
-        torch.set_num_threads(wl.torch_threads)
-    device = _device(wl)
-    dtype = _dtype(wl, device)
+    job.execution.apply_threads(wl.torch_threads)
+    device = job.execution.torch_device()
+    dtype = job.execution.torch_dtype(wl.dtype)
     comps = build_components(wl.unet, job.seed, wl.scheduler, device=str(device), dtype=dtype)
     pipe = FISEditPipeline(comps, guidance_scale=wl.guidance_scale, block=cfg.block, exact=not cfg.approx_groupnorm,
                            radical_attn=cfg.radical_attn, conv_min_cells=cfg.conv_min_cells,

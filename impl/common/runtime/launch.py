@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from impl.common.api import ConfigError
 from impl.common.errors import first_line
+from impl.common.execution import Placement, current as current_execution, note as note_placement
 
 LOCAL_HOST = "127.0.0.1"
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -116,15 +117,23 @@ class Helper:
 
 
 def choose_backend(backend: Optional[str], local_ranks: int) -> str:
-    """gloo, or nccl when asked (or by default) and every local rank can have its own GPU."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend is None:
-        return "nccl" if gpus >= local_ranks else "gloo"
-    if backend not in ("gloo", "nccl"):
+    """gloo, or nccl when asked (or by default) and every local rank can have its own GPU on
+    the device the job's execution decided (``impl.common.execution``)."""
+    if backend is not None and backend not in ("gloo", "nccl"):
         raise ConfigError(f"backend: unknown value {backend!r} (one of: gloo, nccl)")
-    if backend == "nccl" and gpus < local_ranks:
-        raise ConfigError(f"backend: nccl needs {local_ranks} visible GPUs, found {gpus}")
-    return backend
+    return rank_placement(backend, local_ranks).backend
+
+
+def rank_placement(backend: Optional[str], local_ranks: int) -> Placement:
+    """Where ``local_ranks`` ranks run: ``backend`` None = the job's choice (nccl when every
+    rank gets a GPU), ``gloo`` = the system's ranks run on the CPU, ``nccl`` = GPUs required."""
+    ex = current_execution()
+    if backend == "gloo":
+        return ex.placement(local_ranks, backend="auto", ranks_use_gpu=False)
+    try:
+        return ex.placement(local_ranks, backend=backend)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("execution.backend", "backend")) from None
 
 
 def local_world(world_size: int) -> int:
@@ -467,7 +476,10 @@ def launch(fn: Callable, world_size: int, args: tuple = (), *, label: str = "lau
     """
     if world_size < 1:
         raise ConfigError(f"world size: must be >= 1, got {world_size}")
-    backend = choose_backend(backend, local_world(world_size))
+    if backend is not None and backend not in ("gloo", "nccl"):
+        raise ConfigError(f"backend: unknown value {backend!r} (one of: gloo, nccl)")
+    placement = note_placement(rank_placement(backend, local_world(world_size)))
+    backend = placement.backend
     if under_torchrun():
         if helpers is not None:
             raise ConfigError("helpers: local-mode side processes cannot start under torchrun; "

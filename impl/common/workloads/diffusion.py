@@ -58,8 +58,8 @@ class DiffusionEditWorkload:
     edit_scheduler: Optional[str] = None
     repeats: int = 2  # interleaved end-to-end repetitions
     step_repeats: int = 5  # interleaved per-step pairs
-    dtype: str = "fp32"  # fp32 | fp16 (CUDA only)
-    device: str = "auto"  # auto | cpu | cuda
+    # fp32 | fp16 (CUDA only) | bf16; the device is the job's (execution=auto|cpu|cuda).
+    dtype: str = "fp32"
     torch_threads: int = 1
     # Real runs on a host: retain = keep freed memory in the process (glibc mallopt), as CUDA's
     # caching allocator does, so large activations do not page-fault on every call (measured:
