@@ -39,6 +39,9 @@ class CompareOnMultirunEnd(Callback):
             print(f"mlsys-bench: {n_na} of {len(records)} jobs not applicable (refused in preflight; records kept)")
         if SWEEP_FAILURES:
             print(f"mlsys-bench: {len(SWEEP_FAILURES)} of {len(records)} jobs failed (records kept, status failed)")
+            for r in records:
+                if r["status"] == "failed" and r.get("error_log"):
+                    print(f"  {r['system']}: traceback in {r['error_log']}")
 
 
 def draw_figure(target: str, records: list[dict], out_dir: pathlib.Path) -> None:

@@ -12,9 +12,14 @@ SYSTEMS = ("adaptra", "malleus", "caraserve", "fisedit", "hotspa", "hydraulis", 
            "ckpt_recovery")
 
 
-def _where(rec: dict) -> str:
-    """Device and backend as the job reported them (its info), else the host's first device."""
+def where(rec: dict) -> str:
+    """Where the job's work ran: its placements' label (``cpu/gloo: 1 GPU < 4 ranks``), else the
+    device and backend the job reported, else the host's first device (records before the
+    execution decision)."""
     info = rec.get("info") or {}
+    label = (info.get("execution") or {}).get("label")
+    if label:
+        return str(label)
     device = info.get("device") or next(iter((rec.get("provenance") or {}).get("devices") or []), {}).get("type", "?")
     backend = info.get("backend")
     return f"{device}/{backend}" if backend else str(device)
@@ -32,7 +37,7 @@ def rows(records: list[dict]) -> list[list[str]]:
             out.append([name, "missing", "", "", "no record"])
             continue
         why = rec.get("error") or "; ".join(rec.get("invalid_reasons") or [])
-        out.append([name, rec["status"], _where(rec), f"{rec.get('duration_s', 0):.1f}", why[:100]])
+        out.append([name, rec["status"], where(rec), f"{rec.get('duration_s', 0):.1f}", why[:100]])
     return out
 
 

@@ -568,7 +568,7 @@ class Calibrate(System):
         cfg.validate()
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("system.device: 'cuda' requested but torch.cuda.is_available() is False")
-        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and job.execution.is_cuda)
         device = torch.device("cuda") if use_cuda else torch.device("cpu")
         kind = device.type
         sync: Callable[[], None] = torch.cuda.synchronize if use_cuda else (lambda: None)

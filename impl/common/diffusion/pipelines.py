@@ -7,6 +7,7 @@ them from a :class:`UNetShape`, saves them with ``save_pretrained`` and reloads 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pathlib
@@ -32,7 +33,9 @@ class UNetShape:
     down_block_types: List[str] = field(default_factory=lambda: ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"])
     up_block_types: List[str] = field(default_factory=lambda: ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"])
     cross_attention_dim: int = 32
-    attention_head_dim: int = 8
+    # diffusers' name for the number of attention heads: one int, or one per block (SD 2.1:
+    # [5, 10, 20, 20], i.e. head dim 64).
+    attention_head_dim: Any = 8
     norm_num_groups: int = 8
     use_linear_projection: bool = False
 
@@ -40,6 +43,8 @@ class UNetShape:
         d = asdict(self)
         for k in ("block_out_channels", "down_block_types", "up_block_types"):
             d[k] = tuple(d[k])
+        if isinstance(d["attention_head_dim"], (list, tuple)):
+            d["attention_head_dim"] = tuple(int(h) for h in d["attention_head_dim"])
         return d
 
     def pool_factors(self) -> list[int]:
@@ -160,12 +165,16 @@ def build_components(shape: UNetShape, seed: int, scheduler: str = "dpm_multiste
                      roundtrip: bool = True, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Components:
     """Build SD-shaped components with random weights (seeded), optionally through a save/load round trip."""
     tok = build_tokenizer()
-    unet = build_unet(shape, seed)
-    text = build_text_encoder(shape.cross_attention_dim, len(tok), seed + 1)
-    vae = build_vae(seed + 2, latent_channels=shape.in_channels)
+    # On a GPU the weights are drawn there (a CPU init of an SD-sized UNet takes seconds per
+    # job) and the save/load round trip, a check of the host-side path, is left to CPU runs.
+    on_host = torch.device(device).type == "cpu"
+    with contextlib.nullcontext() if on_host else torch.device(device):
+        unet = build_unet(shape, seed)
+        text = build_text_encoder(shape.cross_attention_dim, len(tok), seed + 1)
+        vae = build_vae(seed + 2, latent_channels=shape.in_channels)
     sched = build_scheduler(scheduler)
     comps = Components(unet=unet, vae=vae, text_encoder=text, tokenizer=tok, scheduler=sched)
-    if roundtrip:
+    if roundtrip and on_host:
         comps = _roundtrip(comps, save_dir)
     for m in (comps.unet, comps.vae, comps.text_encoder):
         m.to(device=device, dtype=dtype)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The one-GPU check: every one-GPU preset (conf/experiment/gpu/, bench.gpu_check.GPU_PRESETS)
+# and the GPU smoke (experiment=gpu_smoke), then one table: system, metric, ours, paper,
+# device/backend. Installs nothing: run it from a checkout whose package is importable (an
+# installed env, or PYTHONPATH=. with the dependencies present). Budget: under 7 minutes on one
+# H100/H200-class GPU. Without CUDA it exits 2 with its reason.
+#   bash .ci/gpu_check.sh [RESULTS] [PRESET ...]   (default RESULTS: results/runs/gpu_check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/runs/gpu_check}
+shift || true
+presets=("$@")
+if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA device visible (torch.cuda.is_available() is false); nothing run" >&2
+  exit 2
+fi
+if [ ${#presets[@]} -eq 0 ]; then
+  mapfile -t presets < <(python -c "from bench.gpu_check import GPU_PRESETS; print('\n'.join(GPU_PRESETS))")
+fi
+# Per-preset limits (s); a job past its limit leaves no record and the table says "missing".
+declare -A limit=([fisedit_sd15]=120 [fisedit_sd21_768]=75 [caraserve_7b]=60 [swiftdiffusion_sd15]=60
+                  [ckpt_recovery]=60 [smoke]=150)
+export MLSYS_BENCH_NO_SWEEP_TABLE=1 PYTHONUNBUFFERED=1
+start=$(date +%s)
+rc=0
+for p in "${presets[@]}"; do
+  [ "$p" = smoke ] && continue
+  t0=$(date +%s)
+  timeout "${limit[$p]:-90}" python -m bench --multirun "experiment=gpu/$p" "results_dir=$out" progress=false \
+    || { echo "gpu_check: gpu/$p exited $?"; rc=1; }
+  echo "gpu_check: gpu/$p took $(( $(date +%s) - t0 )) s"
+done
+if [ "${GPU_CHECK_SMOKE:-1}" = 1 ]; then
+  t0=$(date +%s)
+  timeout "${limit[smoke]}" python -m bench --multirun experiment=gpu_smoke "results_dir=$out" progress=false \
+    || { echo "gpu_check: gpu_smoke exited $?"; rc=1; }
+  echo "gpu_check: gpu_smoke took $(( $(date +%s) - t0 )) s"
+fi
+echo
+python -m bench.gpu_check "$out" || rc=1
+echo "gpu_check took $(( $(date +%s) - start )) s (exit $rc)"
+exit "$rc"
