@@ -14,6 +14,9 @@ def print_record(record: dict) -> None:
             f" experiment={record['experiment']} workload={record['workload']} hardware={record['hardware']}"
             f" fault={record['fault']}")
     print(head)
+    ran = ((record.get("info") or {}).get("execution") or {}).get("label")
+    if ran:
+        print(f"  ran on: {ran}")
     if record.get("error"):
         print(f"  error: {record['error']}")
         for frame in (record.get("error_frames") or [])[-3:]:

@@ -76,6 +76,7 @@ def test_two_rank_real_job_on_a_cpu_host_records_cpu_gloo(tmp_path):
          "reason": "no GPU" if not CUDA else "execution.device=cpu"}]
     assert rec["hardware"].startswith("local-cpu[")
     assert where(rec).startswith("cpu/gloo: ")  # the smoke table's device column
+    assert f"ran on: {where(rec)}" in proc.stdout  # the console line
 
 
 def test_sim_job_ignores_a_cuda_request_and_records_no_placement(tmp_path):
