@@ -142,7 +142,8 @@ def run_pricing(runs: str, hardware: str, out: pathlib.Path, folds: Optional[int
     skipped = [p for p in priced if p.feats is None]
     summary = {"runs": str(runs), "runs_sha256": file_sha256(runs), "hardware": hw.name, "how": how,
                "launches": len(launches), "priced": len(preds), "layout_cannot_run": len(skipped),
-               "no_layout": len(launches) - len(priced), "table": table, "folds": per_fold,
+               "no_layout": len(launches) - len(priced),
+               "skipped_no_layout": sum(la.no_layout for la in launches), "table": table, "folds": per_fold,
                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
     title = f"{pathlib.Path(runs).name}: {how}"
@@ -169,6 +170,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"mlsys-bench-runs: error: {e}", file=sys.stderr)
         return 2
     print(s["text"])
+    if s["skipped_no_layout"]:
+        print(f"{s['skipped_no_layout']} launches printed no layout (effective.mode null, status error): skipped")
     if s["layout_cannot_run"]:
         print(f"{s['layout_cannot_run']} launches have a layout Megatron cannot run (predicted_fits false, "
               f"reason in predicted_error)")

@@ -5,9 +5,14 @@ model's inputs (model, layout, micro-batch work) and its measured outcome.
 Pack-mode documents come from the launch's own ``seq_len_histogram`` (``real_seq_len``: documents
 per power-of-two bucket, already cut to the context) when it printed one, else from the file's
 pooled histogram at the same context. Reconstructed, documented in ``bench/fidelity/README.md``:
-a document is log-uniform within its bucket's octave (b/2, b]; of the top bucket (the context C),
-the share cut to exactly C is the file's P(len > C | len > C/2) measured at a longer context
-(for the longest context, the share one octave down).
+a document is log-uniform within its bucket (the previous bound, b] (the first bucket: (b/2, b]);
+of the top bucket (the context C), the share cut to exactly C is the file's P(len > C | len > C/2)
+measured at a longer context (for the longest context, the share one octave down).
+
+The buckets are the file's own: every integer key of a histogram is a bucket's upper bound, and
+one key ``>Nk`` (``>16k``, ``>32k``, ...) counts the documents above the last bound. A launch
+that printed no layout (``effective.mode`` null on an ``error`` launch) is kept unpriced and
+counted (``Launch.no_layout``); any other bad value fails with one line naming line and field.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import hashlib
 import json
 import math
 import pathlib
+import re
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional
 
@@ -27,8 +33,7 @@ from .model import MegatronLayout, MegatronModel
 from .step import REPORT_ITERS, MicroBatchWork, pack_work, pad_work
 
 STATUSES = ("ok", "oom", "error", "incomplete")
-BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-TOP = ">16k"
+_TOP_LABEL = re.compile(r"^>(\d+)k$")
 _LAYOUT_FIELDS = ("dp", "tp", "pp", "mbs", "gbs", "seq_length")
 
 
@@ -46,10 +51,11 @@ class Launch:
     measured_peak_allocated_mb: Optional[float] = None
     printed_params: dict = field(default_factory=dict)  # (tp rank, pp rank) -> count
     printed_padded_vocab: Optional[int] = None
-    histogram: Optional[dict] = None  # bucket upper bound (int, or TOP) -> documents
+    histogram: Optional[dict] = None  # bucket upper bound (int, or the top label '>Nk') -> documents
     num_nodes: Optional[int] = None
     name: str = ""  # the model's name in the file (7b, 13b)
     skip_reason: str = ""  # why a launch with a layout is not priced
+    no_layout: bool = False  # printed no layout (effective.mode null on an error launch): skipped, counted
 
     reports: int = 0  # iteration reports printed
     printed_stages: tuple = ()  # pipeline stages whose memory the log printed (empty: unknown = all)
@@ -138,8 +144,12 @@ def parse_line(text: str, line: int, path: str = "runs") -> Launch:
         return out
     if not isinstance(eff, dict):
         raise _err(path, line, "effective", f"must be an object or null, got {type(eff).__name__}")
-    vals = {k: _int(eff, k, path, line, "effective") for k in _LAYOUT_FIELDS}
     mode = eff.get("mode")
+    if mode is None and status == "error":
+        # The launch failed before printing its arguments: nothing to price, counted by the caller.
+        out.no_layout = True
+        return out
+    vals = {k: _int(eff, k, path, line, "effective") for k in _LAYOUT_FIELDS}
     if mode not in ("pad", "pack"):
         raise _err(path, line, "effective.mode", f"unknown {mode!r} (one of: pad, pack)")
     if isinstance(eff.get("gpus"), int) and eff["gpus"] != vals["dp"] * vals["tp"] * vals["pp"]:
@@ -192,11 +202,45 @@ def parse_line(text: str, line: int, path: str = "runs") -> Launch:
         out.printed_params[(t, p)] = int(v)
     hist = ((rec.get("seq_len_histogram") or {}).get("rank0_or_first") or {}).get("real_seq_len")
     if hist:
+        out.histogram = parse_histogram(hist, path, line)
+    return out
+
+
+def is_top(key) -> bool:
+    """The histogram's top bucket (documents above its last bound), keyed by its label."""
+    return isinstance(key, str)
+
+
+def parse_histogram(hist, path: str = "runs", line: int = 0) -> dict:
+    """``{bound: count, '>Nk': count}`` with the buckets the file printed: integer keys are bucket
+    upper bounds, at most one key ``>Nk`` counts the documents above the last bound (N x 1024 must
+    be that bound)."""
+    where = "seq_len_histogram.rank0_or_first.real_seq_len"
+    if not isinstance(hist, dict):
+        raise _err(path, line, where, f"must be an object of bucket -> count, got {type(hist).__name__}")
+    out: dict = {}
+    top = None
+    for k, v in hist.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _err(path, line, f"{where}.{k}", f"count must be a non-negative integer, got {v!r}")
+        m = _TOP_LABEL.match(str(k))
+        if m:
+            if top is not None:
+                raise _err(path, line, f"{where}.{k}", f"a second top bucket (already {top!r})")
+            top = str(k)
+            out[top] = v
+            continue
         try:
-            out.histogram = {(TOP if k == TOP else int(k)): int(v) for k, v in hist.items()}
+            b = int(k)
         except (TypeError, ValueError):
-            raise _err(path, line, "seq_len_histogram.rank0_or_first.real_seq_len",
-                       "keys must be bucket bounds and values counts") from None
+            raise _err(path, line, f"{where}.{k}", "keys must be bucket bounds (integers) or the top label '>Nk'") from None
+        if b < 1:
+            raise _err(path, line, f"{where}.{k}", f"bucket bound must be >= 1, got {b}")
+        out[b] = v
+    bounds = sorted(b for b in out if not is_top(b))
+    if top is not None and bounds and int(_TOP_LABEL.match(top).group(1)) * 1024 != bounds[-1]:
+        raise _err(path, line, f"{where}.{top}", f"top label names {int(_TOP_LABEL.match(top).group(1)) * 1024} "
+                   f"but the last bucket bound is {bounds[-1]}")
     return out
 
 
@@ -251,11 +295,12 @@ class DocLengths:
         for c in sorted(self.pooled):
             if c >= 2 * context:
                 h = self.pooled[c]
-                above = sum(v for k, v in h.items() if k == TOP or k > context)
+                above = sum(v for k, v in h.items() if is_top(k) or k > context)
                 top = above + h.get(context, 0)
                 if top:
                     return above / top
-        if context // 2 >= BUCKETS[0] and context // 2 in self.pooled:
+        first = min((k for h in self.pooled.values() for k in h if not is_top(k)), default=context)
+        if context // 2 >= first and context // 2 in self.pooled:
             return self.cut_share(context // 2)
         lower = [c for c in self.pooled if c < context]
         return self.cut_share(max(lower)) if lower else 0.0
@@ -271,13 +316,15 @@ class DocLengths:
         """(streams, iterations, gbs) document lengths for one pack launch."""
         ctx = la.layout.context
         h = self.histogram(la)
-        bounds = np.array([b for b in BUCKETS if b <= ctx], dtype=float)
+        bounds = np.array(sorted(b for b in h if not is_top(b) and b <= ctx), dtype=float)
         counts = np.array([h.get(int(b), 0) for b in bounds], dtype=float)
-        if counts.sum() <= 0:
+        if not bounds.size or counts.sum() <= 0:
             raise ConfigError(f"runs line {la.line} ({la.id}): seq_len_histogram has no document <= {ctx}")
+        lows = np.concatenate([[bounds[0] / 2.0], bounds[:-1]])
         n = streams * iterations * la.layout.gbs
-        b = bounds[rng.choice(len(bounds), size=n, p=counts / counts.sum())]
-        lengths = np.ceil(b / 2.0 * np.exp2(rng.random(n)))
+        pick = rng.choice(len(bounds), size=n, p=counts / counts.sum())
+        b, lo = bounds[pick], lows[pick]
+        lengths = np.ceil(lo * np.exp(np.log(b / lo) * rng.random(n)))
         cut = (b == ctx) & (rng.random(n) < self.cut_share(ctx))
         lengths[cut] = ctx
         return np.minimum(lengths, ctx).reshape(streams, iterations, la.layout.gbs)
