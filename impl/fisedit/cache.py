@@ -3,7 +3,14 @@
 Entries are keyed by ``(step, op name)``. Record mode writes step ``i`` only between
 ``begin_step(i)`` and ``end_step(i)``; edit mode reads step ``i`` only while the edit is at
 step ``i`` (the engine passes its own step counter), so an entry can never be used at another
-step. Tensors live in host memory (a device tensor is copied with a non-blocking D2H).
+step. Tensors live in host memory (a device tensor is copied with a non-blocking D2H) unless
+``store_device`` names a device (the fast engine's ``system.cache_device``: the cache stays
+resident on the job's GPU, no copy per op per step).
+
+:meth:`consolidate` (the fast engine, once per edit) stacks each op's entries into one tensor
+``[steps, ...]`` on a device and leaves the per-step entries as views of it, so a step can be
+selected on the device by a step index (``stacks[name]``, row ``rows[step]``) and a captured
+CUDA graph can read any step; the bytes are the same, so ``nbytes`` does not change.
 
 A byte budget bounds the cache: a step that does not fit is dropped whole and recorded in
 ``skipped_steps``; the edit runs such a step dense (a miss).
@@ -30,9 +37,13 @@ class ActivationCache:
     budget_bytes: float = math.inf
     entries: dict = field(default_factory=dict)  # step -> {name: tensor}
     skipped_steps: list = field(default_factory=list)
+    store_device: Optional[str] = None  # None / "cpu": host memory; else keep entries on that device
     _open: Optional[int] = None
     _dropping: bool = False
+    _d2h: bool = False
     nbytes: int = 0
+    stacks: dict = field(default_factory=dict)  # name -> [rows, ...] (after consolidate)
+    rows: dict = field(default_factory=dict)  # step -> row of the stacks
 
     # ---- record ----------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -43,7 +54,8 @@ class ActivationCache:
         self._open, self._dropping = step, False
         self.entries[step] = {}
 
-    def put(self, step: int, name: str, tensor: torch.Tensor) -> None:
+    def put(self, step: int, name: str, tensor: torch.Tensor, copy: bool = False) -> None:
+        """Store ``tensor`` for (step, name); ``copy``: the tensor is a buffer its owner reuses."""
         if step != self._open:
             raise RuntimeError(f"cache: write for step {step} while step {self._open} is open (misaligned)")
         if self._dropping:
@@ -52,7 +64,12 @@ class ActivationCache:
         if name in slot:
             raise RuntimeError(f"cache: {name} written twice at step {step} (a module ran twice per step?)")
         t = tensor.detach()
-        t = t.to("cpu", non_blocking=True) if t.device.type != "cpu" else t
+        keep = self.store_device not in (None, "cpu") and t.device == torch.device(self.store_device)
+        if t.device.type != "cpu" and not keep:
+            t = t.to("cpu", non_blocking=True)
+            self._d2h = True
+        elif copy:
+            t = t.clone()
         size = t.numel() * t.element_size()
         if self.nbytes + size > self.budget_bytes:
             self._drop_open()
@@ -70,9 +87,9 @@ class ActivationCache:
     def end_step(self, step: int) -> None:
         if step != self._open:
             raise RuntimeError(f"cache: end of step {step} while step {self._open} is open")
-        if torch.cuda.is_available():
+        if self._d2h and torch.cuda.is_available():
             torch.cuda.synchronize()  # the D2H copies above are non-blocking
-        self._open, self._dropping = None, False
+        self._open, self._dropping, self._d2h = None, False, False
 
     # ---- read ------------------------------------------------------------------------------
     def has_step(self, step: int) -> bool:
@@ -84,6 +101,24 @@ class ActivationCache:
         except KeyError:
             raise CacheMiss(f"cache has no entry {name!r} at step {step}") from None
         return t if device is None or t.device == torch.device(device) else t.to(device, non_blocking=True)
+
+    def consolidate(self, device) -> None:
+        """Stack each op's entries on ``device`` (rows = recorded steps in order); the per-step
+        entries become views of the stacks. Idempotent for the same device."""
+        device = torch.device(device)
+        steps = sorted(self.entries)
+        if self.stacks and all(t.device == device for t in self.stacks.values()) and list(self.rows) == steps:
+            return
+        self.rows = {s: j for j, s in enumerate(steps)}
+        names = list(self.entries[steps[0]]) if steps else []
+        self.stacks = {}
+        for name in names:
+            st = torch.stack([self.entries[s][name].to(device) for s in steps])
+            self.stacks[name] = st
+            for j, s in enumerate(steps):
+                self.entries[s][name] = st[j]
+        if device.type != "cpu":
+            self.store_device = str(device)
 
     def step_bytes(self, step: int) -> int:
         return sum(t.numel() * t.element_size() for t in self.entries.get(step, {}).values())
@@ -107,7 +142,8 @@ class ActivationCache:
     # ---- offload round trip ---------------------------------------------------------------
     def save(self, path) -> pathlib.Path:
         path = pathlib.Path(path)
-        torch.save({"meta": self.meta, "entries": self.entries, "skipped_steps": self.skipped_steps,
+        entries = {s: {k: v.clone() if self.stacks else v for k, v in d.items()} for s, d in self.entries.items()}
+        torch.save({"meta": self.meta, "entries": entries, "skipped_steps": self.skipped_steps,
                     "budget_bytes": self.budget_bytes}, path)
         return path
 

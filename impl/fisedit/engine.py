@@ -13,6 +13,13 @@ originals back. All wrappers share one :class:`EngineState`:
 - ``edit``: on a sparse step, ops at or above their resolution threshold recompute only the
   active cells of their layer mask and take the cached output at ``state.step`` elsewhere;
   on a dense step they run dense. An edit may also record (continuous editing).
+
+Two engines share the wrappers (``EngineState.engine``, ``system.engine``): ``reference``
+(:mod:`.sparse`: masks turned into indices by ``nonzero`` inside every call, the cached map
+cloned per op; the engine the CPU results were first measured with and the sim's
+``sim_engine: reference`` prices) and ``fast`` (:mod:`.fast` over :mod:`.plan`: indices built
+once per edit on the job's device, persistent output buffers, GroupNorm + SiLU folded into the
+conv gathers of each ResnetBlock2D, no host synchronisation inside a step).
 """
 from __future__ import annotations
 
@@ -27,8 +34,10 @@ from torch import nn
 
 from impl.common.diffusion.windows import gather_tokens, scatter_tokens
 
+from . import fast
 from .cache import ActivationCache
 from .mask import layer_mask
+from .plan import PlanSet
 from .sparse import block_mask, conv_geometry, expand_blocks, sparse_conv2d, sparse_token_linear
 
 
@@ -52,7 +61,14 @@ class EngineState:
     op_kinds: dict = field(default_factory=dict)
     op_shapes: dict = field(default_factory=dict)
     counts: dict = field(default_factory=lambda: defaultdict(int))
+    engine: str = "fast"  # fast | reference
+    dense_tile_fraction: float = 1.0  # fast: an op runs dense when its tiles cover >= this share of its map
+    device: Optional[torch.device] = None  # the job's device (the pipeline's); None = the inputs'
+    dtype: torch.dtype = torch.float32
+    edit_version: int = 0  # bumped when the mask, block or cache changes: fast buffers/plans per edit
     _memo: dict = field(default_factory=dict)
+    _plans: Optional[PlanSet] = None
+    _step_dev: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         H0, W0 = self.latent_hw
@@ -62,12 +78,53 @@ class EngineState:
         self.attn_min_cells = self.attn_min_cells or max(1, base // 4)
 
     def set_mask(self, mask: Optional[torch.Tensor]) -> None:
-        self.mask = None if mask is None else mask.bool().cpu()
-        self._memo.clear()
+        new = None if mask is None else mask.bool().cpu()
+        same = (new is None and self.mask is None) or (
+            new is not None and self.mask is not None and new.shape == self.mask.shape and torch.equal(new, self.mask))
+        self.mask = new
+        if not same:
+            self._memo.clear()
+            self._plans = None
+            self.edit_version += 1
 
     def set_block(self, block: int) -> None:
         self.block = int(block)
         self._memo.clear()
+        self._plans = None
+        self.edit_version += 1
+
+    def set_cache(self, cache) -> None:
+        if cache is not self.cache:
+            self.edit_version += 1
+        self.cache = cache
+
+    @property
+    def fast(self) -> bool:
+        return self.engine == "fast"
+
+    @property
+    def plans(self) -> PlanSet:
+        """The fast engine's index plans for the current mask (built on first use, per edit)."""
+        if (self._plans is None or self._plans.dense_tile_fraction != self.dense_tile_fraction
+                or self._plans.block != self.block):
+            self._plans = PlanSet(self.mask, self.block, self.device or "cpu", self.dense_tile_fraction, self.dtype)
+        return self._plans
+
+    @property
+    def step_dev(self) -> torch.Tensor:
+        """The device-side step index (row of the consolidated cache) the fast loads read."""
+        dev = torch.device(self.device or "cpu")
+        if self._step_dev is None or self._step_dev.device != dev:
+            self._step_dev = torch.zeros(1, dtype=torch.long, device=dev)
+        return self._step_dev
+
+    def set_step_index(self) -> None:
+        """Write this step's cache row into :attr:`step_dev` (one device op, no sync); called
+        before each UNet call, outside any captured graph."""
+        if self.fast and self.cache is not None and getattr(self.cache, "rows", None):
+            row = self.cache.rows.get(self.step)
+            if row is not None:
+                self.step_dev.fill_(row)
 
     # per-layer masks, memoised per (h, w) and device
     def cells(self, hw, device) -> torch.Tensor:
@@ -96,9 +153,9 @@ class EngineState:
             raise ValueError(f"{n} tokens do not form a pooled grid of the {H0}x{W0} latent")
         return (H0 // f, W0 // f)
 
-    def rec(self, name: str, t: torch.Tensor) -> None:
+    def rec(self, name: str, t: torch.Tensor, copy: bool = False) -> None:
         if self.record_cache is not None and self.mode in ("record", "edit"):
-            self.record_cache.put(self.step, name, t)
+            self.record_cache.put(self.step, name, t, copy=copy)
 
 
 class _Wrapper(nn.Module):
@@ -136,6 +193,10 @@ class CachedConv2d(_Wrapper):
         Ho = (H + 2 * p[0] - k) // s + 1
         Wo = (W + 2 * p[1] - k) // s + 1
         st.op_shapes[self.op_name] = (tuple(x.shape), (Ho, Wo))
+        if st.mode == "edit" and st.sparse and Ho * Wo >= st.conv_min_cells and st.fast:
+            y = self._fast_forward(x, (H, W), (Ho, Wo))
+            st.rec(self.op_name, y, copy=True)
+            return y
         if st.mode == "edit" and st.sparse and Ho * Wo >= st.conv_min_cells:
             cached = st.cache.get(st.step, self.op_name, x.device)
             g = conv_geometry(conv, st.block)
@@ -147,6 +208,22 @@ class CachedConv2d(_Wrapper):
             st.counts["dense_conv"] += 1
         st.rec(self.op_name, y)
         return y
+
+    def _fast_forward(self, x, in_hw, out_hw):
+        st, conv = self.state, self.inner
+        g = conv_geometry(conv, st.block)
+        if g["k"] == 1 and g["s"] == 1 and g["p"] == (0, 0):
+            plan = st.plans.cells(out_hw)
+            if not plan.dense:
+                st.counts["sparse_conv"] += 1
+                return fast.pointwise_conv(self, st, x, conv, plan)
+        else:
+            plan = st.plans.window(in_hw, out_hw, g["k"], g["s"], g["p"][0], g["bo"])
+            if not plan.dense:
+                st.counts["sparse_conv"] += 1
+                return fast.window_conv(self, st, x, conv, plan)
+        st.counts["dense_conv"] += 1
+        return conv(x)
 
     def active_cells(self, out_hw) -> torch.Tensor:
         """Output cells this op recomputes under the current mask (block-expanded)."""
@@ -170,6 +247,16 @@ class CachedTokenLinear(_Wrapper):
             return lin(x)
         n = x.shape[1]
         st.op_shapes[self.op_name] = (tuple(x.shape), None)
+        if st.mode == "edit" and st.sparse and n >= st.linear_min_cells and st.fast:
+            plan = st.plans.cells(st.tokens_hw(n))
+            if plan.dense:
+                y = lin(x)
+                st.counts["dense_linear"] += 1
+            else:
+                y = fast.token_linear(self, st, x, lin, plan)
+                st.counts["sparse_linear"] += 1
+            st.rec(self.op_name, y, copy=True)
+            return y
         if st.mode == "edit" and st.sparse and n >= st.linear_min_cells:
             cached = st.cache.get(st.step, self.op_name, x.device)
             y = sparse_token_linear(x, lin, st.token_idx(st.tokens_hw(n), x.device), cached)
@@ -209,7 +296,10 @@ class CachedGroupNorm(_Wrapper):
             return gn(x)
         hw = x.shape[-2] * x.shape[-1] if x.ndim == 4 else 0
         approx = st.mode == "edit" and st.sparse and not st.exact and hw >= st.conv_min_cells
-        if approx:
+        if approx and st.fast:
+            y = fast.approx_groupnorm(self, st, x)
+            st.counts["approx_groupnorm"] += 1
+        elif approx:
             scale = st.cache.get(st.step, self.op_name + ".scale", x.device)
             shift = st.cache.get(st.step, self.op_name + ".shift", x.device)
             y = torch.addcmul(shift[:, :, None, None], x, scale[:, :, None, None])
@@ -217,11 +307,15 @@ class CachedGroupNorm(_Wrapper):
         else:
             y = gn(x)
             st.counts["exact_groupnorm"] += 1
+        self.record_stats(x)
+        return y
+
+    def record_stats(self, x):
+        st = self.state
         if st.record_cache is not None and st.mode in ("record", "edit"):
-            scale, shift = self.scale_shift(gn, x)
+            scale, shift = self.scale_shift(self.inner, x)
             st.rec(self.op_name + ".scale", scale)
             st.rec(self.op_name + ".shift", shift)
-        return y
 
 
 class CachedTransformerBlock(_Wrapper):
@@ -251,6 +345,16 @@ class CachedTransformerBlock(_Wrapper):
             return blk(h, **kw)
         n = h.shape[1]
         st.op_shapes[self.op_name] = (tuple(h.shape), None)
+        if st.mode == "edit" and st.sparse and n >= st.attn_min_cells and self._supported(kw) and st.fast:
+            plan = st.plans.cells(st.tokens_hw(n))
+            if plan.dense:
+                out = blk(h, **kw)
+                st.counts["dense_attention"] += 1
+            else:
+                out = fast.transformer_block(self, st, blk, h, kw, plan)
+                st.counts["sparse_attention"] += 1
+            st.rec(self.op_name, out, copy=True)
+            return out
         if st.mode == "edit" and st.sparse and n >= st.attn_min_cells and self._supported(kw):
             cached = st.cache.get(st.step, self.op_name, h.device)
             idx = st.token_idx(st.tokens_hw(n), h.device)
@@ -276,6 +380,27 @@ class CachedTransformerBlock(_Wrapper):
         return out
 
 
+class CachedResnetBlock(_Wrapper):
+    """Fast engine only: a ResnetBlock2D whose sparse step folds norm1/norm2 + SiLU (and the
+    time embedding) into its convs' tile gathers (:func:`fast.resnet_forward`). Its children
+    stay wrapped: record, dense and exact-GroupNorm steps run the block's own forward."""
+
+    kind = "resnet"
+
+    def forward(self, input_tensor, temb, *args, **kwargs):
+        st, blk = self.state, self.inner
+        if (st.fast and st.mode == "edit" and st.sparse and not st.exact and not args and not kwargs
+                and not blk.training and input_tensor.shape[-2] * input_tensor.shape[-1] >= st.conv_min_cells
+                and self._foldable()):
+            return fast.resnet_forward(self, st, input_tensor, temb)
+        return blk(input_tensor, temb, *args, **kwargs)
+
+    def _foldable(self) -> bool:
+        if not hasattr(self, "_fold_ok"):
+            self._fold_ok = fast.resnet_foldable(self.inner)
+        return self._fold_ok
+
+
 def _set_child(root: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, leaf = name.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
@@ -285,6 +410,7 @@ def _set_child(root: nn.Module, name: str, new: nn.Module) -> None:
 def install(unet: nn.Module, state: EngineState) -> list[str]:
     """Swap wrappers into ``unet`` in place; returns the wrapped op names."""
     from diffusers.models.attention import BasicTransformerBlock
+    from diffusers.models.resnet import ResnetBlock2D
 
     if getattr(unet, "_fisedit_state", None) is not None:
         raise RuntimeError("FISEdit engine already installed on this UNet")
@@ -302,6 +428,9 @@ def install(unet: nn.Module, state: EngineState) -> list[str]:
             targets.append((name, CachedGroupNorm))
         elif isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in ("proj_in", "proj_out"):
             targets.append((name, CachedTokenLinear))
+        elif isinstance(mod, ResnetBlock2D) and state.fast:
+            targets.append((name, CachedResnetBlock))
+    targets.sort(key=lambda t: -t[0].count("."))  # children before their parents
     for name, cls in targets:
         _set_child(unet, name, cls(name, unet.get_submodule(name), state))
     unet._fisedit_state = state
@@ -309,11 +438,11 @@ def install(unet: nn.Module, state: EngineState) -> list[str]:
 
 
 def uninstall(unet: nn.Module) -> None:
-    for name, mod in list(unet.named_modules()):
-        if isinstance(mod, _Wrapper):
-            _set_child(unet, name, mod.inner)
+    found = [(m.op_name, m) for m in unet.modules() if isinstance(m, _Wrapper)]
+    for name, mod in sorted(found, key=lambda t: t[0].count(".")):  # parents first: children keep their names
+        _set_child(unet, name, mod.inner)
     unet._fisedit_state = None
 
 
 def wrappers(unet: nn.Module) -> dict:
-    return {n: m for n, m in unet.named_modules() if isinstance(m, _Wrapper)}
+    return {m.op_name: m for m in unet.modules() if isinstance(m, _Wrapper)}

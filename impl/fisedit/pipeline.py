@@ -23,7 +23,8 @@ import torch
 from impl.common.diffusion.pipelines import Components, encode_prompts, scheduler_fingerprint
 
 from .cache import ActivationCache
-from .engine import EngineState, install
+from .engine import EngineState, install, uninstall
+from .graphs import GraphedUNet, resolve_cuda_graph
 from .mask import capture_mask, check_mask, check_pool_factors
 
 
@@ -42,10 +43,19 @@ class RunOutput:
     cache: Optional[ActivationCache] = None
 
 
+def _fits_on(device: torch.device, cache: ActivationCache, margin_bytes: float = 2 * 2**30) -> bool:
+    """The cache (already there, or to be moved) fits in the device's free memory with a margin."""
+    if all(t.device == device for d in cache.entries.values() for t in d.values()):
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return cache.nbytes + margin_bytes <= free
+
+
 class FISEditPipeline:
     def __init__(self, comps: Components, *, guidance_scale: float = 7.5, block: int = 2, exact: bool = False,
                  radical_attn: bool = False, conv_min_cells: int = 0, linear_min_cells: int = 0,
-                 attn_min_cells: int = 0, pool_factors=None, progress: bool = False):
+                 attn_min_cells: int = 0, pool_factors=None, progress: bool = False, engine: str = "fast",
+                 cache_device: str = "auto", cuda_graph: str = "auto", dense_tile_fraction: float = 1.0):
         self.c = comps
         self.guidance = guidance_scale
         self.device = next(comps.unet.parameters()).device
@@ -56,9 +66,55 @@ class FISEditPipeline:
         check_pool_factors(self.latent_hw, pool_factors or [2 ** i for i in range(nlev)])
         self.state = EngineState(latent_hw=self.latent_hw, block=block, exact=exact, radical_attn=radical_attn,
                                  conv_min_cells=conv_min_cells, linear_min_cells=linear_min_cells,
-                                 attn_min_cells=attn_min_cells)
+                                 attn_min_cells=attn_min_cells, engine=engine, dense_tile_fraction=dense_tile_fraction,
+                                 device=self.device, dtype=self.dtype)
+        self.cache_device = cache_device
+        self.graph_on = resolve_cuda_graph(cuda_graph, self.device)
+        self.graphed = GraphedUNet(comps.unet, self._graph_key)
         self.op_names = install(comps.unet, self.state)
         self.progress = progress
+
+    def set_engine(self, engine: str) -> None:
+        """Switch reference <-> fast on the installed UNet (the fast one adds ResnetBlock2D wrappers)."""
+        uninstall(self.c.unet)
+        self.state.engine = engine
+        self.state.edit_version += 1
+        self.op_names = install(self.c.unet, self.state)
+
+    # ---- cache placement and graph regime ---------------------------------------------------
+    def cache_store_device(self) -> Optional[str]:
+        """Where a recorded cache lives (``system.cache_device``): host; device; auto = the
+        job's device on CUDA (the fast engine), host on a CPU job (where they coincide)."""
+        if self.cache_device == "device" or (self.cache_device == "auto" and self.device.type == "cuda"
+                                             and self.state.fast):
+            return str(self.device)
+        return None
+
+    def _prepare_cache(self, cache: Optional[ActivationCache]) -> None:
+        """Fast engine: stack the cache per op so a device-side step index selects a step
+        (on the job's device when it is to live there and fits; else it stays where it is)."""
+        if cache is None or not self.state.fast:
+            return
+        dev = self.cache_store_device()
+        if dev is None and self.device.type != "cpu":
+            return  # host cache on a GPU job: per-step copies (cache_device: host)
+        target = torch.device(dev) if dev else torch.device("cpu")
+        if target.type == "cuda" and not _fits_on(target, cache):
+            return
+        cache.consolidate(target)
+
+    def _graph_key(self):
+        """(class, key) of the UNet call about to run, or None = eager (record, host cache)."""
+        st = self.state
+        if not self.graph_on or st.record_cache is not None or st.timing:
+            return None
+        if st.mode == "edit" and st.sparse:
+            if not st.fast or st.cache is None or not st.cache.stacks:
+                return None
+            return ("sparse", (st.edit_version, id(st.cache), st.block))
+        if st.mode in ("off", "edit"):
+            return ("dense", (st.engine,))
+        return None
 
     # ---- pieces ----------------------------------------------------------------------------
     def encode(self, prompt: str) -> torch.Tensor:
@@ -77,7 +133,12 @@ class FISEditPipeline:
     @torch.no_grad()
     def unet_eps(self, z, t, emb, scheduler) -> torch.Tensor:
         inp = scheduler.scale_model_input(torch.cat([z, z]), t)
-        out = self.c.unet(inp, t, encoder_hidden_states=emb, return_dict=False)[0]
+        self.state.set_step_index()
+        if self.graph_on:
+            with self.graphed.active():
+                out = self.c.unet(inp, t, encoder_hidden_states=emb, return_dict=False)[0]
+        else:
+            out = self.c.unet(inp, t, encoder_hidden_states=emb, return_dict=False)[0]
         u, c = out.chunk(2)
         return u + self.guidance * (c - u)
 
@@ -116,7 +177,9 @@ class FISEditPipeline:
                                timesteps=[int(t) for t in sched.timesteps], latent_shape=tuple(z.shape),
                                z_T=z.detach().cpu().clone())
         out = RunOutput(latent=z, latents=[], eps=[], step_times_s=[], phases=[], mask=mask)
-        st.cache, st.record_cache = cache, record
+        self._prepare_cache(cache)
+        st.set_cache(cache)
+        st.record_cache = record
         st.set_mask(mask)
         try:
             for i, t in enumerate(tqdm(sched.timesteps, desc=desc or "denoise", disable=not self.progress,
@@ -159,7 +222,7 @@ class FISEditPipeline:
 
     def record(self, prompt: str, *, seed: int, num_steps: int, budget_bytes: float = float("inf"),
                decode: bool = True) -> RunOutput:
-        cache = ActivationCache(budget_bytes=budget_bytes)
+        cache = ActivationCache(budget_bytes=budget_bytes, store_device=self.cache_store_device())
         return self.run(prompt, seed=seed, num_steps=num_steps, phases=["record"] * num_steps, record=cache,
                         decode=decode, desc="original (record)")
 

@@ -32,7 +32,8 @@ def setup(system, job: JobContext):
     pipe = FISEditPipeline(comps, guidance_scale=wl.guidance_scale, block=cfg.block, exact=not cfg.approx_groupnorm,
                            radical_attn=cfg.radical_attn, conv_min_cells=cfg.conv_min_cells,
                            linear_min_cells=cfg.linear_min_cells, attn_min_cells=cfg.attn_min_cells,
-                           progress=job.show_progress)
+                           progress=job.show_progress, engine=cfg.engine, cache_device=cfg.cache_device,
+                           cuda_graph=cfg.cuda_graph, dense_tile_fraction=cfg.dense_tile_fraction)
     return pipe, device, dtype
 
 
@@ -79,7 +80,8 @@ def step_pair_times(pipe, orig, emb, mask, step_idx, repeats):
 
     def call(sparse_mode: bool):
         st.mode = "edit" if sparse_mode else "off"
-        st.sparse, st.step, st.cache = sparse_mode, step_idx, orig.cache
+        st.sparse, st.step = sparse_mode, step_idx
+        st.set_cache(orig.cache)
         pipe._sync()
         t0 = time.perf_counter()
         pipe.unet_eps(z, t, emb, sched)
@@ -87,6 +89,7 @@ def step_pair_times(pipe, orig, emb, mask, step_idx, repeats):
         return time.perf_counter() - t0
 
     st.set_mask(mask)
+    pipe._prepare_cache(orig.cache)
     try:
         call(True)
         call(False)  # warm-up both paths
@@ -112,7 +115,8 @@ def layer_profile(pipe, orig, emb, mask, step_idx):
             st.op_times.clear()
             st.timing = True
             st.mode = "edit" if sp else "off"
-            st.sparse, st.step, st.cache = sp, step_idx, orig.cache
+            st.sparse, st.step = sp, step_idx
+            st.set_cache(orig.cache)
             pipe.unet_eps(z, t, emb, sched)
             res[sp] = dict(st.op_times)
     finally:

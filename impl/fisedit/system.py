@@ -23,6 +23,9 @@ from .costmodel import SIM_ENGINES
 
 VARIANTS = ("fisedit", "dense_edit", "diffusers_dense")
 SCHEDULES = ("supplied", "online")
+ENGINES = ("fast", "reference")
+CACHE_DEVICES = ("auto", "host", "device")
+CUDA_GRAPH = ("auto", "off")
 
 
 class FISEditSystem(System):
@@ -42,6 +45,19 @@ class FISEditSystem(System):
         attn_min_cells: int = 0
         dense_fallback_ratio: float = 0.5
         cache_budget_bytes: float = 0.0  # 0 = unlimited host memory
+        # real mode: which sparse engine runs (fast = indices once per edit, no host sync in a
+        # step, persistent buffers, GroupNorm+SiLU folded into the gathers; reference = the
+        # first CPU engine, kept to check the fast one against)
+        engine: str = "fast"
+        # fast engine: where the cache lives; auto = on the job's device on CUDA (if it fits),
+        # in host memory on a CPU job; host = host memory on any device (an H2D copy per op and step)
+        cache_device: str = "auto"
+        # auto = capture the steady-state UNet step in a CUDA graph on CUDA (the sparse step and
+        # the dense baselines alike), eager on the CPU; off = eager everywhere
+        cuda_graph: str = "auto"
+        # fast engine: an op whose active tiles (with the block rounding) cover at least this share
+        # of its map runs dense; 1.0 = only when they cover all of it
+        dense_tile_fraction: float = 1.0
         # real-mode extras (fisedit variant)
         controls: bool = True  # time dense_edit and diffusers_dense interleaved in this job
         profile_layers: bool = True
@@ -74,6 +90,14 @@ class FISEditSystem(System):
             raise ConfigError(f"system.block must be >= 1, got {cfg.block}")
         if not 0.0 < cfg.dense_fallback_ratio <= 1.0:
             raise ConfigError(f"system.dense_fallback_ratio must be in (0, 1], got {cfg.dense_fallback_ratio}")
+        if cfg.engine not in ENGINES:
+            raise ConfigError(f"system.engine: unknown value {cfg.engine!r} (one of: {', '.join(ENGINES)})")
+        if cfg.cache_device not in CACHE_DEVICES:
+            raise ConfigError(f"system.cache_device: unknown value {cfg.cache_device!r} (one of: {', '.join(CACHE_DEVICES)})")
+        if cfg.cuda_graph not in CUDA_GRAPH:
+            raise ConfigError(f"system.cuda_graph: unknown value {cfg.cuda_graph!r} (one of: {', '.join(CUDA_GRAPH)})")
+        if not 0.0 < cfg.dense_tile_fraction <= 1.0:
+            raise ConfigError(f"system.dense_tile_fraction must be in (0, 1], got {cfg.dense_tile_fraction}")
         if cfg.cache_dtype not in ("auto", "fp32", "fp16", "bf16"):
             raise ConfigError(f"system.cache_dtype: unknown value {cfg.cache_dtype!r} (one of: auto, fp32, fp16, bf16)")
 

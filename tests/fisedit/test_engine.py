@@ -1,4 +1,5 @@
 """Engine invariants on a real diffusers UNet (spec 7)."""
+import pytest
 import torch
 
 from impl.fisedit.cache import ActivationCache
@@ -19,7 +20,13 @@ def test_all_zeros_mask_returns_cached_eps_bitwise(pipe):
     assert ed.phases == ["sparse"] * (N - 1) + ["dense"]
 
 
-def test_all_ones_mask_exact_mode_equals_dense_edit(pipe):
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_all_ones_mask_exact_mode_equals_dense_edit(pipe, engine):
+    if engine != pipe.state.engine:
+        pipe.set_engine(engine)
+    # the fast engine would plan a fully covered map dense (dense_tile_fraction 1.0): force its
+    # sparse path so the gathers and scatters are what is checked
+    pipe.state.dense_tile_fraction = 1.01
     pipe.state.exact = True
     orig = pipe.record("a cat", seed=0, num_steps=N, decode=False)
     ones = torch.ones(16, 16, dtype=torch.bool)
