@@ -79,13 +79,14 @@ def diffusers_request(unet, storage, paths, idx, run, emulated_bytes, timings: d
 
 
 @torch.no_grad()
-def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
+def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False, execution=None):
     torch.set_num_threads(max(1, wl.torch_threads))
+    device, dtype = _where(execution)
     n_cn = wl.num_controlnets
-    b = build_bundle(wl, seed, num_controlnets=n_cn)
+    b = build_bundle(wl, seed, num_controlnets=n_cn, device=device, dtype=dtype)
     cns, scales = list(b.controlnets.values()), list(wl.cn_scales[:n_cn])
     diff_unet = copy.deepcopy(b.unet)
-    pipe = build_pipeline(b, wl, seed, list(b.controlnets))
+    pipe = build_pipeline(b, wl, seed, list(b.controlnets), device=device, dtype=dtype)
     if channels_last:
         to_channels_last(b.unet, diff_unet, pipe.unet, *cns)
     pipe_pristine = {k: v.clone() for k, v in pipe.unet.state_dict().items()}
@@ -103,7 +104,7 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
     try:  # the loaders stop however the requests end
         for r in range(wl.requests + 1):  # request 0 = warm-up
             idx = list(range((r % 2) * n_l, (r % 2) * n_l + n_l))
-            inp = request_inputs(wl, seed * 1000 + r, n_cn, b)
+            inp = request_inputs(wl, seed * 1000 + r, n_cn, b, device=device, dtype=dtype)
 
             def run(hook, unet=b.unet):
                 return denoise(unet, b.scheduler, inp, wl.num_steps, wl.guidance_scale, controlnets=cns, scales=scales,
@@ -127,6 +128,7 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
                     if r > 0:
                         patch[v].append(pol.patched_at)
                         first_done[v].append(pol.first_all_done)
+                _sync(device)  # a request ends when its latents are computed
                 if r > 0:
                     times[v].append(time.perf_counter() - t0)
             if r > 0:
@@ -136,7 +138,8 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
                 if "k0" in out:
                     k0_equal.append(bool(torch.equal(out["k0"], ref)))
                 for v in ("diffusers_model", "diffusers_pipeline"):
-                    extra.setdefault(f"{v}_vs_sync_max_rel", []).append(float((out[v] - ref).abs().max() / ref.abs().max()))
+                    extra.setdefault(f"{v}_vs_sync_max_rel", []).append(
+                        float((out[v].float() - ref.float()).abs().max() / ref.float().abs().max()))
             # after every request our base weights are pristine again (restored by copy); diffusers'
             # unfuse subtracts the delta back, so its weights drift (spec 8): measured, not required
             extra.setdefault("pristine_after", []).append(all(torch.equal(s.weight, s.pristine) for s in table.sites.values()))
@@ -151,24 +154,44 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False):
     return dict(times=times, patch=patch, first_done=first_done, quality=quality, k0_equal=k0_equal, **extra)
 
 
-def _main(ctx: RankContext, wl, seed, paths, slots, k_grid, storage, channels_last=False):
+def _where(execution):
+    """(device, dtype) of the base worker: the job's execution (None: the CPU in fp32)."""
+    if execution is None:
+        return torch.device("cpu"), None
+    return execution.torch_device(), execution.torch_dtype(None, field_name="execution.dtype")
+
+
+def _sync(device) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _main(ctx: RankContext, wl, seed, paths, slots, k_grid, storage, channels_last=False, execution=None):
     if ctx.rank == 0:
-        return _base(ctx, wl, seed, paths, slots, k_grid, channels_last)
+        return _base(ctx, wl, seed, paths, slots, k_grid, channels_last, execution)
     return {"loads": loader_loop(ctx.rank - 1, slots, paths, storage, wl.lora_paper_bytes)}
 
 
-def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0, channels_last: bool = False) -> dict:
+def run_bal(wl, seed: int, k_grid, timeout_s: float = 1800.0, channels_last: bool = False, execution=None) -> dict:
+    """``execution`` (the job's): the base worker (rank 0) runs the models on its device and
+    dtype; the loader ranks read files into host shared memory, on the CPU, so the launch's
+    group is gloo whatever the device."""
     for k in k_grid:
         check_k(k, wl.num_steps)
-    b = build_bundle(wl, seed, num_controlnets=0)  # the LoRA files need the UNet only
+    device, _ = _where(execution)
+    # the LoRA files need the UNet only (fp32, on the job's device: fast to initialise there)
+    b = build_bundle(wl, seed, num_controlnets=0, device=device)
     table = TargetTable.build(b.unet)
     with tempfile.TemporaryDirectory(prefix="mlsys-lora-") as d:
         paths = make_lora_files(wl, seed, b.unet, d)
         for i, p in enumerate(paths):
             check_file(table, p, f"#{i}", max(wl.lora_ranks))
         slots = SharedSlots.allocate(table, len(wl.lora_ranks), max(wl.lora_ranks))
-        out = launch(_main, 1 + len(wl.lora_ranks), (wl, seed, paths, slots, list(k_grid), storage_for(wl), channels_last),
-                     label="bal", timeout_s=timeout_s)
+        del b, table
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        out = launch(_main, 1 + len(wl.lora_ranks), (wl, seed, paths, slots, list(k_grid), storage_for(wl), channels_last,
+                                                      execution), label="bal", timeout_s=timeout_s, backend="gloo")
     res = out.results[0]
     res["loads"] = [x["loads"] for x in out.results[1:]]
     res["storage"] = storage_for(wl).profile.label()

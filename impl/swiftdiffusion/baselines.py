@@ -40,8 +40,8 @@ def similar_inputs(inp: dict, seed: int, prompt_noise: float) -> dict:
     g = torch.Generator().manual_seed(seed)
     out = dict(inp)
     for key in ("cond", "uncond"):
-        out[key] = inp[key] + prompt_noise * torch.randn(inp[key].shape, generator=g)
-    out["noise"] = torch.randn(inp["noise"].shape, generator=g)
+        out[key] = inp[key] + prompt_noise * torch.randn(inp[key].shape, generator=g).to(inp[key])
+    out["noise"] = torch.randn(inp["noise"].shape, generator=g).to(inp["noise"])
     return out
 
 
@@ -55,8 +55,11 @@ def nirvana_request(unet, scheduler, inp: dict, cached: torch.Tensor, steps: int
 
 
 @torch.no_grad()
-def run_quality(wl, seed: int, k_grid, nirvana_ks, prompt_noise: float = 0.1, channels_last: bool = False) -> dict:
-    b = build_bundle(wl, seed, num_controlnets=0)
+def run_quality(wl, seed: int, k_grid, nirvana_ks, prompt_noise: float = 0.1, channels_last: bool = False,
+                device=None, dtype=None) -> dict:
+    """``device`` / ``dtype``: the job's execution (None: the CPU in fp32)."""
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    b = build_bundle(wl, seed, num_controlnets=0, device=device, dtype=dtype)
     if channels_last:
         to_channels_last(b.unet)
     table = TargetTable.build(b.unet)
@@ -72,6 +75,8 @@ def run_quality(wl, seed: int, k_grid, nirvana_ks, prompt_noise: float = 0.1, ch
         def timed(name, fn, r):
             t0 = time.perf_counter()
             z = fn()
+            if on_cuda:
+                torch.cuda.synchronize(device)
             if r > 0:
                 times.setdefault(name, []).append(time.perf_counter() - t0)
             return z
@@ -85,7 +90,7 @@ def run_quality(wl, seed: int, k_grid, nirvana_ks, prompt_noise: float = 0.1, ch
 
         for r in range(wl.requests + 1):  # request 0 = warm-up
             idx = list(range((r % 2) * n_l, (r % 2) * n_l + n_l))
-            inp = request_inputs(wl, seed * 1000 + r, 0, b)
+            inp = request_inputs(wl, seed * 1000 + r, 0, b, device=device, dtype=dtype)
             sim_inp = similar_inputs(inp, seed * 1000 + r + 500, prompt_noise)
             # the cache holds the similar request's full result (computed earlier, not timed)
             cached = with_loras(idx, lambda: denoise(b.unet, b.scheduler, sim_inp, steps, gs, channels_last=channels_last))

@@ -38,8 +38,9 @@ def vae_for(seed: int, latent_channels: int, factor: int, width: int = 16):
     return build_vae(seed, latent_channels, width, blocks=blocks).requires_grad_(False)
 
 
-def build_pipeline(bundle: Bundle, wl, seed: int, cn_ids: Sequence[str] = ()):
-    """The stock pipeline over a copy of the bundle's UNet (PEFT injects into it) and its ControlNets."""
+def build_pipeline(bundle: Bundle, wl, seed: int, cn_ids: Sequence[str] = (), device=None, dtype=None):
+    """The stock pipeline over a copy of the bundle's UNet (PEFT injects into it) and its
+    ControlNets, moved once to ``device`` / ``dtype`` (``pipe.to``: every component follows)."""
     from diffusers import StableDiffusionControlNetPipeline, StableDiffusionPipeline
     from diffusers.models.controlnets.multicontrolnet import MultiControlNetModel
 
@@ -56,6 +57,8 @@ def build_pipeline(bundle: Bundle, wl, seed: int, cn_ids: Sequence[str] = ()):
     else:
         pipe = StableDiffusionPipeline(**kw)
     pipe.set_progress_bar_config(disable=True)
+    if device is not None or dtype is not None:
+        pipe.to(device=device, dtype=dtype)
     return pipe
 
 

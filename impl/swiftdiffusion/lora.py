@@ -5,7 +5,7 @@ A LoRA file is what diffusers writes (``save_lora_weights``: ``unet.<module>.lor
 loads the very same file with ``load_lora_weights``. :class:`TargetTable` maps every LoRA key
 to the UNet weight it patches, built once per base model and checked against each file (a
 target missing in the UNet, an A/B rank mismatch, a shape mismatch: one line naming the key).
-:func:`merge` adds ``(alpha/r)·B@A`` to the weights in place; :func:`restore` copies the pinned
+:func:`merge` adds ``(alpha/r)·B@A`` to the weights in place; :func:`restore` copies the kept
 pristine weights back (never subtracts: repeated fuse/unfuse drifts, spec 8).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def make_lora(unet, rank: int, seed: int, directory, alpha: Optional[float] = No
     cfg = LoraConfig(r=rank, lora_alpha=float(alpha if alpha is not None else rank), target_modules=list(target_modules),
                      init_lora_weights=False)
     u.add_adapter(cfg)
-    sd = {k: v.to(dtype) for k, v in get_peft_model_state_dict(u).items()}
+    sd = {k: v.to(device="cpu", dtype=dtype) for k, v in get_peft_model_state_dict(u).items()}
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     StableDiffusionPipeline.save_lora_weights(directory, unet_lora_layers=sd, unet_lora_adapter_metadata=cfg.to_dict(),
@@ -68,7 +68,7 @@ def read_alpha_rank(path) -> tuple[float, int]:
 class Site:
     module: str  # UNet module name, e.g. down_blocks.1.attentions.0....attn1.to_q
     weight: torch.Tensor  # the live weight (patched in place)
-    pristine: torch.Tensor  # pinned copy of the base weight
+    pristine: torch.Tensor  # copy of the base weight, on the weight's device
     a_key: str
     b_key: str
 
@@ -85,9 +85,7 @@ class TargetTable:
         for name, mod in unet.named_modules():
             if isinstance(mod, torch.nn.Linear) and any(name.endswith("." + s) or name == s for s in target_modules):
                 w = mod.weight.data
-                pristine = w.detach().clone()
-                if torch.cuda.is_available() and pristine.device.type == "cpu":
-                    pristine = pristine.pin_memory()
+                pristine = w.detach().clone()  # where the weight lives (restore is a local copy)
                 t.sites[name] = Site(name, w, pristine, f"{PREFIX}{name}.lora_A.weight", f"{PREFIX}{name}.lora_B.weight")
         return t
 
@@ -146,8 +144,9 @@ def merge(table: TargetTable, loras: Sequence[LoadedLoRA]) -> set[str]:
     for lo in loras:
         for mod in lo.sites:
             s = table.sites[mod]
-            A = lo.state[s.a_key].to(s.weight.dtype)
-            B = lo.state[s.b_key].to(s.weight.dtype)
+            # the loaders' buffers are host memory: to the weight's device and dtype
+            A = lo.state[s.a_key].to(device=s.weight.device, dtype=s.weight.dtype)
+            B = lo.state[s.b_key].to(device=s.weight.device, dtype=s.weight.dtype)
             s.weight.add_(B @ A, alpha=lo.scale)
             touched.add(mod)
     return touched

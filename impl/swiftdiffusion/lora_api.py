@@ -17,16 +17,21 @@ from .lora import TargetTable, load_direct, make_lora, merge, restore
 from .models import build_bundle
 
 
-def _t(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 @torch.no_grad()
-def run_lora_api(wl, seed: int) -> dict:
+def run_lora_api(wl, seed: int, device=None, dtype=None) -> dict:
+    """``device`` / ``dtype``: the job's execution (None: the CPU in fp32); each timed call
+    ends when the device is done."""
     torch.set_num_threads(max(1, wl.torch_threads))
-    b = build_bundle(wl, seed, num_controlnets=0)
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+
+    def _t(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        if on_cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    b = build_bundle(wl, seed, num_controlnets=0, device=device, dtype=dtype)
     unet = b.unet
     rank = max(wl.lora_ranks)
     out: dict[str, list] = {}

@@ -37,15 +37,24 @@ class Bundle:
         return (shape.sample_size, shape.sample_size)
 
 
-def build_bundle(wl, seed: int, num_controlnets: Optional[int] = None, save_dir=None) -> Bundle:
-    unet = build_unet(wl.unet, seed)
-    unet.requires_grad_(False)
-    n = wl.num_controlnets_built if num_controlnets is None else num_controlnets
-    cns = {}
-    for i in range(n):
-        cn = build_controlnet(unet, seed + 100 + i, wl.cond_channels)
-        cn.requires_grad_(False)
-        cns[f"cn-{i}"] = cn
+def build_bundle(wl, seed: int, num_controlnets: Optional[int] = None, save_dir=None, device=None,
+                 dtype: Optional[torch.dtype] = None) -> Bundle:
+    """The models, built on ``device`` (the job's ``execution``; None = the CPU) and cast to
+    ``dtype`` (None = fp32). Building under the device lets a GPU initialise its own weights
+    (an SD-1.5-sized UNet takes seconds to initialise on a CPU)."""
+    with torch.device(device or "cpu"):
+        unet = build_unet(wl.unet, seed)
+        unet.requires_grad_(False)
+        n = wl.num_controlnets_built if num_controlnets is None else num_controlnets
+        cns = {}
+        for i in range(n):
+            cn = build_controlnet(unet, seed + 100 + i, wl.cond_channels)
+            cn.requires_grad_(False)
+            cns[f"cn-{i}"] = cn
+    if dtype is not None:
+        unet.to(dtype)
+        for cn in cns.values():
+            cn.to(dtype)
     b = Bundle(unet, build_scheduler(wl.scheduler), cns)
     if save_dir is not None:
         root = pathlib.Path(save_dir)
@@ -55,8 +64,9 @@ def build_bundle(wl, seed: int, num_controlnets: Optional[int] = None, save_dir=
     return b
 
 
-def request_inputs(wl, seed: int, n_cn: int, bundle: Bundle) -> dict:
-    """Random prompt embeddings (cond, uncond), initial noise and control images of one request."""
+def request_inputs(wl, seed: int, n_cn: int, bundle: Bundle, device=None, dtype: Optional[torch.dtype] = None) -> dict:
+    """Random prompt embeddings (cond, uncond), initial noise and control images of one request,
+    drawn on the CPU (the same values on every device) and moved to ``device`` / ``dtype``."""
     g = torch.Generator().manual_seed(seed)
     hw = bundle.latent_hw(wl.unet)
     c = wl.unet.cross_attention_dim
@@ -72,4 +82,7 @@ def request_inputs(wl, seed: int, n_cn: int, bundle: Bundle) -> dict:
         img = torch.rand(1, cn.config.conditioning_channels, side, side, generator=g)
         check_cond(img, cn, hw)
         images.append(img)
+    if device is not None or dtype is not None:
+        to = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+        cond, uncond, noise, images = to(cond), to(uncond), to(noise), [to(i) for i in images]
     return dict(cond=cond, uncond=uncond, noise=noise, cn_ids=ids, cn_images=images)
