@@ -30,7 +30,7 @@ from impl.common.checkpoint.layout import check_layout, pipeline_layout
 from impl.common.parallel.tensor_parallel import check_tp_shape
 from impl.common.storage.emulator import profile
 
-from .real_config import REAL_POLICIES, RELAYOUTS, STORAGES, RealKnobs
+from .real_config import REAL_POLICIES, RELAYOUTS, SCENARIOS, STORAGES, RealKnobs
 from .recovery import replan as R
 from .recovery.supervisor import run, timeline
 from .recovery.trainer import KillAt, PeerSpec, TrainSpec, full_metas
@@ -55,6 +55,15 @@ def cluster(wl, k: RealKnobs) -> R.Cluster:
 def check_real(system, wl, hardware, fault) -> None:
     k = knobs(system)
     policy = system.cfg.policy
+    if k.scenario not in SCENARIOS:
+        raise ConfigError(f"real.scenario: unknown value {k.scenario!r} (one of: {', '.join(SCENARIOS)})")
+    if k.scenario == "one_gpu":
+        from . import one_gpu
+
+        if k.storage not in STORAGES:
+            raise ConfigError(f"real.storage: unknown {k.storage!r} (one of: {', '.join(STORAGES)})")
+        one_gpu.check(wl, k, policy, fault)
+        return
     if policy not in REAL_POLICIES:
         raise ConfigError(f"policy: {policy!r} is sim only (real mode runs {', '.join(REAL_POLICIES)})")
     if k.storage not in STORAGES:
@@ -141,6 +150,12 @@ def _kill(job: JobContext, wl, k: RealKnobs):
 
 def run_real(system, job: JobContext) -> RunResult:
     wl, k = job.workload, knobs(system)
+    if k.scenario == "one_gpu":
+        from . import one_gpu
+
+        prof = profile(k.storage)
+        o = one_gpu.run(system.cfg.policy, wl, k, job.seed, job.execution, prof)
+        return one_gpu.result(o, system.cfg.policy, prof, job.execution, k)
     backend, relayout = REAL_POLICIES[system.cfg.policy]
     if k.relayout != "auto":
         relayout = k.relayout

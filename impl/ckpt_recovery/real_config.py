@@ -5,6 +5,11 @@ from dataclasses import dataclass
 
 STORAGES = ("nas", "local")
 RELAYOUTS = ("auto", "replan", "homogeneous", "same")
+# recovery: the multi-rank kill-and-recover loop (scenario A); one_gpu: one process (world 1)
+# saving and reloading its training state where the job runs (the GPU under execution=cuda).
+SCENARIOS = ("recovery", "one_gpu")
+# The policies the one_gpu scenario runs (no re-layout: one process saves and reloads).
+ONE_GPU_POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async")
 # The policies real mode runs: policy -> (checkpoint backend, layout after a loss).
 REAL_POLICIES = {"ckpt_recovery": ("elastor", "replan"), "dcp_sync": ("dcp_sync", "homogeneous"),
                  "dcp_async": ("dcp_async", "homogeneous"),
@@ -13,6 +18,7 @@ REAL_POLICIES = {"ckpt_recovery": ("elastor", "replan"), "dcp_sync": ("dcp_sync"
 
 @dataclass
 class RealKnobs:
+    scenario: str = "recovery"  # recovery | one_gpu (SCENARIOS)
     storage: str = "nas"  # emulated NAS (5 ms per call, 200 MB/s per rank) or local disk
     splits: int = 32  # S: splits per sharded tensor (divisible by every TP degree used)
     ckpt_every: int = 3  # steps between save attempts (a save in flight makes one skip)
@@ -32,3 +38,7 @@ class RealKnobs:
     # shared memory the peer tier may use on the host (0: what /dev/shm has free); emulated
     # nodes share one host, so their copies are summed
     host_mem_bytes: float = 0.0
+    # one_gpu: the synthetic training step between save attempts (matmuls on the job's device)
+    step_s: float = 1.0
+    # one_gpu: directory the checkpoints go under ("": the system's temp dir); removed after
+    root: str = ""

@@ -104,8 +104,9 @@ class AsyncCheckpointer:
         self.rank, self.world, self.min_interval_s, self.group = rank, world, min_interval_s, group
         self.metas, self.layout, self.S = list(metas), layout, S
         check_shm(sum(t.numel() * t.element_size() for t in local.values()))
-        # preallocated once: a snapshot is a copy_, never an allocation
-        self.buffers = {k: torch.empty_like(v).share_memory_() for k, v in local.items()}
+        # preallocated once, in host shared memory wherever the state lives (a GPU-resident
+        # state's snapshot is its device-to-host copy): a snapshot is a copy_, never an allocation
+        self.buffers = {k: torch.empty(v.shape, dtype=v.dtype).share_memory_() for k, v in local.items()}
         ctx = mp_ctx or mp.get_context("spawn")
         self.state = ctx.Array("d", [_IDLE, -1, 0.0], lock=False)  # phase, step, last commit (wall clock)
         self.conn, child = ctx.Pipe()
@@ -177,7 +178,7 @@ class AsyncCheckpointer:
         t0 = time.perf_counter()
         with torch.no_grad():
             for k, v in local.items():
-                self.buffers[k].copy_(v)
+                self.buffers[k].copy_(v)  # from a GPU into pageable host memory: returns when copied
         self.log.stall_s.append(time.perf_counter() - t0)
         self.state[0] = _WRITING
         self._pending, self._pending_extra = step, dict(extra)
