@@ -28,11 +28,17 @@ from impl.common.plots.save import save_png
 
 DEFAULT_HARDWARE = "h100-megatron"
 DEFAULT_RUNS = "conf/data/megatron_h100_feb2024.jsonl.gz"
+DEFAULT_KERNELS = "conf/data/h200_kernels_2026-12-04.jsonl"
+DEFAULT_KERNELS_GPU = "h200"
 BAND = 0.10
 
 
 def _default_runs() -> str:
-    p = pathlib.Path(DEFAULT_RUNS)
+    return _data_path(DEFAULT_RUNS)
+
+
+def _data_path(rel: str) -> str:
+    p = pathlib.Path(rel)
     return str(p if p.is_file() else hardware_dir().parent / "data" / p.name)
 
 
@@ -183,42 +189,69 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 HEADER = """# {name}: {base} with Megatron-LM step-model knobs fitted to measured launches.
 # Written by `mlsys-bench-calibrate-megatron --runs {runs_name} --hardware {base}`; do not edit by
-# hand: re-fit. `megatron` holds the 12 fitted knobs (impl/common/hardware.MegatronKnobs documents
-# each) and `calibration` the fit's input (file, sha256), residuals and cross-validated errors.
+# hand: re-fit. `kernels` holds the GEMM and attention tables ({kernels_name}, measured on one
+# {kernels_gpu}, carried to {base} by impl/common/megatron/kernels.carried: compute-bound times kept at the
+# same bf16 peak, memory-bound ones at {base}'s HBM bandwidth); `megatron` the fitted knobs
+# (impl/common/hardware.MegatronKnobs documents each, impl/common/megatron/fit.knob_ranges their
+# physical ranges) and `calibration` the fit's input (files, sha256), residuals, knobs at a bound
+# and cross-validated errors.
 # Sources: the datasheet fields are {base}'s (conf/hardware/{base}.yaml cites them); the measured
 #   launches are the training logs of https://github.com/Sakura-gh/Megatron-LM (branch sync_files,
-#   commit 838d7c8), copied to conf/data/ (conf/data/README.md).
+#   commit 838d7c8), copied to conf/data/ (conf/data/README.md); the kernel file is the workplace's
+#   shared/data/{kernels_name} (conf/data/README.md).
 """
 
 DERIVED_HEADER = """# {name}: {target} with Megatron-LM step-model knobs derived from {base} by datasheet ratios.
 # Written by `mlsys-bench-calibrate-megatron --derive {target} --from {base}`; do not edit by hand.
 # Sources: the datasheet fields are {target}'s (conf/hardware/{target}.yaml cites them); the knobs
 #   are {base}'s (fitted to the measured H100 launches of https://github.com/Sakura-gh/Megatron-LM,
-#   conf/data/README.md), scaled as impl/common/megatron/derive.py documents: efficiencies are
-#   fractions of each GPU's own peak (kept), bus bandwidths scale with the datasheet link ratio,
-#   host overheads and the software's bytes per token are kept, the allocatable memory keeps the
-#   same headroom below the GPU's memory. Not measured on {target}.
+#   conf/data/README.md), scaled as impl/common/megatron/derive.py documents: the kernel tables
+#   scale by the bf16 peak ratio (compute-bound) and the HBM bandwidth (memory-bound), the time
+#   factors over the tables are kept, bus bandwidths scale with the datasheet link ratio, host
+#   overheads and the software's bytes are kept, the allocatable memory keeps the same headroom
+#   below the GPU's memory. Not measured on {target}.
 """
 
 
-def calibrate(runs: str, base: str, output: pathlib.Path, name: Optional[str] = None, folds: int = 5) -> HardwareProfile:
+def with_kernel_tables(hw: HardwareProfile, kernels: str, kernels_gpu: str) -> HardwareProfile:
+    """``hw`` with the kernel tables of ``kernels`` (a probe file measured on ``kernels_gpu``),
+    carried to ``hw`` (:func:`impl.common.megatron.kernels.carried`)."""
+    import dataclasses
+
+    from impl.common.megatron.kernels import carried, tables_from_jsonl
+
+    src = load_hardware(kernels_gpu)
+    tabs = tables_from_jsonl(kernels, source=f"{pathlib.Path(kernels).name} (sha256 {file_sha256(kernels)[:16]}, "
+                                             f"measured on {src.name})")
+    if src.name != hw.name:
+        tabs = carried(tabs, src.peak_flops["bf16"], src.memory_bw_bytes_per_s, hw)
+    return dataclasses.replace(hw, kernels=tabs)
+
+
+def calibrate(runs: str, base: str, output: pathlib.Path, name: Optional[str] = None, folds: int = 5,
+              kernels: Optional[str] = None, kernels_gpu: str = DEFAULT_KERNELS_GPU) -> HardwareProfile:
     from impl.common.calibrate import write_profile_atomic
 
     launches = load_runs(runs)
     hw = load_hardware(base)
-    hw_base = _without_knobs(hw)
+    kernels = kernels or _data_path(DEFAULT_KERNELS)
+    hw_base = with_kernel_tables(_without_knobs(hw), kernels, kernels_gpu)
     priced = megafit.featurize(launches, hw_base)
     knobs, info = megafit.fit(priced, hw_base)
     cv_table = megafit.error_table(megafit.cross_validate(priced, hw_base, folds)[0]) if folds else {}
     name = name or output.stem
     calibration = {"runs_file": pathlib.Path(runs).name, "runs_sha256": file_sha256(runs), "base_profile": hw.name,
+                   "kernels_file": pathlib.Path(kernels).name, "kernels_sha256": file_sha256(kernels),
+                   "kernels_measured_on": kernels_gpu,
+                   "knob_ranges": {k: [lo, hi] for k, (lo, hi, _) in megafit.knob_ranges(hw_base).items()},
                    "launches": len(launches), "fit": info, "cross_validated": {"folds": folds, **cv_table},
                    "fitted": _dt.date.today().isoformat(), "tool": "mlsys-bench-calibrate-megatron"}
     import dataclasses
 
     prof = dataclasses.replace(hw_base, name=name, megatron=knobs, calibration=calibration,
                                source=f"{hw.source}; Megatron knobs fitted to {pathlib.Path(runs).name} (measured H100 runs)")
-    write_profile_atomic(prof, output, HEADER.format(name=name, base=hw.name, runs_name=pathlib.Path(runs).name))
+    write_profile_atomic(prof, output, HEADER.format(name=name, base=hw.name, runs_name=pathlib.Path(runs).name,
+                                                     kernels_name=pathlib.Path(kernels).name, kernels_gpu=kernels_gpu))
     return prof
 
 
@@ -234,16 +267,20 @@ def derive(target: str, base: str, output: pathlib.Path) -> HardwareProfile:
 def _without_knobs(hw: HardwareProfile) -> HardwareProfile:
     import dataclasses
 
-    return dataclasses.replace(hw, megatron=None, calibration={})
+    return dataclasses.replace(hw, megatron=None, kernels=None, calibration={})
 
 
 def calibrate_main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="mlsys-bench-calibrate-megatron",
-                                 description="Fit a hardware profile's 12 Megatron knobs to measured launches.")
+                                 description="Fit a hardware profile's Megatron knobs to measured launches, on "
+                                             "kernel tables from a probe file.")
     ap.add_argument("--runs", default=None, help=f"runs file (default {DEFAULT_RUNS})")
     ap.add_argument("--hardware", default="h100-sxm", help="datasheet profile the launches ran on")
     ap.add_argument("--output", default="conf/hardware/h100-megatron.yaml")
     ap.add_argument("--folds", type=int, default=5, help="cross-validation folds recorded in the provenance (0: none)")
+    ap.add_argument("--kernels", default=None, help=f"kernel probe file (default {DEFAULT_KERNELS})")
+    ap.add_argument("--kernels-gpu", default=DEFAULT_KERNELS_GPU,
+                    help="datasheet profile of the GPU the kernel file was measured on (its tables are carried to --hardware)")
     ap.add_argument("--derive", metavar="TARGET", default=None,
                     help="instead of fitting: derive TARGET's knobs (a datasheet profile) from --from by datasheet ratios")
     ap.add_argument("--from", dest="base", default=DEFAULT_HARDWARE, help="calibrated profile --derive starts from")
@@ -256,12 +293,13 @@ def calibrate_main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps({"profile": str(out), "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron).items()},
                               "derived_from": a.base}, indent=1))
             return 0
-        prof = calibrate(a.runs or _default_runs(), a.hardware, pathlib.Path(a.output), folds=a.folds)
+        prof = calibrate(a.runs or _default_runs(), a.hardware, pathlib.Path(a.output), folds=a.folds,
+                         kernels=a.kernels, kernels_gpu=a.kernels_gpu)
     except ConfigError as e:
         print(f"mlsys-bench-calibrate-megatron: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"profile": a.output, "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron).items()},
-                      "fit": prof.calibration["fit"],
+                      "fit": prof.calibration["fit"], "at_bound": prof.calibration["fit"].get("at_bound", []),
                       "cross_validated": prof.calibration.get("cross_validated", {})}, indent=1))
     return 0
 

@@ -47,7 +47,9 @@ def test_calibrate_writes_a_profile_with_provenance(runs_slice, tmp_path, capsys
     prof = load_hardware(str(out))
     assert prof.name == "h100-test" and prof.megatron is not None
     assert prof.calibration["runs_sha256"] == file_sha256(path) and prof.calibration["base_profile"] == "h100-sxm"
-    assert 0 < prof.megatron.gemm_efficiency <= 1 and prof.megatron.allocatable_bytes <= prof.memory_bytes
+    assert 0.8 <= prof.megatron.gemm_time_factor <= 1.5 and prof.megatron.allocatable_bytes <= prof.memory_bytes
+    assert prof.kernels is not None and prof.calibration["kernels_measured_on"] == "h200"
+    assert isinstance(prof.calibration["fit"]["at_bound"], list)
     # Pricing with the written profile uses its knobs (in-sample on the slice it was fitted on).
     assert main(["--runs", str(path), "--hardware", str(out), "--out", str(tmp_path / "p")]) == 0
     assert "priced with hardware h100-test's knobs" in capsys.readouterr().out

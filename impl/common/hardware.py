@@ -5,39 +5,82 @@ Profiles live in ``conf/hardware/*.yaml``; ``local.yaml`` is written by ``system
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
+
+
+@dataclass
+class GemmSeries:
+    """Measured seconds of one bf16 GEMM shape ``x @ W.T`` (``x``: m x k, ``W``: n x k) at several
+    row counts ``m`` (tokens of a micro-batch); the step model interpolates log-log in m."""
+
+    n: int = 0
+    k: int = 0
+    m: List[int] = field(default_factory=list)
+    s: List[float] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass
+class AttnSeries:
+    """Measured seconds of causal flash attention (batch 1, ``heads`` of ``head_dim``) at sequence
+    lengths ``s``: forward and backward (``bwd_s`` = forward + backward - forward)."""
+
+    heads: int = 0
+    head_dim: int = 0
+    s: List[int] = field(default_factory=list)
+    fwd_s: List[float] = field(default_factory=list)
+    bwd_s: List[float] = field(default_factory=list)
+
+
+@dataclass
+class KernelTables:
+    """Kernel times of this GPU by shape (:mod:`impl.common.megatron.kernels` reads them): GEMMs
+    by (m, n, k), causal attention by (s, heads, head_dim). ``source`` says where they were
+    measured and how they were carried to this profile (e.g. scaled from another GPU)."""
+
+    source: str = ""
+    gemm: List[GemmSeries] = field(default_factory=list)
+    attn: List[AttnSeries] = field(default_factory=list)
 
 
 @dataclass
 class MegatronKnobs:
-    """The physical knobs of the Megatron-LM step model (:mod:`impl.common.megatron.step`), as
-    fitted by ``mlsys-bench-calibrate-megatron`` from measured launches. A profile without them
-    prices Megatron from its datasheet figures (``mfu``, ``comm_efficiency``, the links, the
-    memory size) through :meth:`HardwareProfile.megatron_knobs`."""
+    """What the Megatron-LM step model (:mod:`impl.common.megatron.step`) fits to measured launches
+    (``mlsys-bench-calibrate-megatron``) on top of the profile's kernel tables and the
+    per-module activation bytes it derives. Each knob has a physical range
+    (:data:`impl.common.megatron.fit.KNOB_RANGES`); the fit reports any knob at its bound. A
+    profile without knobs prices Megatron from its datasheet figures through
+    :meth:`HardwareProfile.megatron_knobs`."""
 
-    # Achieved fraction of the bf16 peak of a large GEMM, and the GEMM row count (tokens of one
-    # micro-batch) at which the achieved rate halves: time = flops / (peak * eff) * (1 + half_rows / rows).
-    gemm_efficiency: float = 0.4
-    gemm_half_rows: float = 0.0
-    # Achieved fraction of the bf16 peak of causal flash attention (FLOPs 6 * h * s^2 / 2 per layer).
-    attn_efficiency: float = 0.4
+    # Megatron's kernels over the profile's tables (1 = the table's time): GEMMs (wgrad
+    # accumulation into fp32 main grads, cuBLAS heuristics), causal flash attention (Megatron's
+    # flash-attn with attention dropout vs the table's kernel), memory-bound kernels (norms,
+    # activations, rotary, residuals, dropout, loss, Adam: derived bytes over the HBM bandwidth;
+    # unfused kernels re-read their inputs).
+    gemm_time_factor: float = 1.0
+    attn_time_factor: float = 1.0
+    elementwise_time_factor: float = 1.0
     # Achieved bus bandwidth (bytes/s per GPU) of NCCL collectives and P2P inside a node and across nodes.
     intra_node_bus_bw_bytes_per_s: float = 360e9
     inter_node_bus_bw_bytes_per_s: float = 40e9
     # Host/launch time per transformer layer and micro-batch (forward + backward), and per iteration.
     layer_overhead_s: float = 0.0
     iteration_overhead_s: float = 0.0
-    # Activation bytes kept per token, layer and hidden unit without recomputation: the part every
-    # TP rank keeps whole without sequence parallelism, and the part TP splits (Korthikanti et al.
-    # 2022 with flash attention: 10 and 24).
-    act_whole_bytes: float = 10.0
-    act_sharded_bytes: float = 24.0
-    # Bytes per logit element held at the loss peak (fp32 logits and the loss's working copies).
-    logits_bytes: float = 4.0
+    # Allocated activation bytes over the derived saved-tensor bytes (allocator block rounding,
+    # tensors alive across the backward's transients).
+    activation_factor: float = 1.0
+    # Bytes per logit element held at the loss peak (bf16 logits, their fp32 copy and the loss's
+    # working copies).
+    logits_bytes: float = 10.0
     # Allocated bytes besides states, activations and logits (workspaces, buffers), and what
     # PyTorch may allocate on one GPU before an out-of-memory error.
     memory_overhead_bytes: float = 0.0
     allocatable_bytes: float = 0.0
+    # Not fitted: the derived activation bytes per token, layer and hidden unit of the calibration
+    # model (whole on every TP rank without SP, and TP-split), x activation_factor, for cost models
+    # that price activations per token-layer (impl.common.cost.varlen_model.MemoryModel).
+    act_whole_bytes: float = 10.0
+    act_sharded_bytes: float = 24.0
 
 
 @dataclass
@@ -111,6 +154,9 @@ class HardwareProfile:
     # Measured collective figures (calibration only; null for datasheet profiles).
     allreduce_bw_bytes_per_s: Optional[float] = None
     allreduce_latency_s: Optional[float] = None
+    # Kernel times by shape (GEMMs, causal attention), measured (mlsys-bench-probe) or carried
+    # from another GPU's measurements; null = the Megatron step model prices kernels at mfu x peak.
+    kernels: Optional[KernelTables] = None
     # Megatron step-model knobs fitted from measured runs (null: priced from the datasheet).
     megatron: Optional[MegatronKnobs] = None
     # Where fitted fields came from: input file and sha256, knob values, residuals (free-form).
@@ -125,13 +171,12 @@ class HardwareProfile:
         return (self.intra_node_bw_bytes_per_s if intra_node else self.inter_node_bw_bytes_per_s) * self.comm_efficiency
 
     def megatron_knobs(self) -> MegatronKnobs:
-        """The fitted knobs, else the datasheet reading: ``mfu`` of peak for GEMMs and attention,
-        ``comm_efficiency`` of each link, Korthikanti's activation bytes, all of memory."""
+        """The fitted knobs, else the datasheet reading: the kernel tables as they are (without
+        tables: ``mfu`` of peak), ``comm_efficiency`` of each link, derived activations, all of memory."""
         if self.megatron is not None:
             return self.megatron
         eff = self.comm_efficiency
-        return MegatronKnobs(gemm_efficiency=self.mfu, attn_efficiency=self.mfu,
-                             intra_node_bus_bw_bytes_per_s=self.intra_node_bw_bytes_per_s * eff,
+        return MegatronKnobs(intra_node_bus_bw_bytes_per_s=self.intra_node_bw_bytes_per_s * eff,
                              inter_node_bus_bw_bytes_per_s=self.inter_node_bw_bytes_per_s * eff,
                              allocatable_bytes=self.memory_bytes)
 

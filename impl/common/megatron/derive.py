@@ -1,9 +1,11 @@
 """A calibrated profile's Megatron knobs carried to another GPU by datasheet ratios (the papers
 ran on A800 / A100 / H800; the measured launches are H100's).
 
-- GEMM and attention efficiency are fractions of each GPU's own bf16 peak: kept (an assumption:
-  Ampere kernels may reach a different fraction; no Ampere launch is in the runs file);
-  ``gemm_half_rows`` kept (the same kernels' shape behaviour).
+- Kernel tables: carried by :func:`impl.common.megatron.kernels.carried`: every time scaled by
+  the bf16 peak ratio (compute-bound: an assumption, Ampere kernels may reach a different
+  fraction of their peak; no Ampere launch or probe is in the data) and floored by its bytes over
+  the target's HBM bandwidth (memory-bound); the time factors over the tables are kept (the same
+  software's kernels over the table's).
 - Intra- and inter-node bus bandwidth: scaled by the target's datasheet link over the base's
   (``intra_node_bw_bytes_per_s``, ``inter_node_bw_bytes_per_s``), so H800's capped NVLink and
   A100's HDR IB are priced from the measured H100 efficiency of those links.
@@ -26,6 +28,11 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
     for f in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "memory_bytes"):
         if not getattr(base, f) > 0 or not getattr(target, f) > 0:
             raise ConfigError(f"hardware.{f}: must be > 0 in both {base.name} and {target.name} to derive knobs")
+    if base.kernels is None:
+        raise ConfigError(f"--from: profile {base.name} has no kernel tables to carry")
+    from .kernels import carried
+
+    tables = carried(base.kernels, base.peak_flops["bf16"], base.memory_bw_bytes_per_s, target)
     headroom = base.memory_bytes - k.allocatable_bytes
     knobs = dataclasses.replace(
         k,
@@ -38,5 +45,6 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
         raise ConfigError(f"--derive: {target.name}'s memory is below {base.name}'s headroom")
     cal = {"derived_from": base.name, "base_calibration": dict(base.calibration),
            "rule": "impl/common/megatron/derive.py", "measured_on_target": False}
-    return dataclasses.replace(target, name=name or f"{target.name}-megatron", megatron=knobs, calibration=cal,
+    return dataclasses.replace(target, name=name or f"{target.name}-megatron", megatron=knobs, kernels=tables,
+                               calibration=cal,
                                source=f"{target.source}; Megatron knobs derived from {base.name} by datasheet ratios")

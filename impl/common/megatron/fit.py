@@ -1,14 +1,17 @@
-"""Fit a hardware profile's Megatron knobs (:class:`~impl.common.hardware.MegatronKnobs`, 12 of
-them) to measured launches, and price launches with a profile. Fitting only writes knobs;
-pricing only reads them; every error quoted is on launches the fit did not see (K folds).
+"""Fit what the Megatron step model cannot derive or look up (:class:`~impl.common.hardware.MegatronKnobs`)
+to measured launches, and price launches with a profile. Fitting only writes knobs; pricing only
+reads them; every error quoted is on launches the fit did not see (K folds). Kernel times come
+from the profile's tables and activation bytes from the modules (:mod:`.kernels`,
+:mod:`.activations`): the knobs are what is left, each with a physical range (:func:`knob_ranges`);
+the fit is bounded by them and reports any knob at its bound (``at_bound``).
 
-- Time (7 knobs: GEMM efficiency and half-rate rows, attention efficiency, intra- and inter-node
-  bus bandwidth, per-layer and per-iteration overhead): bounded least squares on
+- Time (7 knobs: GEMM, attention and memory-bound time over the tables, intra- and inter-node bus
+  bandwidth, per-layer and per-iteration overhead): bounded least squares on
   log(predicted / measured) iteration time over every timed launch, pad and pack alike (soft-L1
   loss: a launch slowed by a neighbour's job does not pull every knob).
-- Memory (4 knobs: whole and TP-split activation bytes per token-layer, bytes per logit, fixed
-  overhead): non-negative least squares on the relative error of the peak allocated memory of the
-  launches that printed it, at the rank the model says peaks (re-chosen until it settles).
+- Memory (3 knobs: allocated over derived activation bytes, bytes per logit, fixed overhead):
+  bounded least squares on the relative error of the peak allocated memory of the launches that
+  printed it, at the rank the model says peaks.
 - Fit verdict (1 knob: allocatable bytes): the threshold on the predicted whole-run peak that
   classifies the most finished and out-of-memory launches right; the middle of the best interval.
 """
@@ -25,15 +28,74 @@ from scipy.optimize import least_squares
 from impl.common.api import ConfigError
 from impl.common.hardware import HardwareProfile, MegatronKnobs
 
+from .model import MegatronModel
 from .runs import DocLengths, Launch, work_of
-from .step import (F_ATTN, F_GEMM, F_GEMM_ROWS, F_INTER, F_INTRA, F_ITER, F_LAYERS, M_LOGITS, M_ONE, M_SHARDED,
-                   M_STATES, M_WHOLE, StepFeatures, features, iteration_times_s, phi_of, theta_of)
+from . import activations as act
+from .step import (F_ATTN, F_ELEM, F_GEMM, F_INTER, F_INTRA, F_ITER, F_LAYERS, M_ACT, M_LOGITS, M_ONE,
+                   StepFeatures, features, iteration_times_s, phi_of, theta_of)
 
-TIME_KNOBS = (F_GEMM, F_GEMM_ROWS, F_ATTN, F_INTRA, F_INTER, F_LAYERS, F_ITER)
+TIME_KNOBS = (F_GEMM, F_ATTN, F_ELEM, F_INTRA, F_INTER, F_LAYERS, F_ITER)
 # Scales the optimizer works in (seconds per unit at a plausible value), so every variable is O(1).
-_SCALE = {F_GEMM: 1 / (989e12 * 0.5), F_GEMM_ROWS: 500 / (989e12 * 0.5), F_ATTN: 1 / (989e12 * 0.3),
-          F_INTRA: 1 / 100e9, F_INTER: 1 / 20e9, F_LAYERS: 1e-4, F_ITER: 0.1}
+_SCALE = {F_GEMM: 1.0, F_ATTN: 1.0, F_ELEM: 1.0, F_INTRA: 1 / 100e9, F_INTER: 1 / 20e9, F_LAYERS: 1e-4, F_ITER: 0.1}
 MIB = 2.0 ** 20
+GIB = 2.0 ** 30
+
+
+def knob_ranges(hw: HardwareProfile) -> dict:
+    """The physical range of every fitted knob, ``name -> (low, high, why)``."""
+    links = hw.intra_node_bw_bytes_per_s or 450e9
+    nics = (hw.inter_node_bw_bytes_per_s or 50e9) * max(1, hw.gpus_per_node)
+    mem = hw.memory_bytes or 80 * GIB
+    return {
+        "gemm_time_factor": (0.8, 1.5, "Megatron's GEMMs over the table's cuBLAS GEMMs: the same kernels, plus the "
+                             "weight gradient's accumulation into fp32 main grads"),
+        "attn_time_factor": (0.8, 2.0, "Megatron's flash attention (attention dropout in the kernel, varlen) over "
+                             "the table's kernel"),
+        "elementwise_time_factor": (0.5, 4.0, "memory-bound kernels over their fused byte count (unfused "
+                                    "kernels re-read their inputs)"),
+        "intra_node_bus_bw_bytes_per_s": (0.05 * links, links, "NCCL bus bandwidth up to the NVLink datasheet "
+                                          "figure per direction"),
+        "inter_node_bus_bw_bytes_per_s": (0.02 * nics, nics, "NCCL rings cross nodes on every NIC of the node: up "
+                                          "to gpus_per_node x the per-GPU NIC rate"),
+        "layer_overhead_s": (0.0, 2e-3, "host dispatch the GPU waits for, per layer and micro-batch: ~100 kernels "
+                             "(forward + backward of the local transformer) x <= 20 us"),
+        "iteration_overhead_s": (0.0, 2.0, "per iteration: optimizer host work, gradient norm, data loading, "
+                                 "timers and logging synchronisations"),
+        "activation_factor": (0.95, 1.35, "allocated over saved-tensor bytes: allocator block rounding, tensors "
+                              "alive across backward transients"),
+        "logits_bytes": (6.0, 16.0, "bytes per logit at the loss peak: bf16 logits (2), fp32 copy (4), the "
+                         "softmax/gradient working copy (4), transients"),
+        "memory_overhead_bytes": (0.0, 4 * GIB, "workspaces and buffers besides states and activations"),
+        "allocatable_bytes": (0.75 * mem, mem, "what PyTorch may allocate before an out-of-memory error"),
+    }
+
+
+_THETA_KNOB = {F_GEMM: "gemm_time_factor", F_ATTN: "attn_time_factor", F_ELEM: "elementwise_time_factor",
+               F_INTRA: "intra_node_bus_bw_bytes_per_s", F_INTER: "inter_node_bus_bw_bytes_per_s",
+               F_LAYERS: "layer_overhead_s", F_ITER: "iteration_overhead_s"}
+
+
+def _theta_bounds(hw: HardwareProfile) -> tuple[np.ndarray, np.ndarray]:
+    r = knob_ranges(hw)
+    lo, hi = [], []
+    for k in TIME_KNOBS:
+        a, b, _ = r[_THETA_KNOB[k]]
+        if k in (F_INTRA, F_INTER):  # theta = 1 / bandwidth
+            a, b = 1.0 / b, 1.0 / a
+        lo.append(a / _SCALE[k])
+        hi.append(b / _SCALE[k])
+    return np.array(lo), np.array(hi)
+
+
+def at_bound(knobs: MegatronKnobs, hw: HardwareProfile, rel: float = 1e-3) -> list[str]:
+    """Knobs within ``rel`` of an end of their range (reported by the fit)."""
+    out = []
+    for name, (a, b, _) in knob_ranges(hw).items():
+        v = getattr(knobs, name)
+        span = max(b - a, 1e-30)
+        if v <= a + rel * span or v >= b - rel * span:
+            out.append(f"{name}={v:.4g} at {'low' if v <= a + rel * span else 'high'} bound [{a:.4g}, {b:.4g}]")
+    return out
 
 
 @dataclass
@@ -68,7 +130,7 @@ def _theta_from(x: np.ndarray, base: np.ndarray) -> np.ndarray:
     return th
 
 
-def fit_time(priced: Sequence[Priced], theta0: np.ndarray) -> tuple[np.ndarray, dict]:
+def fit_time(priced: Sequence[Priced], theta0: np.ndarray, hw: Optional[HardwareProfile] = None) -> tuple[np.ndarray, dict]:
     rows = [p for p in priced if p.feats is not None and p.launch.measured_iteration_ms]
     if len(rows) < len(TIME_KNOBS):
         raise ConfigError(f"--runs: {len(rows)} timed launches cannot fit {len(TIME_KNOBS)} time knobs")
@@ -79,11 +141,14 @@ def fit_time(priced: Sequence[Priced], theta0: np.ndarray) -> tuple[np.ndarray, 
         pred = np.array([p.feats.iteration_s(th) for p in rows])
         return np.log(np.maximum(pred, 1e-9)) - meas
 
-    x0 = np.array([max(theta0[k], 1e-3 * _SCALE[k]) / _SCALE[k] for k in TIME_KNOBS])
-    # Lower bounds keep every rate finite (a bandwidth of at most 100x its scale, overheads >= 0).
-    lo = np.array([1e-2, 0.0, 1e-2, 1e-2, 1e-2, 0.0, 0.0])
-    hi = np.full(len(x0), np.inf)
-    sol = least_squares(resid, np.clip(x0, lo, None), bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
+    x0 = np.array([theta0[k] / _SCALE[k] for k in TIME_KNOBS])
+    if hw is not None:
+        lo, hi = _theta_bounds(hw)
+    else:
+        lo, hi = np.array([1e-2, 1e-2, 1e-2, 1e-2, 1e-2, 0.0, 0.0]), np.full(len(x0), np.inf)
+    x0 = np.clip(x0, lo + 1e-6 * (hi - lo if np.all(np.isfinite(hi)) else 1.0), None)
+    x0 = np.minimum(x0, hi - 1e-6 * np.where(np.isfinite(hi), hi - lo, 0.0))
+    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1,
                         x_scale="jac", max_nfev=400)
     th = _theta_from(sol.x, theta0)
     r = resid(sol.x)
@@ -94,19 +159,21 @@ def _mem_rows(priced: Sequence[Priced]) -> list[Priced]:
     return [p for p in priced if p.feats is not None and p.launch.measured_peak_allocated_mb]
 
 
-_MEM_SCALE = np.array([10.0, 24.0, 4.0, 2.0 * 2 ** 30])  # whole, sharded, logits, overhead
+_MEM_COLS = (M_ACT, M_LOGITS, M_ONE)
+_MEM_KNOBS = ("activation_factor", "logits_bytes", "memory_overhead_bytes")
+_MEM_SCALE = np.array([1.0, 10.0, 2.0 * GIB])
 
 
-def fit_memory(priced: Sequence[Priced], phi0: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Soft-L1 least squares on the relative error of the peak (the max over ranks, as measured):
-    a few launches whose data order put an unusually long window in flight do not pull the
-    activation bytes of every other launch."""
+def fit_memory(priced: Sequence[Priced], phi0: np.ndarray, hw: Optional[HardwareProfile] = None) -> tuple[np.ndarray, dict]:
+    """Bounded soft-L1 least squares on the relative error of the peak (the max over ranks, as
+    measured): a few launches whose data order put an unusually long window in flight do not pull
+    every other launch."""
     rows = _mem_rows(priced)
-    if len(rows) < 4:
-        raise ConfigError(f"--runs: {len(rows)} launches with a printed peak cannot fit 4 memory knobs")
+    if len(rows) < 3:
+        raise ConfigError(f"--runs: {len(rows)} launches with a printed peak cannot fit 3 memory knobs")
     meas = np.array([p.launch.measured_peak_allocated_mb * MIB for p in rows])
     Ms = np.stack([_pad_stages(printed(p), 64) for p in rows])  # (n, stages, N_MEM)
-    cols = [M_WHOLE, M_SHARDED, M_LOGITS, M_ONE]
+    cols = list(_MEM_COLS)
 
     def phi_at(x):
         phi = phi0.copy()
@@ -116,8 +183,14 @@ def fit_memory(priced: Sequence[Priced], phi0: np.ndarray) -> tuple[np.ndarray, 
     def resid(x):
         return (Ms @ phi_at(x)).max(axis=1) / meas - 1.0
 
-    x0 = np.maximum(phi0[cols] / _MEM_SCALE, 0.1)
-    sol = least_squares(resid, x0, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.05, x_scale="jac")
+    r = knob_ranges(hw) if hw is not None else None
+    if r:
+        lo = np.array([r[k][0] for k in _MEM_KNOBS]) / _MEM_SCALE
+        hi = np.array([r[k][1] for k in _MEM_KNOBS]) / _MEM_SCALE
+    else:
+        lo, hi = np.zeros(3), np.full(3, np.inf)
+    x0 = np.clip(phi0[cols] / _MEM_SCALE, lo + 1e-6, np.where(np.isfinite(hi), hi - 1e-6, np.inf))
+    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale="jac")
     rel = np.abs(resid(sol.x))
     return phi_at(sol.x), {"memory_launches": len(rows), "memory_rel_error_median": round(float(np.median(rel)), 4)}
 
@@ -135,7 +208,8 @@ def _pad_stages(M: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def fit_allocatable(priced: Sequence[Priced], phi: np.ndarray, capacity: float) -> tuple[float, dict]:
+def fit_allocatable(priced: Sequence[Priced], phi: np.ndarray, capacity: float,
+                    floor: float = 0.0) -> tuple[float, dict]:
     rows = [p for p in priced if p.feats is not None and p.launch.measured_fits is not None]
     if not rows:
         return capacity, {"verdict_launches": 0}
@@ -151,35 +225,41 @@ def fit_allocatable(priced: Sequence[Priced], phi: np.ndarray, capacity: float) 
     for i, a in enumerate(srt_peak):
         if a > capacity:
             break
+        if a < floor:
+            continue
         right = int(fit_le[i]) + oom_total - int(oom_le[i])
         nxt = min(srt_peak[i + 1] if i + 1 < len(srt_peak) else capacity, capacity)
         if right > best:
             best, best_lo, best_hi = right, a, nxt
-    allocatable = 0.5 * (best_lo + best_hi) if best >= 0 else capacity
+    allocatable = max(floor, 0.5 * (best_lo + best_hi)) if best >= 0 else capacity
     return float(allocatable), {"verdict_launches": len(rows), "verdict_right_in_fit": round(best / len(rows), 4)}
 
 
-def knobs_from(theta: np.ndarray, phi: np.ndarray, allocatable: float, hw: HardwareProfile) -> MegatronKnobs:
-    peak = hw.peak_flops["bf16"]
+def knobs_from(theta: np.ndarray, phi: np.ndarray, allocatable: float, hw: HardwareProfile,
+               model: Optional[MegatronModel] = None) -> MegatronKnobs:
+    whole, sharded = act.korthikanti_coefficients(model or MegatronModel())
     return MegatronKnobs(
-        gemm_efficiency=float(1.0 / (peak * theta[F_GEMM])),
-        gemm_half_rows=float(theta[F_GEMM_ROWS] / theta[F_GEMM]),
-        attn_efficiency=float(1.0 / (peak * theta[F_ATTN])),
+        gemm_time_factor=float(theta[F_GEMM]), attn_time_factor=float(theta[F_ATTN]),
+        elementwise_time_factor=float(theta[F_ELEM]),
         intra_node_bus_bw_bytes_per_s=float(1.0 / theta[F_INTRA]),
         inter_node_bus_bw_bytes_per_s=float(1.0 / theta[F_INTER]),
         layer_overhead_s=float(theta[F_LAYERS]), iteration_overhead_s=float(theta[F_ITER]),
-        act_whole_bytes=float(phi[M_WHOLE]), act_sharded_bytes=float(phi[M_SHARDED]),
-        logits_bytes=float(phi[M_LOGITS]), memory_overhead_bytes=float(phi[M_ONE]),
-        allocatable_bytes=float(allocatable))
+        activation_factor=float(phi[M_ACT]), logits_bytes=float(phi[M_LOGITS]), memory_overhead_bytes=float(phi[M_ONE]),
+        allocatable_bytes=float(allocatable),
+        act_whole_bytes=float(whole * phi[M_ACT]), act_sharded_bytes=float(sharded * phi[M_ACT]))
 
 
 def fit(priced: Sequence[Priced], hw: HardwareProfile) -> tuple[MegatronKnobs, dict]:
-    """All 12 knobs from ``priced`` (features computed on ``hw``), and the fit's residuals."""
+    """Every knob from ``priced`` (features computed on ``hw``), the fit's residuals and the knobs
+    at a bound of their range."""
     k0 = hw.megatron_knobs()
-    theta, tinfo = fit_time(priced, theta_of(hw, k0))
-    phi, minfo = fit_memory(priced, phi_of(k0))
-    alloc, vinfo = fit_allocatable(priced, phi, hw.memory_bytes)
-    return knobs_from(theta, phi, alloc, hw), {**tinfo, **minfo, **vinfo}
+    theta, tinfo = fit_time(priced, theta_of(hw, k0), hw)
+    phi, minfo = fit_memory(priced, phi_of(k0), hw)
+    lo_alloc = knob_ranges(hw)["allocatable_bytes"][0]
+    alloc, vinfo = fit_allocatable(priced, phi, hw.memory_bytes, lo_alloc)
+    model = next((p.launch.model for p in priced if p.launch.model is not None), None)
+    knobs = knobs_from(theta, phi, alloc, hw, model)
+    return knobs, {**tinfo, **minfo, **vinfo, "at_bound": at_bound(knobs, hw)}
 
 
 def with_knobs(hw: HardwareProfile, knobs: MegatronKnobs, calibration: dict) -> HardwareProfile:

@@ -43,6 +43,9 @@ class MegatronModel:
     max_position_embeddings: int = 4096  # GPT's learned position table
     untie_embeddings: Optional[bool] = None  # None: GPT tied, LLaMA untied
     make_vocab_size_divisible_by: int = 128
+    # Hidden dropout (bias-dropout-add, embedding): its masks are saved for backward. None: the
+    # Megatron-LM default of the architecture (GPT 0.1, LLaMA recipes 0.0).
+    hidden_dropout: Optional[float] = None
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -63,6 +66,10 @@ class MegatronModel:
     @property
     def tied(self) -> bool:
         return not (self.untie_embeddings if self.untie_embeddings is not None else not self.gpt)
+
+    @property
+    def dropout(self) -> float:
+        return self.hidden_dropout if self.hidden_dropout is not None else (0.1 if self.gpt else 0.0)
 
     @property
     def kv_hidden(self) -> int:

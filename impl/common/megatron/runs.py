@@ -115,7 +115,9 @@ def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronMo
     ctx = _int(eff, "seq_length", path, line, "effective")
     untie = cfg.get("untie_embeddings_and_output_weights")
     try:
+        drop = cfg.get("hidden_dropout")
         return MegatronModel(arch=arch, vocab=vocab, max_position_embeddings=int(cfg.get("max_position_embeddings") or ctx),
+                             hidden_dropout=float(drop) if isinstance(drop, (int, float)) and not isinstance(drop, bool) else None,
                              untie_embeddings=None if untie is None else bool(untie),
                              make_vocab_size_divisible_by=int(cfg.get("make_vocab_size_divisible_by") or 128),
                              name=str(eff.get("model") or ""), **dims)

@@ -3,20 +3,23 @@ static layout, as named terms that every Megatron-like baseline of the harness s
 
 Time. Each micro-batch on each pipeline stage costs (forward + backward, no overlap of
 compute and communication, as the measured launches ran):
-- GEMMs: 6 x rows x (weight-matrix parameters) / tp per layer, at ``peak * gemm_efficiency``,
-  slowed by ``1 + gemm_half_rows / rows`` (a GEMM of few rows streams its weights: the cost of a
-  small micro-batch does not shrink with its tokens);
-- causal flash attention: 6 x h x sum(s^2) / 2 / tp per layer, at ``peak * attn_efficiency``;
-- the output layer on the last stage: 6 x grid x h x V / tp, where ``grid`` is the LM head's rows
-  (pad: mbs x context; pack: also mbs x context, because the fork pads hidden states back to the
-  micro-batch grid before the LM head), and its loss, memory-bound over the fp32 logits;
+- GEMMs: every linear's forward, input-gradient and weight-gradient GEMM (QKV, output
+  projection, fc1, fc2 per layer split over tp; the LM head on the last stage) at the profile's
+  kernel table time for its (m, n, k) (:mod:`.kernels`; log-log in m), x ``gemm_time_factor``;
+- causal flash attention: the table's forward + backward time at the micro-batch's
+  length-weighted mean document length, x sum(s^2) / s_eff^2, heads / tp, x ``attn_time_factor``;
+- memory-bound kernels: bytes read and written by norms, activations (GeLU / SwiGLU), rotary,
+  residual adds and dropout (:func:`elementwise_bytes`), the embedding, the loss over the fp32
+  logits and Adam over the rank's shard, over the HBM bandwidth, x ``elementwise_time_factor``;
 - TP: four all-reduces per layer (two forward, two backward; with sequence parallelism four
   all-gathers and four reduce-scatters, the same bus bytes) of rows x h x 2 B, plus the
   embedding's forward and the LM head's backward one, on NVLink inside a node and on IB when
   the TP group spans nodes; each collective pays the link latency;
 - PP: per stage boundary a forward activation and a backward gradient of rows x h x 2 B / tp
   (Megatron's scatter-gather), on the link between the two stages' GPUs;
-- ``layer_overhead_s`` per layer (kernel launches and host work that the GPU waits for).
+- ``layer_overhead_s`` per layer (kernel launch gaps and host work that the GPU waits for).
+LM head rows (``grid``): pad mbs x context; pack also mbs x context, because the fork pads hidden
+states back to the micro-batch grid before the LM head.
 1F1B over m micro-batches of stage times t[j, s]: sum_j max_s t + sum_s mean_j t - mean_j max_s t
 ((m + pp - 1) t when every time is t); the slowest data-parallel rank gates. Then once per
 iteration: the distributed optimizer's reduce-scatter of fp32 gradients and all-gather of bf16
@@ -26,15 +29,17 @@ last stage, Adam over the rank's shard (memory-bound), and ``iteration_overhead_
 Memory (bytes, per pipeline rank, what ``torch.cuda.max_memory_allocated`` reports):
 - states: bf16 parameters (2 B) and fp32 gradient buffer (4 B) per parameter of the rank, fp32
   master + Adam m, v (12 B) over dp with the distributed optimizer (else whole);
-- activations: under 1F1B stage s holds min(pp - s, m) micro-batches in flight; per token and
-  layer ``act_whole_bytes * h`` on every TP rank plus ``act_sharded_bytes * h / tp`` (both / tp
-  with sequence parallelism; full recompute keeps only each layer's 2 B x h input and one layer's
-  working set); packed micro-batches vary, so the peak is the largest sum over in-flight windows;
+- activations: the bytes each module saves for backward (:mod:`.activations`, per architecture,
+  with SP, TP, GQA, dropout and recompute), x ``activation_factor``; under 1F1B stage s holds
+  min(pp - s, m) micro-batches in flight; the first stage adds the embedding's, the last the
+  final norm's and the output layer's; packed micro-batches vary, so the peak is the largest sum
+  over in-flight windows; full recompute keeps each layer's input and one layer's working set;
 - logits on the last stage: grid x V / tp x ``logits_bytes``;
 - ``memory_overhead_bytes``. A launch fits when every rank's peak is <= ``allocatable_bytes``.
 
 Every term is linear in one knob (or in none), so the fit (:mod:`impl.common.megatron.fit`)
-prices with this same code through :class:`StepFeatures`.
+prices with this same code through :class:`StepFeatures`; the kernel tables make the features
+depend on the profile (its tables and HBM bandwidth), not only on the layout.
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ from impl.common.api import ConfigError
 from impl.common.cost.comm import same_node
 from impl.common.hardware import HardwareProfile, MegatronKnobs
 
+from . import activations as act
+from .kernels import attn_fwd_bwd_s, gemm_fwd_bwd_s, tables_of
 from .model import MegatronLayout, MegatronModel, padded_vocab
 
 BF16 = 2.0
@@ -60,26 +67,26 @@ TP_COLLECTIVES_PER_LAYER = 4  # all-reduces (no SP) or AG+RS pairs (SP), forward
 REPORT_ITERS = 10
 
 # Time features, one coefficient each (theta): see theta_of.
-F_GEMM, F_GEMM_ROWS, F_ATTN, F_INTRA, F_INTER, F_LAYERS, F_ITER, F_FIXED = range(8)
+F_GEMM, F_ATTN, F_ELEM, F_INTRA, F_INTER, F_LAYERS, F_ITER, F_FIXED = range(8)
 N_TIME = 8
-# Memory features: states (fixed), whole and sharded activation units, logit elements, 1.
-M_STATES, M_WHOLE, M_SHARDED, M_LOGITS, M_ONE = range(5)
-N_MEM = 5
+# Kept for callers that select compute columns (impl.common.cost.transformer): the memory-bound
+# kernels are compute-side time too.
+F_GEMM_ROWS = F_ELEM
+# Memory features: states (fixed), derived activation bytes, logit elements, 1.
+M_STATES, M_ACT, M_LOGITS, M_ONE = range(4)
+N_MEM = 4
 
 
 def theta_of(hw: HardwareProfile, k: MegatronKnobs) -> np.ndarray:
-    """Seconds per unit of each time feature."""
-    peak = hw.peak_flops.get("bf16")
-    if not peak:
-        raise ConfigError(f"hardware {hw.name}: no bf16 peak FLOP/s to price Megatron with")
-    for name in ("gemm_efficiency", "attn_efficiency", "intra_node_bus_bw_bytes_per_s",
+    """Seconds per unit of each time feature (the table-priced ones: a factor near 1)."""
+    for name in ("gemm_time_factor", "attn_time_factor", "elementwise_time_factor", "intra_node_bus_bw_bytes_per_s",
                  "inter_node_bus_bw_bytes_per_s"):
         if not getattr(k, name) > 0:
             raise ConfigError(f"hardware.megatron.{name}: must be > 0, got {getattr(k, name)}")
     th = np.zeros(N_TIME)
-    th[F_GEMM] = 1.0 / (peak * k.gemm_efficiency)
-    th[F_GEMM_ROWS] = k.gemm_half_rows / (peak * k.gemm_efficiency)
-    th[F_ATTN] = 1.0 / (peak * k.attn_efficiency)
+    th[F_GEMM] = k.gemm_time_factor
+    th[F_ATTN] = k.attn_time_factor
+    th[F_ELEM] = k.elementwise_time_factor
     th[F_INTRA] = 1.0 / k.intra_node_bus_bw_bytes_per_s
     th[F_INTER] = 1.0 / k.inter_node_bus_bw_bytes_per_s
     th[F_LAYERS] = k.layer_overhead_s
@@ -90,7 +97,56 @@ def theta_of(hw: HardwareProfile, k: MegatronKnobs) -> np.ndarray:
 
 def phi_of(k: MegatronKnobs) -> np.ndarray:
     """Bytes per unit of each memory feature."""
-    return np.array([1.0, k.act_whole_bytes, k.act_sharded_bytes, k.logits_bytes, k.memory_overhead_bytes])
+    return np.array([1.0, k.activation_factor, k.logits_bytes, k.memory_overhead_bytes])
+
+
+def elementwise_bytes(model: MegatronModel, tp: int, sequence_parallel: bool = False) -> float:
+    """Bytes one layer's memory-bound kernels read and write per token on one TP rank, forward
+    + backward (bf16; a fused kernel reads its inputs and writes its outputs once):
+    norms 5 passes of h each (forward read + write, backward read x and dy, write dx), each
+    residual add (with its bias and dropout) 7 h (3 forward, 4 backward); GPT's bias-GeLU
+    5 passes of f / tp, LLaMA's SwiGLU 8 (3 forward: gate, up, out; 5 backward); LLaMA's rotary
+    4 passes of q and k; the q/k/v layout copies for flash attention 4 passes of (h + 2 kv) / tp.
+    Norms and residuals run on s / tp tokens with SP, whole without."""
+    h, f, kv, t = model.hidden, model.ffn_hidden, model.kv_hidden, float(tp)
+    sp = t if sequence_parallel else 1.0
+    b = 2.0 * (2 * 5 * h + 2 * 7 * h) / sp
+    b += 2.0 * (5 * f if model.gpt else 8 * f) / t
+    b += 2.0 * 4 * (h + 2 * kv) / t
+    if not model.gpt:
+        b += 2.0 * 4 * (h + kv) / t
+    return b
+
+
+def _unique_apply(rows: np.ndarray, fn) -> np.ndarray:
+    u, inv = np.unique(rows, return_inverse=True)
+    return np.asarray(fn(u))[inv].reshape(rows.shape)
+
+
+def linear_gemm_s(model: MegatronModel, tp: int, rows, tables, extra_forwards: int = 0) -> np.ndarray:
+    """Seconds of one layer's GEMMs (forward, input and weight gradients; ``extra_forwards``
+    recomputed forwards) for micro-batches of ``rows`` tokens on one TP rank."""
+    h, f, kv = model.hidden, model.ffn_hidden, model.kv_hidden
+    fc1 = f if model.gpt else 2 * f
+    shapes = ((h + 2 * kv) // tp, h), (h, h // tp), (fc1 // tp, h), (h, f // tp)  # (n out, k in)
+
+    def per(u):
+        tot = np.zeros_like(u)
+        for n, k in shapes:
+            fwd, bwd = gemm_fwd_bwd_s(tables, u, n, k)
+            tot += (1 + extra_forwards) * fwd + bwd
+        return tot
+
+    return _unique_apply(np.asarray(rows, dtype=float), per)
+
+
+def attention_s(model: MegatronModel, tp: int, rows, attn_sq, tables, extra_forwards: int = 0) -> np.ndarray:
+    """Seconds of one layer's causal attention, forward + backward, on one TP rank."""
+    rows = np.asarray(rows, dtype=float)
+    sq = np.asarray(attn_sq, dtype=float)
+    s_eff = np.where(rows > 0, sq / np.maximum(rows, 1.0), 0.0)
+    fwd, bwd = attn_fwd_bwd_s(tables, s_eff, sq, model.heads / tp, model.hidden // model.heads)
+    return (1 + extra_forwards) * fwd + bwd
 
 
 @dataclass
@@ -193,17 +249,24 @@ def _row_max(rows: np.ndarray) -> float:
 
 
 def layer_terms(model: MegatronModel, tp: int, rows, attn_sq, hw: HardwareProfile, gpus_per_node: int,
-                recompute: float = 1.0) -> np.ndarray:
+                recompute=1.0, sequence_parallel: bool = False) -> np.ndarray:
     """Time features (..., N_TIME) of one transformer layer, forward + backward, for micro-batches
-    of ``rows`` tokens and ``attn_sq`` = sum of squared document lengths: the GEMMs, causal
-    attention, the four TP collectives with their latency, one layer's overhead."""
+    of ``rows`` tokens and ``attn_sq`` = sum of squared document lengths: the GEMMs and causal
+    attention at the profile's table times, the memory-bound kernels' bytes over HBM, the four TP
+    collectives with their latency, one layer's overhead. ``recompute``: ``full`` (or a factor
+    > 1, as before) adds one forward."""
     rows = np.asarray(rows, dtype=float)
     sq = np.asarray(attn_sq, dtype=float)
+    full = recompute == "full" or (not isinstance(recompute, str) and recompute > 1.0)
+    extra = 1 if full else 0
+    tables = tables_of(hw)
+    hbm = hw.memory_bw_bytes_per_s
+    if not hbm > 0:
+        raise ConfigError(f"hardware {hw.name}: memory_bw_bytes_per_s must be > 0 to price Megatron")
     f = np.zeros(rows.shape + (N_TIME,))
-    gemm = 6.0 * model.layer_matrix_params() / tp * recompute
-    f[..., F_GEMM] = gemm * rows
-    f[..., F_GEMM_ROWS] = gemm
-    f[..., F_ATTN] = 6.0 * model.hidden * sq / 2.0 / tp * recompute
+    f[..., F_GEMM] = linear_gemm_s(model, tp, rows, tables, extra)
+    f[..., F_ATTN] = attention_s(model, tp, rows, sq, tables, extra)
+    f[..., F_ELEM] = elementwise_bytes(model, tp, sequence_parallel) * rows / hbm * (4.0 / 3.0 if full else 1.0)
     f[..., F_LAYERS] = 1.0
     if tp > 1:
         inter = tp > gpus_per_node
@@ -237,9 +300,8 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     rows, sq, grid = work.rows, work.attn_sq, work.grid
     it, ndp, m = rows.shape
     T = np.zeros((it, ndp, m, pp, N_TIME))
-    recompute = 4.0 / 3.0 if lay.recompute == "full" else 1.0  # one more forward
-
-    layers = layer_terms(model, tp, rows, sq, hw, gpn, recompute)
+    layers = layer_terms(model, tp, rows, sq, hw, gpn, lay.recompute, lay.sequence_parallel)
+    tables = tables_of(hw)
     inter = tp > gpn
     for s in range(pp):
         f = T[:, :, :, s, :]
@@ -249,10 +311,17 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             extra = (rows if s == 0 else 0.0) + (grid if s == pp - 1 else 0.0)
             f[..., F_INTER if inter else F_INTRA] += 2.0 * (tp - 1) / tp * BF16 * h * extra
             f[..., F_FIXED] += ((s == 0) + (s == pp - 1)) * (lat_inter if inter else lat_intra)
+        if s == 0:
+            # Embedding gather (read a row, write it; GPT adds the position row) and its
+            # scatter-add gradient: about 5 passes of h per token.
+            f[..., F_ELEM] += 5.0 * BF16 * h * rows / hbm
         if s == pp - 1:
-            f[..., F_GEMM] += 6.0 * h * V / tp * grid
-            f[..., F_GEMM_ROWS] += 6.0 * h * V / tp
-            f[..., F_FIXED] += CE_BYTES_PER_LOGIT * grid * V / tp / hbm
+            fwd, bwd = (_unique_apply(np.asarray(grid, dtype=float), lambda u, i=i: gemm_fwd_bwd_s(tables, u, V // tp, h)[i])
+                        for i in (0, 1))
+            f[..., F_GEMM] += fwd + bwd
+            # The final norm (5 passes of h) and the loss over the fp32 logits.
+            f[..., F_ELEM] += (5.0 * BF16 * h * rows / (tp if lay.sequence_parallel else 1)
+                               + CE_BYTES_PER_LOGIT * grid * V / tp) / hbm
         for nb in ([s - 1] if s > 0 else []) + ([s + 1] if s < pp - 1 else []):
             intra = same_node(s, nb, tp, dp, gpn)
             f[..., F_INTRA if intra else F_INTER] += 2.0 * BF16 * h * rows / tp
@@ -278,7 +347,7 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
         G[F_INTRA if intra else F_INTER] += 4.0 * V / tp * h
         G[F_FIXED] += lat_intra if intra else lat_inter
     shard = dp if lay.distributed_optimizer else 1
-    G[F_FIXED] += OPT_BYTES_PER_PARAM * Pmax / shard / hbm
+    G[F_ELEM] += OPT_BYTES_PER_PARAM * Pmax / shard / hbm
     G[F_ITER] = 1.0
 
     peak_rows = work.peak_rows if work.peak_rows is not None else work.rows[None]
@@ -290,34 +359,39 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
 
 def _memory_features(model: MegatronModel, lay: MegatronLayout, P: list[int], V: int,
                      rows: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    h, tp, pp = model.hidden, lay.tp, lay.pp
+    tp, pp, sp = lay.tp, lay.pp, lay.sequence_parallel
     Ls = model.num_layers // pp
     m = rows.shape[-1]
     shard = lay.dp if lay.distributed_optimizer else 1
     M = np.zeros((pp, N_MEM))
     c = _cumsum(rows)
     biggest = _row_max(rows)
+    rc = "selective" if lay.recompute == "selective" else "none"
+    layer = act.per_token_layer(model, tp, sp, model.dropout, rc)
+    emb = sum(act.embedding_bytes(model, tp, sp, model.dropout).values())
+    head = sum(act.head_bytes(model, tp, sp).values())
     for s in range(pp):
         M[s, M_STATES] = (BF16 + 4.0) * P[s] + 12.0 * P[s] / shard
         in_flight = min(pp - s, m)
+        window = _window_max(c, in_flight)
         if lay.recompute == "full":
-            # Each layer's input (2 B x h) for every in-flight micro-batch, and one layer's
-            # working set of the largest micro-batch while it is recomputed.
-            held = _window_max(c, in_flight)
-            M[s, M_STATES] += BF16 * h * held * Ls / (tp if lay.sequence_parallel else 1)
-            units = biggest * h
+            # Each layer's input for every in-flight micro-batch, and one layer's working set of
+            # the largest micro-batch while it is recomputed.
+            per_mb = act.full_recompute_bytes(model, tp, sp) * Ls
+            units = window * per_mb + biggest * layer
+            last = biggest * (per_mb + layer)
         else:
-            units = _window_max(c, in_flight) * h * Ls
+            units = window * layer * Ls
+            last = biggest * layer * Ls
+        if s == 0:
+            units += window * emb
+            last += biggest * emb if pp == 1 else 0.0
         if s == pp - 1:
             # The last stage's peak is at the loss: the micro-batch's activations and its logits.
-            last = biggest * h * (Ls if lay.recompute != "full" else 1)
+            last += biggest * head
             units = max(units, last) if pp == 1 else last
             M[s, M_LOGITS] = float(grid.max()) * V / tp
-        if lay.sequence_parallel:
-            M[s, M_WHOLE] = units / tp
-        else:
-            M[s, M_WHOLE] = units
-        M[s, M_SHARDED] = units / tp
+        M[s, M_ACT] = units
         M[s, M_ONE] = 1.0
     return M
 
@@ -347,8 +421,8 @@ def _breakdown(F: StepFeatures, theta: np.ndarray) -> dict:
     t = F.T[0, 0]  # (m, pp, K)
     s = int(np.argmax((t @ theta).sum(axis=0)))
     per = t[:, s, :] * theta
-    names = {F_GEMM: "gemm_s", F_GEMM_ROWS: "gemm_small_rows_s", F_ATTN: "attention_s", F_INTRA: "intra_node_comm_s",
-             F_INTER: "inter_node_comm_s", F_LAYERS: "layer_overhead_s", F_FIXED: "latency_and_memory_bound_s"}
+    names = {F_GEMM: "gemm_s", F_ATTN: "attention_s", F_ELEM: "memory_bound_s", F_INTRA: "intra_node_comm_s",
+             F_INTER: "inter_node_comm_s", F_LAYERS: "layer_overhead_s", F_FIXED: "latency_s"}
     out = {v: round(float(per[:, k].sum()), 6) for k, v in names.items()}
     out["per_iteration_s"] = round(float(F.G @ theta), 6)
     out["slowest_stage"] = s
@@ -391,25 +465,28 @@ def work_from_microbatches(ranks: "list[list[list[int]]]", lm_head_rows: str = "
 
 
 def seq_cost_terms(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
-                   knobs: Optional[MegatronKnobs] = None, gemm_scale: float = 1.0) -> tuple[float, float, float]:
+                   knobs: Optional[MegatronKnobs] = None, gemm_scale: float = 1.0,
+                   typical: Optional[float] = None) -> tuple[float, float, float]:
     """The step model's time of one packed micro-batch on the slowest pipeline stage as
     ``a * sum(s^2) + b * rows + c`` (the LM head on the row's tokens), for planners that price
-    micro-batches one by one (:class:`~impl.common.cost.seqlen.SeqCost`). Exact: every term of a
-    micro-batch is affine in its rows and its sum of squares, so three probes determine it.
-    ``gemm_scale`` multiplies the GEMM terms: LoRA over frozen weights runs the forward and input
-    gradient GEMMs but no weight gradient (2/3 of 6 x rows x params)."""
+    micro-batches one by one (:class:`~impl.common.cost.seqlen.SeqCost`). The table-priced
+    kernels are not affine in the rows (a GEMM of few rows runs under its large-row rate), so the
+    line is the chord of the step model between ``typical`` / 2 and 2 x ``typical`` tokens
+    (default: the layout's context), and ``a`` is one document of ``typical`` tokens' attention
+    over typical^2. ``gemm_scale`` multiplies the GEMM terms: LoRA over frozen weights runs the
+    forward and input gradient GEMMs but no weight gradient (2/3 of the GEMM time)."""
     if not 0 < gemm_scale <= 1:
         raise ConfigError(f"gemm_scale: must be in (0, 1], got {gemm_scale}")
     k = knobs or hw.megatron_knobs()
     theta = theta_of(hw, k).copy()
-    theta[[F_GEMM, F_GEMM_ROWS]] *= gemm_scale
-    probe = MicroBatchWork(rows=np.array([[[1.0, 2.0, 2.0]]]), attn_sq=np.array([[[0.0, 0.0, 1.0]]]),
-                           grid=np.array([[[1.0, 2.0, 2.0]]]))
+    theta[F_GEMM] *= gemm_scale
+    x = float(typical or lay.context)
+    r1, r2 = x / 2.0, 2.0 * x
+    probe = MicroBatchWork(rows=np.array([[[r1, r2, x]]]), attn_sq=np.array([[[0.0, 0.0, x * x]]]),
+                           grid=np.array([[[r1, r2, x]]]))
     t = features(model, lay.with_(gbs=3 * lay.dp * lay.mbs), hw, probe).T[0, 0] @ theta  # (3, pp)
-    b = t[1] - t[0]
-    a = t[2] - t[1]
-    c = t[0] - b
-    typical = 4096.0
-    s = int(np.argmax(a * typical * typical + b * typical + c))
-    return float(a[s]), float(b[s]), float(c[s])
-
+    b = (t[1] - t[0]) / (r2 - r1)
+    c = t[0] - b * r1
+    a = (t[2] - (b * x + c)) / (x * x)
+    s = int(np.argmax(a * x * x + b * x + c))
+    return float(a[s]), float(max(b[s], 0.0)), float(max(c[s], 0.0))
