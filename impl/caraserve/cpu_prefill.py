@@ -70,8 +70,8 @@ def _lora_job(path, adapter_names):
         meta = f.metadata()
         for i, name in enumerate(adapter_names):
             scales.append(float(meta[name]))
-            for s in SITES:
-                W[(i, s)] = (f.get_tensor(f"{name}|{s}|A"), f.get_tensor(f"{name}|{s}|B"))
+            for s in SITES:  # fp32 on the host whatever the device's dtype (no-op for fp32 stacks)
+                W[(i, s)] = (f.get_tensor(f"{name}|{s}|A").float(), f.get_tensor(f"{name}|{s}|B").float())
 
     def run(job, x, y):
         a, layer, grp = job
@@ -154,6 +154,8 @@ class ShmWorker:
     def __init__(self, make_job, job_args, max_rows: int, d_in: int, d_out: int, outs: int = 1, threads: int = 1,
                  slots: int = 8, start_timeout_s: float = 120.0):
         self.max_rows, self.slots = max_rows, slots
+        sizes = (8 * (HDR + PER * slots), 4 * slots * max_rows * d_in, 4 * slots * outs * max_rows * d_out)
+        _check_shm_room(sum(sizes))
         self._shm = [shared_memory.SharedMemory(create=True, size=8 * (HDR + PER * slots)),
                      shared_memory.SharedMemory(create=True, size=4 * slots * max_rows * d_in),
                      shared_memory.SharedMemory(create=True, size=4 * slots * outs * max_rows * d_out)]
@@ -228,8 +230,25 @@ class ShmWorker:
         self.close()
 
 
+def _check_shm_room(nbytes: int) -> None:
+    """Refuse in one line when /dev/shm cannot hold the ring (a container's default is 64 MiB):
+    the segments are created sparse, so an overfull one fails later with SIGBUS mid-run."""
+    import os
+
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise RuntimeError(f"CPU worker: its shared-memory ring needs {nbytes / 2**20:.0f} MiB, /dev/shm has "
+                           f"{free / 2**20:.0f} MiB free (a container needs a larger --shm-size)")
+
+
 class CPULoRAWorker(ShmWorker):
-    """One spawned CPU LoRA process (2 cores allow 1; spec 8)."""
+    """One spawned CPU LoRA process (2 cores allow 1; spec 8). It computes in fp32 from its own
+    copy of the host adapters, whatever the device's dtype; the safetensors file it loads them
+    from is removed once it is ready."""
 
     def __init__(self, adapters: dict, workdir: pathlib.Path, max_rows: int, threads: int = 1, slots: int = 8,
                  start_timeout_s: float = 120.0):
@@ -239,9 +258,12 @@ class CPULoRAWorker(ShmWorker):
         d_in = max(first.A[s].shape[2] for s in SITES)
         self.dims = {s: first.B[s].shape[1] for s in SITES}
         path = save_host_adapters(adapters, pathlib.Path(workdir) / "cpu_worker_adapters.safetensors")
-        super().__init__(_lora_job, (str(path), self.names), max_rows, d_in, max(self.dims.values()),
-                         outs=max(len(g) for g in GROUPS), threads=threads, slots=slots,
-                         start_timeout_s=start_timeout_s)
+        try:
+            super().__init__(_lora_job, (str(path), self.names), max_rows, d_in, max(self.dims.values()),
+                             outs=max(len(g) for g in GROUPS), threads=threads, slots=slots,
+                             start_timeout_s=start_timeout_s)
+        finally:
+            path.unlink(missing_ok=True)  # the worker holds its copy (a 7B job's file is GBs)
 
     def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor) -> _Handle:
         grp = 0 if tuple(sites) == GROUPS[0] else 1

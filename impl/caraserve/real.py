@@ -1,11 +1,17 @@
-"""Real mode (spec caraserve.md 5): the serving engine on a tiny Llama with PEFT adapters.
+"""Real mode (spec caraserve.md 5): the serving engine on a Llama with random weights and PEFT
+(or, ``system.adapter_source: random``, directly drawn) adapters.
 
-On a CPU-only host the adapter H2D copy is emulated: a loader thread sleeps
-``load_rho x T_prefill(isolated) x bytes_paper(r) / mean bytes_paper`` (so rho = T_load /
-T_prefill for a mean adapter, spec 5's tau), labelled in ``provenance.emulated``. On CUDA the
-model and the copies are real. The CaraServe CPU path runs in a spawned worker process over
-shared memory. Systems named in ``interleave`` run on the same trace in the same job, rotating
-the order every round.
+Where the work runs is the job's :class:`~impl.common.execution.Execution` (``execution=``):
+- ``cpu``: the model, the "device" path and the CPU path share the host; the adapter H2D copy is
+  emulated: a loader thread sleeps ``load_rho x T_prefill(isolated) x bytes_paper(r) / mean
+  bytes_paper`` (so rho = T_load / T_prefill for a mean adapter, spec 5's tau), labelled in
+  ``provenance.emulated``.
+- ``cuda``: the base model and resident adapters on the GPU in the job's dtype; the host
+  adapters pinned; a cold adapter's groups copied with non-blocking copies on a side stream
+  while its prefill LoRA deltas come from the CPU worker (activations copied to the host, fp32
+  deltas added back on the GPU), then the GPU kernel; nothing is emulated.
+The CaraServe CPU path runs in a spawned worker process over shared memory. Systems named in
+``interleave`` run on the same trace in the same job, rotating the order every round.
 """
 from __future__ import annotations
 
@@ -24,11 +30,22 @@ from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.model import build_llama, synthetic_prompt
 
 
-def build_models(job: JobContext, adapter_ranks: dict, seed: int):
-    """Base model (plain HF Llama) and host adapters created, saved and re-loaded with PEFT."""
+def build_models(job: JobContext, adapter_ranks: dict, seed: int, device=None, dtype=None, source: str = "peft"):
+    """Base model (plain HF Llama) on ``device`` in ``dtype`` (default: the CPU, fp32) and host
+    adapters in the same dtype, pinned for a CUDA device. ``source``: "peft" = created, saved
+    and re-loaded with PEFT (spec 5; the model is built on the CPU in fp32 first, as always);
+    "random" = :func:`random_adapters` and the model built on the device (a 7B shape)."""
+    from impl.common.llm.lora import random_adapters
+
     wl = job.workload
-    base = build_llama(wl.model, seed)
+    device = torch.device(device or "cpu")
+    dtype = dtype or torch.float32
     specs = [AdapterSpec(a, r, use_rslora=wl.adapters.use_rslora) for a, r in sorted(adapter_ranks.items())]
+    if source == "random":
+        base = build_llama(wl.model, seed, device=device, dtype=dtype)
+        host = random_adapters(wl.model, specs, seed=seed + 1, device=device, dtype=dtype)
+        return base, {k: v.pin(device) for k, v in host.items()}
+    base = build_llama(wl.model, seed)
     pm = make_peft_model(copy.deepcopy(base), specs, seed=seed + 1)
     with tempfile.TemporaryDirectory() as d:
         save_adapters(pm, d)
@@ -36,7 +53,8 @@ def build_models(job: JobContext, adapter_ranks: dict, seed: int):
         pm2 = load_peft_model(copy.deepcopy(base), d, [s.name for s in specs])
         host = adapters_from_peft(pm2, [s.name for s in specs])
     del pm2
-    return base, {k: v.pin() for k, v in host.items()}
+    base = base.to(device, dtype)
+    return base, {k: v.to("cpu", dtype).pin(device) for k, v in host.items()}
 
 
 def _isolated(model, adapters, name, prompt, steps=4):
@@ -57,13 +75,26 @@ def run_real(system, job: JobContext) -> RunResult:
     from impl.common.llm.lora import rank_bytes_paper
 
     c, wl = system.cfg, job.workload
-    torch.set_num_threads(wl.torch_threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ex = job.execution  # the job's one device decision (conf/execution/), never re-guessed here
+    ex.apply_threads(wl.torch_threads)
+    device = ex.device
+    dtype = ex.torch_dtype(None, field_name="execution.dtype")
     trace = system.trace(job)
     used = sorted({r.adapter for r in trace.requests})
     ranks = {a: trace.adapters[a] for a in used}
-    base, adapters = build_models(job, ranks, job.seed)
-    base = base.to(device)
+    t_build = time.perf_counter()
+    base, adapters = build_models(job, ranks, job.seed, ex.torch_device(), dtype, c.adapter_source)
+    t_build = time.perf_counter() - t_build
+    # The calibration passes below run the device path outside the engine: they read resident
+    # copies of the adapters they use (the engine's own come from its loader).
+    resident_cache: dict = {}
+
+    def resident(names):
+        for a in names:
+            if a not in resident_cache:
+                resident_cache[a] = adapters[a].to(ex.torch_device(), dtype)
+        return resident_cache
+
     rng = np.random.default_rng(job.seed + 7)
     prompts = [synthetic_prompt(r.prompt_len, rng) for r in trace.requests]
 
@@ -71,8 +102,8 @@ def run_real(system, job: JobContext) -> RunResult:
     med = int(np.median([r.prompt_len for r in trace.requests]))
     name0 = used[0]
     for _ in range(max(1, wl.warmup_requests)):
-        _isolated(base, adapters, name0, prompts[0][:med] or [4])
-    iso = [_isolated(base, adapters, name0, (prompts[0] * 4)[:med]) for _ in range(3)]
+        _isolated(base, resident([name0]), name0, prompts[0][:med] or [4])
+    iso = [_isolated(base, resident([name0]), name0, (prompts[0] * 4)[:med]) for _ in range(3)]
     t_prefill = statistics.median(x[0] for x in iso)
     t_tpot = statistics.median(x[1] for x in iso)
     # Decode steps at a few batch sizes (rows on distinct trace adapters, the engine's decode
@@ -85,7 +116,9 @@ def run_real(system, job: JobContext) -> RunResult:
     dec_kernel = kernels_of(system.sched_config())[1]
     sizes = sorted({min(b, c.max_batch) for b in (1, 2, 4, 8)})
     rows = sorted(used, key=lambda a: (-ranks[a], a))
-    by_batch = time_decode_batches(base, adapters, rows, (prompts[0] * 4)[:med], sizes, dec_kernel)
+    by_batch = time_decode_batches(base, resident(rows[:max(sizes)]), rows, (prompts[0] * 4)[:med], sizes,
+                                   dec_kernel)
+    resident_cache.clear()  # the engines load their own copies
     pm_ = wl.paper_model
     bytes_of = {a: rank_bytes_paper(pm_.hidden, pm_.num_layers, r) for a, r in ranks.items()}
     mean_bytes = float(np.mean([bytes_of[r.adapter] for r in trace.requests]))
@@ -217,6 +250,19 @@ def run_real(system, job: JobContext) -> RunResult:
         metrics[f"ttft_ratio_{p}_over_self"] = Metric.from_samples(per, "x", "higher")
         info.setdefault("ttft_ratio_pooled", {})[p] = theirs / mine
         info.setdefault("ttft_ratio_per_round", {})[p] = per
+    info["dtype"] = str(dtype).removeprefix("torch.")
+    info["build_s"] = t_build
+    info["adapter_source"] = c.adapter_source
+    # Copy time per adapter copy of the trace runs, median per rank: measured H2D on CUDA (q, k,
+    # v, o of every layer, pinned, side stream), the emulated sleep on a CPU job.
+    by_r: dict = {}
+    for p in policies:
+        for run in runs[p]:
+            for a, t in run.load_times:
+                by_r.setdefault(int(ranks[a]), []).append(t)
+    info["load_s_by_rank"] = {r: statistics.median(v) for r, v in sorted(by_r.items())}
+    info["load_s_measured"] = not emulate
+    add_cold_start_metrics(metrics, runs, policies, c.policy, by_r, emulate)
     result.info = info
     if emulate:
         result.emulated.append("adapter H2D copy: loader-thread sleep of load_rho x isolated prefill x bytes_paper(r)/mean "
@@ -226,3 +272,31 @@ def run_real(system, job: JobContext) -> RunResult:
 
         result.artifacts.append(plot_records(recs, job.out_dir / "latency_cdf.png", f"{system.name} (real, {device})"))
     return result
+
+
+
+def add_cold_start_metrics(metrics: dict, runs: dict, policies: list, me: str, load_by_rank: dict,
+                           emulated: bool) -> None:
+    """The cold-start comparison as the paper states it (spec caraserve.md 9, v1 Fig. 11 and the
+    latency table), for conf/paper/caraserve.yaml's ``gpu_7b_*`` rows: per interleaved policy
+    ``{p}_ttft_over_cached`` / ``{p}_latency_over_cached`` (mean over all rounds' records, minus
+    1, as the paper's "+22%"), ``{p}_prefill_iter_mean_s`` (mean prefill iteration wall), and
+    ``load_s_r{r}`` (median adapter copy per rank; measured only on a device, else emulated)."""
+    def mean(p, key):
+        vals = [getattr(r, key) for run in runs[p] for r in run.records]
+        return float(np.mean(vals)) if vals else None
+
+    for p in policies:
+        walls = [row[1] for run in runs[p] for row in run.prefill_log]
+        if walls:
+            metrics[f"{p}_prefill_iter_mean_s"] = Metric.scalar(float(np.mean(walls)), "s", "lower")
+    if "cached" in policies:
+        for key, name in (("ttft_s", "ttft"), ("latency_s", "latency")):
+            ref = mean("cached", key)
+            for p in policies:
+                v = mean(p, key)
+                if p != "cached" and ref and v is not None:
+                    metrics[f"{p}_{name}_over_cached"] = Metric.scalar(v / ref - 1.0, "fraction", "lower")
+    if not emulated:
+        for r, v in sorted(load_by_rank.items()):
+            metrics[f"load_s_r{r}"] = Metric.scalar(statistics.median(v), "s", "lower")

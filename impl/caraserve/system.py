@@ -40,6 +40,7 @@ from impl.common.traces import Trace, TraceSpec, generate_trace, load_trace
 ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
 EVICTIONS = ("auto", "lru", "on_finish")
 SLO_REFERENCES = ("base", "isolated", "hf_peft")
+ADAPTER_SOURCES = ("peft", "random")
 
 
 class ServingSystem(System):
@@ -88,6 +89,10 @@ class ServingSystem(System):
         # "punica" = SGMV prefill + BGMV decode (pads to the batch's max rank), "slora" = MBGMM /
         # MBGMV (no padding, ~ sum r). The paper's S3 runs its router on both (spec 9).
         lora_kernels: str = "auto"
+        # Real mode: where the adapters come from. "peft" (spec 5): created, saved and re-loaded
+        # with PEFT; "random": drawn directly in PEFT's layout and init, on the job's device
+        # (a 7B-shaped base: PEFT's copy-save-load round trip would take minutes and 2x the model).
+        adapter_source: str = "peft"
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
@@ -102,6 +107,8 @@ class ServingSystem(System):
         if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
             raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
                               f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
+        if cfg.adapter_source not in ADAPTER_SOURCES:
+            raise ConfigError(f"system.adapter_source: unknown {cfg.adapter_source!r} (one of: {', '.join(ADAPTER_SOURCES)})")
         if cfg.adapter_eviction not in EVICTIONS:
             raise ConfigError(f"system.adapter_eviction: unknown {cfg.adapter_eviction!r} (one of: {', '.join(EVICTIONS)})")
         self.sched_config()  # its own checks, at preflight rather than mid-run

@@ -37,22 +37,31 @@ class EngineRequest:
 
 
 class Loader:
-    """Host -> device adapter copies, FIFO over one link, layer group by layer group."""
+    """Host -> device adapter copies, FIFO over one link, layer group by layer group.
+
+    On CUDA (``device``, the job's decision) each group is copied from the pinned host stacks
+    with ``non_blocking`` copies on a side stream, in the model's ``dtype``; the group is marked
+    resident only after an event on that stream completes, and every copy is recorded on the
+    serving stream so that the allocator never reuses its memory while a kernel there may still
+    read it. On a CPU job the copy is a clone (plus the emulated transfer time)."""
 
     def __init__(self, adapters: dict[str, HostAdapter], sched: BatchScheduler, num_layers: int, groups: int,
-                 device: torch.device, seconds_for: Optional[Callable[[str], float]] = None):
-        self.adapters, self.sched, self.device = adapters, sched, device
+                 device: torch.device, seconds_for: Optional[Callable[[str], float]] = None,
+                 dtype: Optional[torch.dtype] = None):
+        self.adapters, self.sched, self.device, self.dtype = adapters, sched, device, dtype
         self.groups = layer_groups(num_layers, groups)
         self.seconds_for = seconds_for  # emulated transfer time (CPU host); None = real copy time only
         self.dev: dict[str, dict] = {}
         self.q: "queue.Queue" = queue.Queue()
         self.inflight: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
-        self.stream = torch.cuda.Stream() if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.serving_stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
         self.loads = 0
         self.load_s = 0.0
+        self.times: list = []  # (adapter, seconds) per completed copy
 
     def _copy(self, name: str) -> None:
         ad = self.adapters[name]
@@ -61,21 +70,25 @@ class Loader:
         store = {s: [None] * ad.num_layers for s in SITES}
         self.dev[name] = store
         t_start = time.perf_counter()
+        dtype = self.dtype or ad.dtype
         for g, layers in enumerate(self.groups):
             t0 = time.perf_counter()
             if self.stream is not None:
                 with torch.cuda.stream(self.stream):
                     for s in SITES:
                         for l in layers:
-                            store[s][l] = (ad.A[s][l].to(self.device, non_blocking=True),
-                                           ad.B[s][l].to(self.device, non_blocking=True))
+                            pair = (ad.A[s][l].to(self.device, dtype, non_blocking=True),
+                                    ad.B[s][l].to(self.device, dtype, non_blocking=True))
+                            for t in pair:
+                                t.record_stream(self.serving_stream)
+                            store[s][l] = pair
                     ev = torch.cuda.Event()
                     ev.record(self.stream)
                 ev.synchronize()
             else:
                 for s in SITES:
                     for l in layers:
-                        store[s][l] = (ad.A[s][l].clone(), ad.B[s][l].clone())
+                        store[s][l] = (ad.A[s][l].to(dtype=dtype, copy=True), ad.B[s][l].to(dtype=dtype, copy=True))
             if t_total:
                 left = t_total * len(layers) / ad.num_layers - (time.perf_counter() - t0)
                 if left > 0:
@@ -84,6 +97,7 @@ class Loader:
                 entry.ready[g] = True
         self.loads += 1
         self.load_s += time.perf_counter() - t_start
+        self.times.append((name, time.perf_counter() - t_start))
 
     def _loop(self) -> None:
         while True:
@@ -155,6 +169,8 @@ class EngineStats:
     loads: int = 0
     # one row per prefill iteration: (request ids, wall s, layers on the CPU path)
     prefill_log: list = field(default_factory=list)
+    # (adapter, seconds) per adapter copy of the trace: measured H2D on CUDA, emulated on a CPU job
+    load_times: list = field(default_factory=list)
 
 
 class ServingEngine:
@@ -177,9 +193,15 @@ class ServingEngine:
             for name, ad in adapters.items():
                 check_kernel_rank("bgmv_punica", ad.rank, f"adapter {name!r}")
         self.device = torch.device(device)
+        where = model.model.embed_tokens.weight.device
+        if where.type != self.device.type:
+            raise ValueError(f"serving engine: the model is on {where}, the engine's device is {self.device}")
+        # the device copies take the model's dtype (host stacks may be fp32 or the model's own)
+        self.dtype = model.model.embed_tokens.weight.dtype
         self.num_layers = model.config.num_hidden_layers
         self.group_of = group_of_layer(self.num_layers, cfg.load_groups)
-        self.loader = Loader(adapters, self.sched, self.num_layers, cfg.load_groups, self.device, seconds_for)
+        self.loader = Loader(adapters, self.sched, self.num_layers, cfg.load_groups, self.device, seconds_for,
+                             dtype=self.dtype)
         if cpu is None and cfg.policy == "caraserve":
             cpu = InlineCPU(adapters)  # cpu_workers: 0 -> the CPU path runs in-process
         self.cpu = cpu
@@ -193,6 +215,7 @@ class ServingEngine:
                 if lora:
                     self._copy_now(name)
         self.loader.loads = 0  # count the trace's loads only
+        self.loader.times = []
 
     def _copy_now(self, name: str) -> None:
         keep, self.loader.seconds_for = self.loader.seconds_for, None
@@ -351,6 +374,7 @@ class ServingEngine:
         stats.makespan_s = clock() - t0
         stats.busy_s = busy
         stats.loads = self.loader.loads
+        stats.load_times = list(self.loader.times)
         if self.cpu is not None:
             stats.cpu_jobs = self.cpu.jobs
         return stats
@@ -359,7 +383,9 @@ class ServingEngine:
 def run_alone(model, adapters: dict, adapter: Optional[str], prompt: Sequence[int], steps: int,
               switch_layer: Optional[int] = None, cpu=None, kernel: str = "sgmv"):
     """One request, greedy, through the ragged forward; layers < ``switch_layer`` of the prefill
-    take the CPU path. Returns (prefill logits, tokens, cache). Used by the switch invariant."""
+    take the CPU path (``cpu``, which holds its own host adapters). Returns (prefill logits,
+    tokens, cache). Used by the switch invariant. ``adapters`` feed the device path: resident
+    copies where the model is (:meth:`HostAdapter.to`), not the host stacks of a CUDA job."""
     cache = KVCache()
     names = [adapter] if adapter else []
     def mk(n):
@@ -408,6 +434,8 @@ def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Seq
             batch, items, times = runs[B]
             t0 = time.perf_counter()
             logits = ragged_forward(model, items, batch)
+            if logits.is_cuda:  # the step's kernels, not their launch
+                torch.cuda.synchronize(logits.device)
             dt = time.perf_counter() - t0
             runs[B] = (batch, [Item([int(t)], it.cache) for it, t in zip(items, logits.argmax(-1).tolist())], times)
             if k:

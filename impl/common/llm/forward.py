@@ -60,6 +60,9 @@ class CPUPath:
     ``decide(slot, layer) -> bool`` is asked once per layer before the layer runs (CaraServe
     switches at a layer-group boundary as soon as the group is resident); ``submit(slot, layer,
     sites, x_rows) -> handle`` starts the CPU computation, ``handle.wait() -> [delta per site]``.
+    ``x_rows`` are the device activations: the CPU side copies them to the host itself (a
+    blocking D2H, issued before this layer's base GEMMs are launched, so the GPU runs them while
+    the CPU computes the delta); the host deltas are added back with an H2D copy.
     """
 
     def __init__(self, decide: Callable[[int, int], bool], submit: Callable):
@@ -71,7 +74,10 @@ class InlineCPU:
     """The plain CPU path: each ``submit`` computes the deltas in this process, at once.
 
     Same interface as CaraServe's CPU LoRA worker process (:mod:`impl.caraserve.cpu_prefill`);
-    the engine falls back to it when no worker is passed in (tests, ``cpu_workers: 0``).
+    the engine falls back to it when no worker is passed in (tests, ``cpu_workers: 0``). Like
+    the worker it computes on the host in fp32 from the host adapters: ``x`` is copied to the
+    host (from the device, or from another dtype), and the caller adds the fp32 deltas back
+    where its activations are. On a CPU fp32 job every conversion is a no-op.
     """
 
     class _Done:
@@ -89,7 +95,8 @@ class InlineCPU:
     def submit(self, adapter: str, layer: int, sites: Sequence[str], x: torch.Tensor):
         ad = self.adapters[adapter]
         self.jobs += 1
-        return self._Done([lora_delta(x, ad.A[s][layer], ad.B[s][layer], ad.scale) for s in sites])
+        xh = x.to("cpu", torch.float32)
+        return self._Done([lora_delta(xh, ad.A[s][layer].float(), ad.B[s][layer].float(), ad.scale) for s in sites])
 
     def close(self):
         pass
@@ -134,7 +141,8 @@ def ragged_forward(model, items: Sequence[Item], batch: Optional[LoRABatch] = No
                 batch.apply(layer_idx, s, x, y)
         for a, b, hnd in handles:
             for y, d in zip(outs, hnd.wait()):
-                y[a:b] += d
+                # the host delta back to where y is (H2D on CUDA; nothing on a CPU fp32 job)
+                y[a:b] += d.to(y.device, y.dtype, non_blocking=True)
         return outs
 
     for l, layer in enumerate(lm.layers):

@@ -140,7 +140,7 @@ def mbgmv(y: torch.Tensor, x: torch.Tensor, As: Sequence[torch.Tensor], Bs: Sequ
     for a in sorted(set(idx.tolist())):
         if a < 0:
             continue
-        rows = torch.nonzero(idx == a, as_tuple=False).flatten()
+        rows = torch.nonzero(idx == a, as_tuple=False).flatten().to(y.device)
         y.index_add_(0, rows, lora_delta(x[rows], As[a], Bs[a], float(scales[a])))
     return y
 

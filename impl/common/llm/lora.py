@@ -53,11 +53,29 @@ class HostAdapter:
     def layer(self, site: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.A[site][layer], self.B[site][layer]
 
-    def pin(self) -> "HostAdapter":
-        if torch.cuda.is_available():
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.A.values())).dtype
+
+    def pin(self, device) -> "HostAdapter":
+        """Page-lock the host stacks when they are copied to a CUDA ``device`` (the job's
+        :class:`~impl.common.execution.Execution` says which): a ``non_blocking`` H2D copy from
+        pageable memory is synchronous (spec caraserve.md 8). On a CPU job nothing changes."""
+        if torch.device(device).type == "cuda":
             self.A = {s: t.pin_memory() for s, t in self.A.items()}
             self.B = {s: t.pin_memory() for s, t in self.B.items()}
         return self
+
+    def to(self, device=None, dtype: Optional[torch.dtype] = None) -> "HostAdapter":
+        """The adapter with every stack on ``device`` in ``dtype`` (a resident copy for the
+        device path); ``self`` when both already match, so a CPU fp32 job keeps its tensors."""
+        dev = torch.device(device) if device is not None else next(iter(self.A.values())).device
+        dt = dtype or self.dtype
+        if all(t.device == dev and t.dtype == dt for d in (self.A, self.B) for t in d.values()):
+            return self
+        return HostAdapter(name=self.name, rank=self.rank, scale=self.scale,
+                           A={s: t.to(dev, dt) for s, t in self.A.items()},
+                           B={s: t.to(dev, dt) for s, t in self.B.items()})
 
 
 def layer_groups(num_layers: int, groups: int) -> list[range]:
@@ -156,6 +174,37 @@ def adapters_from_peft(peft_model, names: Optional[Sequence[str]] = None) -> dic
     return out
 
 
+def random_adapters(shape, specs: Sequence[AdapterSpec], seed: int = 0, device=None,
+                    dtype: torch.dtype = torch.float32) -> dict[str, HostAdapter]:
+    """Seeded random adapters straight into the host stacks, without PEFT: the distribution of
+    PEFT's ``init_lora_weights=False`` (both matrices keep ``nn.Linear``'s init, uniform within
+    +-1/sqrt(fan_in)) and its scale (alpha / r), drawn on ``device`` (fast for a 7B-shaped model)
+    and returned on the host in ``dtype``. For models too large for PEFT's copy-save-load round
+    trip (:func:`make_peft_model`), which the small configurations keep."""
+    from impl.common.llm.model import llama_config
+
+    cfg = llama_config(shape)
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    d_q, d_kv, d = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, cfg.hidden_size
+    dims = {"q_proj": (d, d_q), "k_proj": (d, d_kv), "v_proj": (d, d_kv), "o_proj": (d_q, d)}
+    L = cfg.num_hidden_layers
+    gen = torch.Generator(device=device or "cpu")
+    gen.manual_seed(seed)
+
+    def uniform(shape_, fan_in):
+        t = torch.empty(shape_, device=device or "cpu")
+        return t.uniform_(-1.0, 1.0, generator=gen).mul_(fan_in ** -0.5).to("cpu", dtype)
+
+    out = {}
+    for spec in specs:
+        r = spec.rank
+        out[spec.name] = HostAdapter(
+            name=spec.name, rank=r, scale=scale_of(spec),
+            A={s: uniform((L, r, dims[s][0]), dims[s][0]) for s in SITES},
+            B={s: uniform((L, dims[s][1], r), r) for s in SITES})
+    return out
+
+
 def unwrap_base(peft_model):
     """The underlying LlamaForCausalLM with LoRA layers still in place (used read-only)."""
     return peft_model.get_base_model()
@@ -206,6 +255,12 @@ class LoRABatch:
             for a in used:
                 self.device_check(a, layer)
         ws = {a: self._w(a, site, layer) for a in used}
+        for a in used:
+            w = ws[a][0]
+            if w.device != x.device or w.dtype != x.dtype:
+                raise RuntimeError(f"LoRA device path: adapter {self.adapters[a].name!r} {site} layer {layer} is "
+                                   f"{w.dtype} on {w.device}, the activations {x.dtype} on {x.device} (give the "
+                                   f"batch resident copies, HostAdapter.to, or device_weights)")
         n = len(self.adapters)
         scales = [self.adapters[a].scale for a in range(n)]
         if self.kernel == "sgmv":
@@ -218,10 +273,11 @@ class LoRABatch:
             Bs = [ws[a][1] if a in ws else None for a in range(n)]
             return K.mbgmv(y, x, As, Bs, scales, idx)
         # bgmv: one stack padded to the batch's max rank; remap slots to stack positions.
+        # The row index and scales live where x does (a CUDA batch must not meet host tensors).
         pos = {a: i for i, a in enumerate(used)}
         A, B = K.stack_padded([ws[a][0] for a in used], [ws[a][1] for a in used])
-        sidx = torch.tensor([pos.get(int(a), -1) for a in idx.tolist()], dtype=torch.long)
-        s = torch.tensor([self.adapters[a].scale for a in used], dtype=x.dtype)
+        sidx = torch.tensor([pos.get(int(a), -1) for a in idx.tolist()], dtype=torch.long, device=x.device)
+        s = torch.tensor([self.adapters[a].scale for a in used], dtype=x.dtype, device=x.device)
         return K.bgmv(y, x, A, B, sidx, s)
 
 
@@ -276,7 +332,7 @@ def merge_adapter(model, adapter: HostAdapter) -> dict:
                 mod = getattr(layer.self_attn, site)
                 lin = mod.base_layer if isinstance(mod, MultiLoRALinear) else mod
                 saved[(l, site)] = lin.weight.detach().clone()
-                A, B = adapter.layer(site, l)
+                A, B = (t.to(lin.weight.device, lin.weight.dtype) for t in adapter.layer(site, l))
                 lin.weight.add_((B @ A) * adapter.scale)
     return saved
 

@@ -42,15 +42,25 @@ def llama_config(shape: ModelShape):
                        attn_implementation="eager", bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-def build_llama(shape: ModelShape, seed: int = 0):
-    """fp32 ``LlamaForCausalLM`` with seeded random weights, in eval mode."""
+def build_llama(shape: ModelShape, seed: int = 0, device=None, dtype: Optional[torch.dtype] = None):
+    """``LlamaForCausalLM`` with seeded random weights, in eval mode: fp32 on the CPU by default.
+
+    ``device``: build it there (a 7B-shaped model is initialised on the GPU in seconds; on the
+    CPU it takes minutes and 26 GB); the weights then come from that device's generator, so they
+    differ from a CPU build of the same seed. ``dtype``: cast after the fp32 build."""
     from transformers import LlamaForCausalLM
 
     cfg = llama_config(shape)
-    with torch.random.fork_rng():
+    dev = torch.device(device) if device is not None else None
+    fork = {} if dev is None else {"devices": [dev.index or 0] if dev.type == "cuda" else []}
+    with torch.random.fork_rng(**fork):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(cfg)
-    return model.float().eval()
+        if dev is None:
+            model = LlamaForCausalLM(cfg)
+        else:
+            with dev:
+                model = LlamaForCausalLM(cfg)
+    return model.to(dtype or torch.float32).eval()
 
 
 def build_tokenizer():
