@@ -43,9 +43,11 @@ def test_calibrated_lora_cost_is_the_step_model_with_two_thirds_gemms(hw_cal):
         per = m.num_layers / pp
         # factor 1: exactly the calibrated step model's stage cost (the plain path)
         assert full.f(3, 2048) * per == pytest.approx(3 * 2048 * sc.b + 3 * 2048 ** 2 * sc.a + sc.c, rel=1e-12)
-        # LoRA drops a third of the GEMM work and nothing else: cheaper, attention unchanged
+        # LoRA drops a third of the GEMM work and nothing else: cheaper; the per-micro-batch
+        # constant moves only by the GEMMs' share of the chord's intercept (the step model's table
+        # GEMMs are not affine in the rows, issue 39)
         assert lora.f(3, 2048) < full.f(3, 2048)
-        assert lora.c[0] == pytest.approx(full.c[0], rel=1e-12)
+        assert lora.c[0] == pytest.approx(full.c[0], rel=0.01)
     # TP 16 spans two nodes: its collectives go over the fitted inter-node bus, so doubling TP8
     # does not halve a micro-batch's time.
     t8 = tp_cost(m, 8, 1, hw_cal, SimCostKnobs(mfu=0.5), 1.0).f(1, 8192)
