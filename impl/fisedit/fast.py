@@ -30,10 +30,9 @@ from .sparse import conv_geometry
 
 def _slot(w, st, key, make):
     """Per-wrapper persistent object for the current edit (dropped when the edit changes)."""
-    d = w.__dict__.setdefault("_fast", {})
-    if d.get("__ver__") != st.edit_version:
-        d.clear()
-        d["__ver__"] = st.edit_version
+    d = w.__dict__.get("_fast")
+    if d is None or d.get("__ver__") != st.edit_version:
+        d = w.__dict__["_fast"] = {"__ver__": st.edit_version}  # a new dict: a graph may hold the old one
     if key not in d:
         d[key] = make()
     return d[key]
@@ -135,13 +134,13 @@ def cross_attention(w, st, attn, h, ehs):
     (AttnProcessor2_0's computation; the text does not change within an edit)."""
     if not _kv_supported(attn):
         return attn(h, encoder_hidden_states=ehs)
-    key = (id(ehs), ehs.data_ptr(), ehs._version, tuple(ehs.shape))
     kv = _slot(w, st, ("kv", id(attn)), dict)
     B = ehs.shape[0]
-    if kv.get("key") != key:
+    # the text states object itself is held (its id cannot be reused) with its version counter
+    if kv.get("src") is not ehs or kv.get("ver") != ehs._version:
         k, v = attn.to_k(ehs), attn.to_v(ehs)
         d = k.shape[-1] // attn.heads
-        kv.update(key=key, k=k.view(B, -1, attn.heads, d).transpose(1, 2), v=v.view(B, -1, attn.heads, d).transpose(1, 2),
+        kv.update(src=ehs, ver=ehs._version, k=k.view(B, -1, attn.heads, d).transpose(1, 2), v=v.view(B, -1, attn.heads, d).transpose(1, 2),
                   d=d)
     d = kv["d"]
     q = attn.to_q(h).view(B, -1, attn.heads, d).transpose(1, 2)

@@ -23,13 +23,15 @@ from typing import Callable, Optional
 
 import torch
 
-WARMUP = 2
+WARMUP = 1  # eager iterations on the side stream before capture (allocates buffers, K/V)
 
 
 class _Graph:
-    def __init__(self, key, fn, inputs):
+    def __init__(self, key, fn, inputs, keep=None):
         self.key = key
+        self.text = inputs[2]  # held: the graph is valid for this text states object only
         self.static_in = [x.clone() for x in inputs]
+        self.text_version = inputs[2]._version
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -39,6 +41,7 @@ class _Graph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.static_out = fn(*self.static_in)
+        self.keep = keep() if keep else None  # buffers the graph reads, allocated outside it
 
     def __call__(self, inputs):
         for s, x in zip(self.static_in, inputs):
@@ -51,8 +54,9 @@ class GraphedUNet:
     """Context manager: while active, ``unet(sample, t, encoder_hidden_states=...)`` replays a
     CUDA graph for ``key_fn()`` (a (class, key) pair, or None = eager)."""
 
-    def __init__(self, unet, key_fn: Callable[[], Optional[tuple]]):
+    def __init__(self, unet, key_fn: Callable[[], Optional[tuple]], keep: Optional[Callable] = None):
         self.unet = unet
+        self.keep = keep
         self.key_fn = key_fn
         self.graphs: dict = {}
         self.captures = 0
@@ -72,11 +76,12 @@ class GraphedUNet:
         t = timestep.to(sample.device).reshape(())
         key = (key, tuple(sample.shape), sample.dtype, tuple(encoder_hidden_states.shape), t.dtype)
         g = self.graphs.get(cls)
-        if g is None or g.key != key:
+        if g is None or g.key != key or (cls == "sparse" and (
+                g.text is not encoder_hidden_states or g.text_version != encoder_hidden_states._version)):
             self.graphs.pop(cls, None)
             del g
             self.graphs[cls] = g = _Graph(key, lambda s, tt, e: orig(self.unet, s, tt, e, return_dict=False)[0],
-                                          (sample, t, encoder_hidden_states))
+                                          (sample, t, encoder_hidden_states), self.keep)
             self.captures += 1
         out = g((sample, t, encoder_hidden_states))
         self.replays += 1
@@ -93,6 +98,10 @@ class GraphedUNet:
             yield self
         finally:
             del self.unet.forward
+
+    def drop(self) -> None:
+        """Forget every captured graph (the module tree changed: wrappers installed or removed)."""
+        self.graphs.clear()
 
     def stats(self) -> dict:
         return {"captures": self.captures, "replays": self.replays, "eager_calls": self.eager_calls}

@@ -70,12 +70,13 @@ class FISEditPipeline:
                                  device=self.device, dtype=self.dtype)
         self.cache_device = cache_device
         self.graph_on = resolve_cuda_graph(cuda_graph, self.device)
-        self.graphed = GraphedUNet(comps.unet, self._graph_key)
+        self.graphed = GraphedUNet(comps.unet, self._graph_key, keep=self._engine_buffers)
         self.op_names = install(comps.unet, self.state)
         self.progress = progress
 
     def set_engine(self, engine: str) -> None:
         """Switch reference <-> fast on the installed UNet (the fast one adds ResnetBlock2D wrappers)."""
+        self.graphed.drop()
         uninstall(self.c.unet)
         self.state.engine = engine
         self.state.edit_version += 1
@@ -102,6 +103,11 @@ class FISEditPipeline:
         if target.type == "cuda" and not _fits_on(target, cache):
             return
         cache.consolidate(target)
+
+    def _engine_buffers(self) -> list:
+        from .engine import wrappers
+
+        return [w.__dict__.get("_fast") for w in wrappers(self.c.unet).values()]
 
     def _graph_key(self):
         """(class, key) of the UNet call about to run, or None = eager (record, host cache)."""

@@ -48,11 +48,36 @@ def make_mask(job, pipe, ratio):
 def stock_unet(pipe):
     """The stock diffusers UNet for the diffusers_dense reference: wrappers taken out."""
     state = pipe.state
+    pipe.graphed.drop()  # graphs of the wrapped tree must not outlive it
     uninstall(pipe.c.unet)
     try:
         yield
     finally:
         install(pipe.c.unet, state)
+
+
+def diffusers_graph(pipe):
+    """The stock pipeline's UNet calls replayed from a CUDA graph when the job graphs its steps
+    (``system.cuda_graph``), so the diffusers baseline runs in the same launch regime."""
+    if not pipe.graph_on:
+        return contextlib.nullcontext()
+    if getattr(pipe, "_diffusers_graphed", None) is None:
+        from .graphs import GraphedUNet
+
+        pipe._diffusers_graphed = GraphedUNet(pipe.c.unet, lambda: ("diffusers", ()))
+    return pipe._diffusers_graphed.active()
+
+
+def launch_info(pipe) -> dict:
+    """Which launch regime every timed UNet call of this job ran in (ratios compare like with like)."""
+    info = {"launch_regime": "cuda_graph" if pipe.graph_on else "eager", "engine": pipe.state.engine,
+            "cache_device": str(pipe.cache_store_device() or "host")}
+    if pipe.graph_on:
+        info["graphs"] = pipe.graphed.stats()
+        dg = getattr(pipe, "_diffusers_graphed", None)
+        if dg is not None:
+            info["graphs_diffusers"] = dg.stats()
+    return info
 
 
 def diffusers_dense_run(pipe, job, prompt) -> float:
@@ -61,7 +86,7 @@ def diffusers_dense_run(pipe, job, prompt) -> float:
     z = pipe.initial_latent(job.seed)
     h, w = pipe.latent_hw
     scale = sd.vae_scale_factor
-    with stock_unet(pipe):
+    with stock_unet(pipe), diffusers_graph(pipe):
         pipe._sync()
         t0 = time.perf_counter()
         sd(prompt=prompt, negative_prompt="", num_inference_steps=wl.num_steps, guidance_scale=wl.guidance_scale,
@@ -164,14 +189,14 @@ def run_real(system, job: JobContext) -> RunResult:
         return RunResult(metrics={"e2e_time_s": Metric.from_samples(times, "s", "lower"),
                                   "step_time_s": Metric.from_samples([t / N for t in times], "s", "lower")},
                          info={"variant": "diffusers_dense", "device": str(device), "num_steps": N,
-                               "host_malloc": malloc})
+                               "host_malloc": malloc, **launch_info(pipe)})
     if cfg.variant == "dense_edit":
         runs = [pipe.dense(wl.edited_prompt, seed=job.seed, num_steps=N) for _ in range(wl.repeats)]
         steps = [t for r in runs for t in r.step_times_s]
         return RunResult(metrics={"e2e_time_s": Metric.from_samples([r.total_s for r in runs], "s", "lower"),
                                   "step_time_s": Metric.from_samples(steps, "s", "lower")},
                          info={"variant": "dense_edit", "device": str(device), "num_steps": N,
-                               "host_malloc": malloc})
+                               "host_malloc": malloc, **launch_info(pipe)})
     return _run_fisedit(system, job, pipe, device, N, k, budget, malloc)
 
 
@@ -300,6 +325,9 @@ def _run_fisedit(system, job, pipe, device, N, k, budget, malloc) -> RunResult:
     if wl.session_prompts:
         _session(system, job, pipe, N, k, ed, seed_edit, metrics, info, cache)
     info["engine_counts"] = dict(pipe.state.counts)
+    info.update(launch_info(pipe))
+    if pipe.state.fast and pipe.state.mask is not None:
+        info["plans"] = pipe.state.plans.summary()
     _print_table(system.name, f_latent, metrics)
     res = RunResult(metrics=metrics, info=info)
     if wl.mask_ratio is not None and f_latent > 0 and "psnr_outside_db" in metrics and cfg.schedule == "supplied":
