@@ -18,8 +18,8 @@ if [ ${#presets[@]} -eq 0 ]; then
   mapfile -t presets < <(python -c "from bench.gpu_check import GPU_PRESETS; print('\n'.join(GPU_PRESETS))")
 fi
 # Per-preset limits (s); a job past its limit leaves no record and the table says "missing".
-declare -A limit=([fisedit_sd15]=120 [fisedit_sd21_768]=75 [caraserve_7b]=60 [swiftdiffusion_sd15]=60
-                  [ckpt_recovery]=60 [smoke]=150)
+declare -A limit=([fisedit_sd15]=120 [fisedit_sd21_768]=75 [caraserve_7b]=60 [swiftdiffusion_sd15]=130
+                  [ckpt_recovery]=170 [smoke]=150)
 export MLSYS_BENCH_NO_SWEEP_TABLE=1 PYTHONUNBUFFERED=1
 start=$(date +%s)
 rc=0
