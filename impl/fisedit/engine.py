@@ -65,6 +65,7 @@ class EngineState:
     dense_tile_fraction: float = 1.0  # fast: an op runs dense when its tiles cover >= this share of its map
     device: Optional[torch.device] = None  # the job's device (the pipeline's); None = the inputs'
     dtype: torch.dtype = torch.float32
+    cl_gather: Optional[bool] = None  # fast: None = channels-last tile gathers on CPU, NCHW on CUDA (tests force both)
     edit_version: int = 0  # bumped when the mask, block or cache changes: fast buffers/plans per edit
     _memo: dict = field(default_factory=dict)
     _plans: Optional[PlanSet] = None
@@ -106,8 +107,9 @@ class EngineState:
     def plans(self) -> PlanSet:
         """The fast engine's index plans for the current mask (built on first use, per edit)."""
         if (self._plans is None or self._plans.dense_tile_fraction != self.dense_tile_fraction
-                or self._plans.block != self.block):
-            self._plans = PlanSet(self.mask, self.block, self.device or "cpu", self.dense_tile_fraction, self.dtype)
+                or self._plans.block != self.block or self._plans.cl_gather != self.cl_gather):
+            self._plans = PlanSet(self.mask, self.block, self.device or "cpu", self.dense_tile_fraction, self.dtype,
+                                  self.cl_gather)
         return self._plans
 
     @property

@@ -40,7 +40,7 @@ SHAPES = {
 DTYPES = {"tiny": torch.float32, "sd15": torch.float16, "sd21": torch.float32}
 
 
-def _pipe(shape: str, device, block: int, steps: int):
+def _pipe(shape: str, device, block: int, steps: int, frac: float = 0.5):
     from diffusers import DPMSolverMultistepScheduler, UNet2DConditionModel
 
     from .pipeline import FISEditPipeline
@@ -56,7 +56,7 @@ def _pipe(shape: str, device, block: int, steps: int):
             g = torch.Generator("cpu").manual_seed(sum(map(ord, prompt)))
             return torch.randn(2, 77, dim, generator=g).to(self.device, self.dtype)
 
-    return P(comps, block=block, engine="fast", cuda_graph="off")
+    return P(comps, block=block, engine="fast", cuda_graph="off", dense_tile_fraction=frac)
 
 
 def _syncs(pipe, fn) -> int:
@@ -72,17 +72,17 @@ def _syncs(pipe, fn) -> int:
     return sum(1 for x in w if "synchroniz" in str(x.message).lower())
 
 
-def check(shape: str, device, ratio: float, block: int, steps: int, repeats: int) -> dict:
+def check(shape: str, device, ratio: float, block: int, steps: int, repeats: int, frac: float = 0.5) -> dict:
     from .mask import synthetic_mask
     from .real import step_pair_times
 
     t0 = time.perf_counter()
-    pipe = _pipe(shape, device, block, steps)
+    pipe = _pipe(shape, device, block, steps, frac)
     st = pipe.state
     orig = pipe.record("a cat", seed=0, num_steps=steps, decode=False)
     mask = synthetic_mask(pipe.latent_hw, ratio, "rect", seed=0)
     row = {"shape": shape, "dtype": str(pipe.dtype), "latent": list(pipe.latent_hw), "mask_ratio": ratio,
-           "block": block, "steps": steps, "cache_bytes": orig.cache.nbytes}
+           "block": block, "dense_tile_fraction": frac, "steps": steps, "cache_bytes": orig.cache.nbytes}
     kw = dict(seed=0, num_steps=steps, cache=orig.cache, schedule="supplied", mask_steps=max(1, steps // 5), mask=mask,
               decode=False)
     fa = pipe.edit("a dog", **kw)
@@ -143,6 +143,7 @@ def main(argv=None) -> None:
     ap.add_argument("--shapes", nargs="+", default=["tiny", "sd15", "sd21"])
     ap.add_argument("--ratio", type=float, default=0.1)
     ap.add_argument("--blocks", type=int, nargs="+", default=[2])
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.5], help="dense_tile_fraction values")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default=".")
@@ -151,15 +152,15 @@ def main(argv=None) -> None:
     rows = []
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [(sh, b) for sh in (a.shapes if device.type == "cuda" else ["tiny"])
-            for b in (a.blocks if sh != "tiny" else a.blocks[:1])]
-    for sh, b in runs:
+    runs = [(sh, b, f) for sh in (a.shapes if device.type == "cuda" else ["tiny"])
+            for b in (a.blocks if sh != "tiny" else a.blocks[:1]) for f in a.fractions]
+    for sh, b, f in runs:
         try:
-            r = check(sh, device, a.ratio, b, a.steps, a.repeats)
+            r = check(sh, device, a.ratio, b, a.steps, a.repeats, f)
         except Exception as e:  # keep the other shapes' rows
             import traceback
 
-            r = {"shape": sh, "block": b, "error": repr(e), "trace": traceback.format_exc()[-3000:]}
+            r = {"shape": sh, "block": b, "dense_tile_fraction": f, "error": repr(e), "trace": traceback.format_exc()[-3000:]}
         rows.append(r)
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "plans"}),
               flush=True)

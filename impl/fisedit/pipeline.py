@@ -55,7 +55,7 @@ class FISEditPipeline:
     def __init__(self, comps: Components, *, guidance_scale: float = 7.5, block: int = 2, exact: bool = False,
                  radical_attn: bool = False, conv_min_cells: int = 0, linear_min_cells: int = 0,
                  attn_min_cells: int = 0, pool_factors=None, progress: bool = False, engine: str = "fast",
-                 cache_device: str = "auto", cuda_graph: str = "auto", dense_tile_fraction: float = 1.0):
+                 cache_device: str = "auto", cuda_graph: str = "auto", dense_tile_fraction: float = 0.5):
         self.c = comps
         self.guidance = guidance_scale
         self.device = next(comps.unet.parameters()).device
@@ -173,14 +173,14 @@ class FISEditPipeline:
         sched = self.fresh_scheduler(num_steps)
         if cache is not None:
             cache.check_compatible(seed=seed, scheduler=scheduler_fingerprint(sched),
-                                   timesteps=[int(t) for t in sched.timesteps],
+                                   timesteps=[int(t) for t in sched.timesteps.tolist()],
                                    latent_shape=(1, self.c.unet.config.in_channels, *self.latent_hw))
         if mask is not None:
             mask = check_mask(mask, self.latent_hw)
         z = self.initial_latent(seed) * sched.init_noise_sigma
         if record is not None:
             record.meta.update(seed=seed, scheduler=scheduler_fingerprint(sched), prompt=prompt,
-                               timesteps=[int(t) for t in sched.timesteps], latent_shape=tuple(z.shape),
+                               timesteps=[int(t) for t in sched.timesteps.tolist()], latent_shape=tuple(z.shape),
                                z_T=z.detach().cpu().clone())
         out = RunOutput(latent=z, latents=[], eps=[], step_times_s=[], phases=[], mask=mask)
         self._prepare_cache(cache)

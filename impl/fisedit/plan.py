@@ -47,6 +47,7 @@ class WindowPlan:
     valid: Optional[torch.Tensor] = None  # None: no tile reads the padding
     out_rows: Optional[torch.Tensor] = None
     out_cols: Optional[torch.Tensor] = None
+    cl_gather: bool = False  # gather channels-last (CPU) or NCHW (CUDA): fast.window_conv
 
     @property
     def empty(self) -> bool:
@@ -68,7 +69,7 @@ class CellPlan:
 
 
 def window_plan(mask: torch.Tensor, in_hw, out_hw, k: int, s: int, p: int, bo: int, device,
-                dense_tile_fraction: float = 1.0, dtype=torch.float32) -> WindowPlan:
+                dense_tile_fraction: float = 1.0, dtype=torch.float32, cl_gather: Optional[bool] = None) -> WindowPlan:
     """Tiles of one conv geometry under the latent ``mask`` (host bool)."""
     Hi, Wi = in_hw
     Ho, Wo = out_hw
@@ -100,7 +101,8 @@ def window_plan(mask: torch.Tensor, in_hw, out_hw, k: int, s: int, p: int, bo: i
     return WindowPlan(**base, n_tiles=nt, coverage=cov, dense=False,
                       rows=rows.clamp(0, Hi - 1).contiguous().to(dev), cols=cols.clamp(0, Wi - 1).contiguous().to(dev),
                       valid=None if bool(valid.all()) else valid[:, None].to(dtype).to(dev),
-                      out_rows=out_rows.contiguous().to(dev), out_cols=out_cols.contiguous().to(dev))
+                      out_rows=out_rows.contiguous().to(dev), out_cols=out_cols.contiguous().to(dev),
+                      cl_gather=dev.type == "cpu" if cl_gather is None else cl_gather)
 
 
 def cell_plan(mask: torch.Tensor, hw, device, dense_tile_fraction: float = 1.0) -> CellPlan:
@@ -117,7 +119,9 @@ def cell_plan(mask: torch.Tensor, hw, device, dense_tile_fraction: float = 1.0) 
 class PlanSet:
     """The plans of one edit (one mask, one block size), by geometry; dropped when the mask changes."""
 
-    def __init__(self, mask: Optional[torch.Tensor], block: int, device, dense_tile_fraction: float, dtype):
+    def __init__(self, mask: Optional[torch.Tensor], block: int, device, dense_tile_fraction: float, dtype,
+                 cl_gather: Optional[bool] = None):
+        self.cl_gather = cl_gather  # None: channels-last gathers on a CPU, NCHW on CUDA
         self.mask = mask
         self.block = block
         self.device = torch.device(device)
@@ -130,7 +134,7 @@ class PlanSet:
         key = ("win", tuple(in_hw), tuple(out_hw), k, s, p, bo)
         if key not in self.plans:
             self.plans[key] = window_plan(self.mask, in_hw, out_hw, k, s, p, bo, self.device,
-                                          self.dense_tile_fraction, self.dtype)
+                                          self.dense_tile_fraction, self.dtype, self.cl_gather)
         return self.plans[key]
 
     def cells(self, hw) -> CellPlan:

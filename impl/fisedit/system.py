@@ -56,8 +56,10 @@ class FISEditSystem(System):
         # the dense baselines alike), eager on the CPU; off = eager everywhere
         cuda_graph: str = "auto"
         # fast engine: an op whose active tiles (with the block rounding) cover at least this share
-        # of its map runs dense; 1.0 = only when they cover all of it
-        dense_tile_fraction: float = 1.0
+        # of its map runs dense; 1.0 = only when they cover all of it. 0.5: on this 2-core CPU a
+        # 2x2-tile conv breaks even with its dense form at 0.39-0.53 (128 ch, 48^2) and 0.44-0.56
+        # (256 ch, 24^2) coverage (impl/fisedit/README.md)
+        dense_tile_fraction: float = 0.5
         # real-mode extras (fisedit variant)
         controls: bool = True  # time dense_edit and diffusers_dense interleaved in this job
         profile_layers: bool = True

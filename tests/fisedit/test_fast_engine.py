@@ -103,9 +103,12 @@ def test_sparse_step_dispatches_at_most_twice_the_dense_step(fast):
         assert n <= 2 * dense, (n, dense)
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_fast_equals_reference_engine(pipe, exact):
+@pytest.mark.parametrize("exact,cl_gather", [(False, None), (True, None), (False, False)])
+def test_fast_equals_reference_engine(pipe, exact, cl_gather):
+    """cl_gather=False: the NCHW tile gather CUDA uses, checked on the CPU too."""
     pipe.state.exact = exact
+    pipe.state.cl_gather = cl_gather
+    pipe.state.dense_tile_fraction = 1.0  # sparse wherever the reference is (0.5 would run some layers dense)
     m = synthetic_mask(HW, 0.2, seed=1)
     orig = pipe.record("a cat", seed=0, num_steps=N, decode=False)
     fa = _edit(pipe, orig.cache, N, m)
@@ -118,6 +121,7 @@ def test_fast_equals_reference_engine(pipe, exact):
 
 
 def test_fast_equals_reference_with_continuous_edit_record(pipe):
+    pipe.state.dense_tile_fraction = 1.0
     m = synthetic_mask(HW, 0.2, seed=3)
     orig = pipe.record("a cat", seed=0, num_steps=3, decode=False)
     from impl.fisedit.cache import ActivationCache
@@ -205,6 +209,21 @@ def test_graph_regime_keys_on_cpu(fast):
         st.mode, st.sparse, st.cache, st.record_cache = "off", False, None, None
 
 
+def test_dense_tile_fraction_runs_covered_layers_dense_and_stays_close(pipe):
+    """The default 0.5 runs layers whose tiles cover half their map dense (fresh everywhere):
+    not the reference's values there, but close to them and to the original outside the mask."""
+    m = synthetic_mask(HW, 0.2, seed=1)
+    orig = pipe.record("a cat", seed=0, num_steps=N, decode=False)
+    fa = _edit(pipe, orig.cache, N, m)
+    assert any(p["dense"] for p in pipe.state.plans.summary())
+    pipe.set_engine("reference")
+    ref = _edit(pipe, orig.cache, N, m)
+    from impl.common.diffusion.quality import psnr
+
+    rng = float(ref.latent.max() - ref.latent.min())
+    assert psnr(ref.latent, fa.latent, None, rng) > 30.0
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("engine", "gpu", r"system.engine: unknown value 'gpu' \(one of: fast, reference\)"),
     ("cache_device", "nvme", r"system.cache_device: unknown value 'nvme' \(one of: auto, host, device\)"),
@@ -217,3 +236,21 @@ def test_bad_engine_knobs_are_one_line(field, value, match):
     with pytest.raises(ConfigError, match=match) as e:
         FISEditSystem(FISEditSystem.Config(**{field: value}), "fisedit")
     assert "\n" not in str(e.value)
+
+
+def test_graphed_unet_patch_is_transparent_on_cpu(comps):
+    """On a CPU the graph wrapper runs the call eagerly (same output) and restores forward."""
+    from impl.fisedit.graphs import GraphedUNet, resolve_cuda_graph
+
+    unet = comps.unet
+    x = torch.randn(2, 4, 16, 16)
+    e = torch.randn(2, 77, unet.config.cross_attention_dim)
+    t = torch.tensor(10)
+    g = GraphedUNet(unet, lambda: ("dense", ()))
+    with torch.no_grad():
+        ref = unet(x, t, encoder_hidden_states=e).sample
+        with g.active():
+            out = unet(x, t, encoder_hidden_states=e, return_dict=False)[0]
+    assert torch.equal(out, ref) and g.stats() == {"captures": 0, "replays": 0, "eager_calls": 1}
+    assert "forward" not in unet.__dict__
+    assert not resolve_cuda_graph("auto", torch.device("cpu")) and not resolve_cuda_graph("off", torch.device("cpu"))
