@@ -14,19 +14,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Literal, Optional, Sequence
 
+from impl.common.errors import ConfigError, NotApplicable  # noqa: F401  (re-exported: the systems' import)
+from impl.common.execution import Execution
+
 Better = Literal["lower", "higher"]
 Mode = Literal["sim", "real"]
-
-
-class ConfigError(ValueError):
-    """Bad user input. The message is one line that names the offending field."""
-
-
-class NotApplicable(ConfigError):
-    """A well-typed job its system refuses in preflight (``System.check``): the situation is one
-    this system cannot run (a fault it does not model, a workload kind it does not train). The
-    record marks it ``not_applicable``; a preset with ``not_applicable_ok: true`` (the cross-paper
-    presets) keeps its sweep going and its tables show the line as 'not applicable'."""
 
 
 def _quantile(sorted_vals: Sequence[float], q: float) -> float:
@@ -104,13 +96,7 @@ class JobContext:
     show_progress: bool = True
     # Where real work runs (device, dtype, threads, backend), decided once per job by the
     # harness from the ``execution`` group; real-mode systems read it instead of probing torch.
-    execution: Any = None
-
-    def __post_init__(self) -> None:
-        if self.execution is None:
-            from impl.common.execution import Execution
-
-            self.execution = Execution()
+    execution: Execution = field(default_factory=Execution)
 
 
 class System(abc.ABC):

@@ -1,7 +1,16 @@
 """Exceptions turned into the one line a record, a log or a CLI error shows."""
 from __future__ import annotations
 
-from impl.common.api import ConfigError
+
+class ConfigError(ValueError):
+    """Bad user input. The message is one line that names the offending field."""
+
+
+class NotApplicable(ConfigError):
+    """A well-typed job its system refuses in preflight (``System.check``): the situation is one
+    this system cannot run (a fault it does not model, a workload kind it does not train). The
+    record marks it ``not_applicable``; a preset with ``not_applicable_ok: true`` (the cross-paper
+    presets) keeps its sweep going and its tables show the line as 'not applicable'."""
 
 
 def first_line(exc: BaseException) -> str:

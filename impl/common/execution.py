@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from impl.common.api import ConfigError
+from impl.common.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "fp16", "bf16")

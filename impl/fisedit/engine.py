@@ -399,8 +399,26 @@ class CachedResnetBlock(_Wrapper):
 
     def _foldable(self) -> bool:
         if not hasattr(self, "_fold_ok"):
-            self._fold_ok = fast.resnet_foldable(self.inner)
+            self._fold_ok = resnet_foldable(self.inner)
         return self._fold_ok
+
+
+def resnet_foldable(blk) -> bool:
+    if not (isinstance(blk.norm1, CachedGroupNorm) and isinstance(blk.norm2, CachedGroupNorm)
+            and isinstance(blk.conv1, CachedConv2d) and isinstance(blk.conv2, CachedConv2d)):
+        return False
+    if blk.upsample is not None or blk.downsample is not None or blk.time_embedding_norm != "default":
+        return False
+    if not isinstance(blk.nonlinearity, torch.nn.SiLU) or getattr(blk, "skip_time_act", False):
+        return False
+    for c in (blk.conv1.inner, blk.conv2.inner):
+        try:
+            g = conv_geometry(c, 2)
+        except ValueError:
+            return False
+        if g["s"] != 1:
+            return False
+    return True
 
 
 def _set_child(root: nn.Module, name: str, new: nn.Module) -> None:

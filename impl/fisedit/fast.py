@@ -195,26 +195,6 @@ def transformer_block(w, st, blk, h, kw, plan):
 
 
 # ---- ResnetBlock2D with GroupNorm + SiLU folded into the conv's gather ----------------------
-def resnet_foldable(blk) -> bool:
-    from .engine import CachedConv2d, CachedGroupNorm
-
-    if not (isinstance(blk.norm1, CachedGroupNorm) and isinstance(blk.norm2, CachedGroupNorm)
-            and isinstance(blk.conv1, CachedConv2d) and isinstance(blk.conv2, CachedConv2d)):
-        return False
-    if blk.upsample is not None or blk.downsample is not None or blk.time_embedding_norm != "default":
-        return False
-    if not isinstance(blk.nonlinearity, torch.nn.SiLU) or getattr(blk, "skip_time_act", False):
-        return False
-    for c in (blk.conv1.inner, blk.conv2.inner):
-        try:
-            g = conv_geometry(c, 2)
-        except ValueError:
-            return False
-        if g["s"] != 1:
-            return False
-    return True
-
-
 def _conv_plan(st, conv, in_hw):
     g = conv_geometry(conv, st.block)
     k, s, p = g["k"], g["s"], g["p"][0]
