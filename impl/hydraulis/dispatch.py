@@ -2,30 +2,42 @@
 randomized greedy min-max (spec hydraulis 2.4, 8, 9).
 
 - Replicas are visited in capacity order (largest first, stable). A sequence that fits only
-  one replica goes to it up front; the rest are shuffled (``shuffles`` seeded orders, seeds
-  ``(seed, 0..shuffles-1)``) and each is placed on the replica that minimises
+  one replica goes to it up front; the rest are shuffled (``shuffles`` seeded orders, the
+  authors' stream, see ``refine``) and each is placed on the replica that minimises
   ``max(global_max, acc_r + cost_r(x) + max(warm_r, cost_r(x)·(pp_r − 1)))``.
 - Ties (spec 9): the first tied replica, unless a tied replica is still empty: then the last
-  such one. The best shuffle (smallest makespan) is kept; if a shuffle leaves a replica empty
-  the candidate is infeasible at once (spec 8: the authors' rule; never a silent idle replica).
+  such one. The best shuffle (smallest makespan) is kept; if the best shuffle so far leaves a
+  replica empty the candidate is infeasible at once (spec 8, 9: the authors' rule; never a
+  silent idle replica).
 - ``includes_c`` (pitfall 8: packing prices the constant c per micro-batch, the authors'
   dispatch ignores it). False = the authors' code: ``cost_r(x) = a x² + b x``. True (default,
   consistent with packing): a sequence also carries its share of its micro-batches' constant,
   ``c_r · x / cap_r`` (micro-batches filled to capacity, the v_min packing), and the warm-up
   term prices a full micro-batch ``(cost_r(x) + c_r)·(pp_r − 1)``.
-- ``refine`` (spec 10, default True; False = the authors' dispatch alone): after the shuffles,
-  one more deterministic order (longest first, the forced sequences still first) is run
-  through the same greedy, and the best of all orders goes through a local improvement pass
-  (:func:`improve`): moves and swaps of sequences off the critical replica, each accepted only
-  when it lowers that replica's time and keeps the other under it. The objective is the same
-  greedy estimate ``max_r (acc_r + warm_r)``, so the result is never worse than the best
-  shuffle on the same batch. The authors' infeasibility rule is kept: if a shuffle leaves a
-  replica empty the candidate is infeasible; a longest-first order that leaves one empty is
-  only skipped, and no move ever empties a replica.
+- ``refine`` (spec 10, issue 40; default True; False = the authors' dispatch alone): the kept
+  result is the best of a portfolio, all priced by the same greedy estimate
+  ``max_r (acc_r + warm_r)``:
+  1. the seeded shuffles, drawn as the authors draw them (Python ``random.seed(t);
+     random.shuffle`` of the batch sorted ascending, ``t = seed·shuffles + 0 .. shuffles − 1``;
+     seed 0 = their trials 0..99), so with the same seed the best shuffle *is* theirs;
+  2. two deterministic orders, longest first (cost is increasing in length on every replica, so
+     "by cost" is the same order): with the min-max rule above, and with the earliest-finish
+     rule (each sequence to the replica whose own time after it is smallest, LPT);
+  3. a local search (:func:`improve`: the best move or swap of a sequence off the critical
+     replica, accepted when that replica's time drops and the other stays below it) from the
+     best distinct starts of 1 and 2, in order of their estimate, until ``budget`` scans of the
+     critical replica's moves and swaps are spent (the planner's time budget, a count, not a
+     clock; ``DEFAULT_BUDGET`` measured on the authors' planning cases, README "Issue 40") or
+     the kept result reaches a lower bound (:func:`_lower_bound`).
+  The result is never above the best shuffle's, hence never above the authors' on the same batch
+  and seed. The authors' infeasibility rule is kept: the candidate is infeasible as soon as the
+  best shuffle so far leaves a replica empty; a deterministic order that leaves one empty is only
+  skipped, and no move ever empties a replica.
 """
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,25 +47,35 @@ from impl.common.api import ConfigError
 
 from .cost import ReplicaCost
 
+# Local-search scans per dispatch (README "Issue 40": on the authors' planning cases a doubling
+# past 100 buys < 0.03 points of the estimate for +40-75% dispatch time; a scan is one search of
+# the critical replica's moves and swaps).
+DEFAULT_BUDGET = 100
+
 
 @dataclass(frozen=True)
 class Dispatch:
     assign: list  # list[list[int]]: sequence indices per replica, in the caller's replica order
     makespan: float  # ms, the greedy's estimate max_r (acc_r + warm_r)
     feasible: bool
-    shuffle: int = -1  # index of the winning shuffle (-1: none; LONGEST_FIRST: the longest-first order)
-    greedy_makespan: float = math.inf  # the best order's makespan before the improvement pass
-    moves: int = 0  # improvement steps accepted (moves + swaps)
+    shuffle: int = -1  # winning start: shuffle index, LONGEST_FIRST, EARLIEST_FINISH (-1: none)
+    greedy_makespan: float = math.inf  # the best start's makespan before the local search
+    moves: int = 0  # local-search steps accepted (moves + swaps) on the kept result's start
+    scans: int = 0  # local-search scans spent, over every start (<= budget)
+    shuffle_makespan: float = math.inf  # the best seeded shuffle's makespan (the authors' result)
 
 
-LONGEST_FIRST = -2  # Dispatch.shuffle of the deterministic longest-first order
+LONGEST_FIRST = -2  # Dispatch.shuffle: the longest-first order with the min-max rule
+EARLIEST_FINISH = -3  # Dispatch.shuffle: the longest-first order with the earliest-finish rule
 
 
-def _check(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: int) -> None:
+def _check(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: int, budget: int = 0) -> None:
     if not replicas:
         raise ConfigError("dispatch: the candidate has no replicas")
     if shuffles < 1:
         raise ConfigError(f"system.shuffles: must be >= 1, got {shuffles}")
+    if budget < 0:
+        raise ConfigError(f"system.dispatch_budget: must be >= 0, got {budget}")
     if len(lengths) and min(lengths) < 1:
         raise ConfigError(f"dispatch: sequence lengths must be >= 1, got {min(lengths)}")
 
@@ -68,22 +90,25 @@ def _times(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray, R: int) -> tuple
     return acc, w
 
 
-def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray, max_steps: int = 100000) -> tuple[np.ndarray, int]:
+def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray,
+            max_scans: int = 100000) -> tuple[np.ndarray, int, int]:
     """Local improvement of the greedy estimate ``max_r (acc_r + warm_r)`` (spec 10): take the
     critical replica k; among every move of one of its sequences to another replica that
     holds it, and every swap of one of its sequences with one elsewhere, apply the one whose
-    ``max(t_k', t_j')`` is smallest, if it is below ``t_k``. Stops when none is (or after
-    ``max_steps``). Each accepted step lowers the sorted vector of replica times
-    lexicographically, so the makespan never rises and the pass terminates. ``cost`` and
-    ``warm`` are (sequences, replicas), ``inf`` cost where a sequence does not fit; a move
-    never empties a replica."""
+    ``max(t_k', t_j')`` is smallest, if it is below ``t_k``. Stops when none is, or after
+    ``max_scans`` scans (one scan = one such search, the last one finding nothing included).
+    Each accepted step lowers the sorted vector of replica times lexicographically, so the
+    makespan never rises and the pass terminates. ``cost`` and ``warm`` are (sequences,
+    replicas), ``inf`` cost where a sequence does not fit; a move never empties a replica.
+    Returns (assignment, accepted steps, scans)."""
     rep = rep.copy()
     n, R = cost.shape
     if R < 2 or n < 2:
-        return rep, 0
+        return rep, 0, 0
     idx_all = np.arange(n)
-    steps = 0
-    while steps < max_steps:
+    steps = scans = 0
+    while scans < max_scans:
+        scans += 1
         acc, w = _times(cost, warm, rep, R)
         t = acc + w
         k = int(np.argmax(t))
@@ -100,39 +125,46 @@ def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray, max_steps: int 
         wk_wo = np.where(np.arange(len(on_k)) == order[0], top2, top1)
         # per replica: top-2 warm and its argmax sequence, for "without y" on the other side
         wr = warm[idx_all, rep]
+        o = np.lexsort((-wr, rep))  # by replica, then warm descending (ties: lowest index first)
+        ro = rep[o]
+        first = np.flatnonzero(np.r_[True, ro[1:] != ro[:-1]])
         arg1 = np.full(R, -1)
         best1 = np.zeros(R)
         best2 = np.zeros(R)
-        for i in np.argsort(-wr, kind="stable"):
-            r = rep[i]
-            if arg1[r] < 0:
-                arg1[r], best1[r] = i, wr[i]
-            elif best2[r] == 0.0 and wr[i] > 0.0:
-                best2[r] = wr[i]
-        best_v, best_op = tk - eps, None
+        arg1[ro[first]] = o[first]
+        best1[ro[first]] = wr[o[first]]
+        has2 = np.r_[first[1:], n] - first > 1
+        best2[ro[first[has2]]] = wr[o[first[has2] + 1]]
         counts = np.bincount(rep, minlength=R)
         others = np.flatnonzero(rep != k)
         y_rep = rep[others]
         wy_wo = np.where(arg1[y_rep] == others, best2[y_rep], best1[y_rep])
-        for a, x in enumerate(on_k):
-            tk_new_base = acc[k] - cost[x, k]
-            # moves: x to replica j (k keeps >= 1 sequence)
-            if counts[k] > 1:
-                tj = acc + cost[x] + np.maximum(w, warm[x])
-                tk_new = tk_new_base + wk_wo[a]
-                v = np.maximum(tj, tk_new)
-                v[k] = np.inf
-                j = int(np.argmin(v))
-                if v[j] < best_v:
-                    best_v, best_op = v[j], ("move", x, j)
-            if len(others):
-                # swaps: x <-> y (y on replica j != k)
-                tk_s = tk_new_base + cost[others, k] + np.maximum(wk_wo[a], warm[others, k])
-                tj_s = acc[y_rep] - cost[others, y_rep] + cost[x, y_rep] + np.maximum(wy_wo, warm[x, y_rep])
-                v = np.maximum(tk_s, tj_s)
-                b = int(np.argmin(v))
-                if v[b] < best_v:
-                    best_v, best_op = v[b], ("swap", x, int(others[b]))
+        tk_base = acc[k] - cost[on_k, k]  # k's accumulated time without each of its sequences
+        m = len(on_k)
+        # moves: x (row) to replica j (column); k keeps >= 1 sequence
+        mv_val, mv_arg = np.full(m, np.inf), np.zeros(m, dtype=int)
+        if counts[k] > 1:
+            v = np.maximum(acc[None, :] + cost[on_k] + np.maximum(w[None, :], warm[on_k]),
+                           (tk_base + wk_wo)[:, None])
+            v[:, k] = np.inf
+            mv_arg = np.argmin(v, axis=1)
+            mv_val = v[np.arange(m), mv_arg]
+        # swaps: x (row) <-> y (column, on replica y_rep != k)
+        sw_val, sw_arg = np.full(m, np.inf), np.zeros(m, dtype=int)
+        if len(others):
+            tk_s = tk_base[:, None] + cost[others, k][None, :] + np.maximum(wk_wo[:, None], warm[others, k][None, :])
+            tj_s = ((acc[y_rep] - cost[others, y_rep])[None, :] + cost[on_k][:, y_rep]
+                    + np.maximum(wy_wo[None, :], warm[on_k][:, y_rep]))
+            v = np.maximum(tk_s, tj_s)
+            sw_arg = np.argmin(v, axis=1)
+            sw_val = v[np.arange(m), sw_arg]
+        # the first best in the order (x0 move, x0 swap, x1 move, ...), if below t_k
+        both = np.stack([mv_val, sw_val], axis=1).ravel()
+        f = int(np.argmin(both))
+        best_op = None
+        if both[f] < tk - eps:
+            a, x = f // 2, on_k[f // 2]
+            best_op = ("move", x, int(mv_arg[a])) if f % 2 == 0 else ("swap", x, int(others[sw_arg[a]]))
         if best_op is None:
             break
         op, x, j = best_op
@@ -141,14 +173,68 @@ def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray, max_steps: int 
         else:
             rep[x], rep[j] = rep[j], k
         steps += 1
-    return rep, steps
+    return rep, steps, scans
+
+
+def _greedy(seq_order: Sequence[int], cost_l: list, warm_l: list, R: int,
+            earliest_finish: bool = False) -> tuple[float, list, list]:
+    """One greedy pass: (makespan, sequences per replica, counts). The min-max rule with spec 9's
+    tie rule, or (``earliest_finish``) each sequence to the replica whose own time after it is
+    smallest (ties: the first)."""
+    acc = [0.0] * R
+    warm = [0.0] * R
+    count = [0] * R
+    got: list[list[int]] = [[] for _ in range(R)]
+    gmax = 0.0
+    for x in seq_order:
+        cx, wx = cost_l[x], warm_l[x]
+        best_v, pick, empty_pick = math.inf, -1, -1
+        for k in range(R):
+            ck = cx[k]
+            if ck == math.inf:
+                continue
+            v = acc[k] + ck + (warm[k] if warm[k] > wx[k] else wx[k])
+            if earliest_finish:
+                if v < best_v:
+                    best_v, pick = v, k
+                continue
+            if v < gmax:
+                v = gmax
+            if v < best_v:
+                best_v, pick = v, k
+                empty_pick = k if count[k] == 0 else -1
+            elif v == best_v and count[k] == 0:
+                empty_pick = k
+        if empty_pick >= 0:
+            pick = empty_pick
+        acc[pick] += cx[pick]
+        if wx[pick] > warm[pick]:
+            warm[pick] = wx[pick]
+        count[pick] += 1
+        got[pick].append(x)
+        t = acc[pick] + warm[pick]
+        if t > gmax:
+            gmax = t
+    return gmax, got, count
+
+
+def _lower_bound(cost: np.ndarray, warm: np.ndarray, forced: np.ndarray) -> float:
+    """A lower bound on ``max_r (acc_r + warm_r)`` over every assignment: the forced sequences
+    on the largest replica; any one sequence on its cheapest replica; the cheapest total work
+    spread evenly. The local search stops once the kept result reaches it (nothing to gain)."""
+    one = float(np.min(cost + warm, axis=1).max()) if len(cost) else 0.0
+    spread = float(np.min(cost, axis=1).sum()) / cost.shape[1]
+    lb = max(one, spread)
+    if forced.any():
+        lb = max(lb, float(cost[forced, 0].sum() + warm[forced, 0].max()))
+    return lb
 
 
 def dispatch(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: int = 100, seed: int = 0,
-             includes_c: bool = True, refine: bool = True) -> Dispatch:
+             includes_c: bool = True, refine: bool = True, budget: int = DEFAULT_BUDGET) -> Dispatch:
     lengths = [int(x) for x in lengths]
-    _check(lengths, replicas, shuffles)
-    R = len(replicas)
+    _check(lengths, replicas, shuffles, budget)
+    R, n = len(replicas), len(lengths)
     order = sorted(range(R), key=lambda r: -replicas[r].cap)  # stable: caller order among equal caps
     caps = [replicas[r].cap for r in order]
     if lengths and max(lengths) > caps[0]:
@@ -169,74 +255,62 @@ def dispatch(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: 
     fits = L <= capv
     cost_l = np.where(fits, cost, np.inf).tolist()
     warm_l = warm_cost.tolist()
-    fit_count = fits.sum(axis=1)
-    fixed = [i for i in range(len(lengths)) if fit_count[i] == 1]
-    rest = [i for i in range(len(lengths)) if fit_count[i] != 1]
-    # a sequence fitting one replica only: the largest (replica order 0 or its capacity ties)
-    best: tuple[float, list[list[int]], int] | None = None
-    longest = fixed + sorted(rest, key=lambda i: (-lengths[i], i))
-    for sh in range(shuffles + (1 if refine else 0)):
-        if sh < shuffles:
-            rng = np.random.default_rng([seed, sh])
-            seq_order = fixed + [rest[i] for i in rng.permutation(len(rest))]
-        else:
-            seq_order, sh = longest, LONGEST_FIRST
-        acc = [0.0] * R
-        warm = [0.0] * R
-        count = [0] * R
-        got: list[list[int]] = [[] for _ in range(R)]
-        gmax = 0.0
-        for x in seq_order:
-            cx, wx = cost_l[x], warm_l[x]
-            best_v, pick, empty_pick = math.inf, -1, -1
-            for k in range(R):
-                ck = cx[k]
-                if ck == math.inf:
-                    continue
-                v = acc[k] + ck + (warm[k] if warm[k] > wx[k] else wx[k])
-                if v < gmax:
-                    v = gmax
-                if v < best_v:
-                    best_v, pick = v, k
-                    empty_pick = k if count[k] == 0 else -1
-                elif v == best_v and count[k] == 0:
-                    empty_pick = k
-            if empty_pick >= 0:
-                pick = empty_pick
-            acc[pick] += cx[pick]
-            if wx[pick] > warm[pick]:
-                warm[pick] = wx[pick]
-            count[pick] += 1
-            got[pick].append(x)
-            t = acc[pick] + warm[pick]
-            if t > gmax:
-                gmax = t
-        if min(count) == 0:
-            if sh == LONGEST_FIRST:
-                continue  # not an order of the authors' rule: skipped, never a reason to drop
-            return Dispatch([[] for _ in range(R)], math.inf, False, sh)
-        if best is None or gmax < best[0]:
-            best = (gmax, got, sh)
+    forced = (fits.sum(axis=1) == 1).tolist()  # fits the largest replica (or its capacity ties) only
+    # the authors' stream: the batch sorted ascending, shuffled by Python's seeded random
+    srt = sorted(range(n), key=lambda i: (lengths[i], i))
+    starts: list[tuple[float, int, list]] = []  # (makespan, tag, groups), every feasible start
+    best: tuple[float, int, list] | None = None
+    for sh in range(shuffles):
+        perm = list(range(n))
+        random.Random(seed * shuffles + sh).shuffle(perm)
+        seq = [srt[p] for p in perm]
+        span, got, count = _greedy([i for i in seq if forced[i]] + [i for i in seq if not forced[i]], cost_l, warm_l, R)
+        if best is None or span < best[0]:
+            best = (span, sh, got)
+            if min(count) == 0:  # the authors' rule: the best shuffle so far leaves a replica empty
+                return Dispatch([[] for _ in range(R)], math.inf, False, sh)
+        if refine and min(count) > 0:
+            starts.append((span, sh, got))
     assert best is not None
-    span, groups, moves = best[0], best[1], 0
-    if refine and R > 1:
-        rep = np.empty(len(lengths), dtype=int)
-        for k, g in enumerate(groups):
-            rep[g] = k
+    shuffle_span = best[0]
+    scans = moves = 0
+    if refine:
+        longest = [i for i in srt[::-1] if forced[i]] + [i for i in srt[::-1] if not forced[i]]
+        for tag, ef in ((LONGEST_FIRST, False), (EARLIEST_FINISH, True)):
+            span, got, count = _greedy(longest, cost_l, warm_l, R, earliest_finish=ef)
+            if min(count) == 0:
+                continue  # not an order of the authors' rule: skipped, never a reason to drop
+            starts.append((span, tag, got))
+            if span < best[0]:
+                best = (span, tag, got)
+    greedy_span = best[0]
+    if refine and R > 1 and budget > 0:
         cost_np = np.where(fits, cost, np.inf)
-        rep, moves = improve(cost_np, warm_cost, rep)
-        if moves:
-            acc, w = _times(cost_np, warm_cost, rep, R)
-            new = float((acc + w).max())
-            if new < span:  # the pass only accepts improvements; guard against rounding
-                span = new
-                groups = [np.flatnonzero(rep == k).tolist() for k in range(R)]
-            else:
-                moves = 0
+        bound = _lower_bound(cost_np, warm_cost, np.array(forced))
+        seen: set = set()
+        # best start first; ties: deterministic orders, then shuffles in seed order
+        for span, tag, groups in sorted(starts, key=lambda s: (s[0], s[1] >= 0, s[1])):
+            if scans >= budget or best[0] <= bound * (1 + 1e-12):
+                break
+            rep = np.empty(n, dtype=int)
+            for k, g in enumerate(groups):
+                rep[g] = k
+            key = rep.tobytes()
+            if key in seen:
+                continue
+            seen.add(key)
+            rep, steps, used = improve(cost_np, warm_cost, rep, max_scans=budget - scans)
+            scans += used
+            if steps:
+                acc, w = _times(cost_np, warm_cost, rep, R)
+                new = float((acc + w).max())
+                if new < best[0]:  # the search only accepts improvements; guard against rounding
+                    best = (new, tag, [np.flatnonzero(rep == k).tolist() for k in range(R)])
+                    moves = steps
     assign: list[list[int]] = [[] for _ in range(R)]
     for k, r in enumerate(order):
-        assign[r] = sorted(groups[k])
-    return Dispatch(assign, span, True, best[2], best[0], moves)
+        assign[r] = sorted(best[2][k])
+    return Dispatch(assign, best[0], True, best[1], greedy_span, moves, scans, shuffle_span)
 
 
 def token_balanced(lengths: Sequence[int], replicas: Sequence[ReplicaCost]) -> Dispatch:

@@ -46,6 +46,7 @@ from impl.common.workloads.pipeline import ModelShape
 from .batches import check_budget, step_batches
 from .cost import ReplicaCost
 from .disagg import OptimizerLayout, Strategy, compute_copy
+from .dispatch import DEFAULT_BUDGET
 from .real_config import RealKnobs, RealRun, ReplicaKind
 from .real_fit import fit_kind, fit_rows, profile, row_medians
 from .real_plan import PlanAhead, Planner, RunPlan, check_run
@@ -65,7 +66,8 @@ def _planner_knobs(system) -> dict:
     """The planner knobs real mode shares with sim (top-level ``system.*``)."""
     c = system.cfg
     return {"shuffles": int(c.shuffles), "v_window": int(c.v_window), "time_limit_s": float(c.ilp_time_limit_s),
-            "mip_rel_gap": float(c.mip_rel_gap), "includes_c": bool(c.dispatch_includes_c)}
+            "mip_rel_gap": float(c.mip_rel_gap), "includes_c": bool(c.dispatch_includes_c),
+            "refine": bool(c.dispatch_refine), "budget": int(c.dispatch_budget)}
 
 
 def job_runs(system) -> list[RealRun]:
@@ -138,6 +140,8 @@ class RealJob:
     time_limit_s: float = 0.5
     mip_rel_gap: float = 0.0
     includes_c: bool = True
+    refine: bool = True
+    budget: int = DEFAULT_BUDGET
 
     def used_kinds(self) -> list[ReplicaKind]:
         used = {k for r in self.runs for c in r.candidates for k in c}
@@ -195,7 +199,8 @@ def _rank_main(ctx, job: RealJob) -> dict:
     if rank == 0:
         costs, fit_info = _fit_costs(job, per_rank)
         ahead = PlanAhead(Planner(costs, shuffles=job.shuffles, v_window=job.v_window, time_limit_s=job.time_limit_s,
-                                  mip_rel_gap=job.mip_rel_gap, includes_c=job.includes_c, seed=job.seed),
+                                  mip_rel_gap=job.mip_rel_gap, includes_c=job.includes_c, seed=job.seed,
+                                  refine=job.refine, budget=job.budget),
                           job.knobs.plan_ahead)
         batches = list(job.batches)
     refs = {r.name: AdamReference(job.shape, job.seed, job.lr) for r in job.runs} if rank == 0 and job.knobs.check_steps >= 0 else {}

@@ -23,6 +23,7 @@ from impl.common.api import ConfigError
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, largest_first
 
 from .cost import ReplicaCost
+from .dispatch import DEFAULT_BUDGET
 from .real_config import BATCHING, RealRun
 from .step_plan import plan_step
 
@@ -61,10 +62,11 @@ def _mbs(ids: np.ndarray, lengths: np.ndarray, groups: Sequence[Sequence[int]], 
 
 class Planner:
     def __init__(self, costs: Mapping[str, ReplicaCost], *, shuffles: int, v_window: int, time_limit_s: float,
-                 seed: int, mip_rel_gap: float = 0.0, includes_c: bool = True) -> None:
+                 seed: int, mip_rel_gap: float = 0.0, includes_c: bool = True, refine: bool = True,
+                 budget: int = DEFAULT_BUDGET) -> None:
         self.costs, self.seed = dict(costs), seed
         self.opts = {"shuffles": shuffles, "v_window": v_window, "time_limit_s": time_limit_s,
-                     "mip_rel_gap": mip_rel_gap, "includes_c": includes_c}
+                     "mip_rel_gap": mip_rel_gap, "includes_c": includes_c, "refine": refine, "budget": budget}
 
     def plan(self, run: RealRun, rnd: int, ids: np.ndarray, lengths: np.ndarray) -> RunPlan:
         t0 = time.perf_counter()

@@ -59,7 +59,8 @@ class Env:
         c = self.system.cfg
         return dict(shuffles=c.shuffles, seed=seed, v_window=c.v_window, time_limit_s=c.sim.ilp_time_limit_s,
                     node_limit=c.sim.ilp_node_limit or None, mip_rel_gap=c.mip_rel_gap,
-                    includes_c=c.dispatch_includes_c, ilp_scope=c.ilp_scope, refine=c.dispatch_refine)
+                    includes_c=c.dispatch_includes_c, ilp_scope=c.ilp_scope, refine=c.dispatch_refine,
+                    budget=c.dispatch_budget)
 
     def mem(self, opt: OptLayout) -> MemoryModel:
         return MemoryModel.for_model(self.wl.model, self.hw.memory_bytes, opt, self.data)
@@ -320,7 +321,7 @@ def price_greedy_dynamic(env: Env, pool, lengths: Sequence[int], seed: int) -> S
         if max(r.cap for r in cand) < max(lengths):
             continue
         d = dispatch(lengths, cand, shuffles=c.shuffles, seed=seed, includes_c=c.dispatch_includes_c,
-                     refine=c.dispatch_refine)
+                     refine=c.dispatch_refine, budget=c.dispatch_budget)
         if not d.feasible:
             continue
         per, nmb = [], 0

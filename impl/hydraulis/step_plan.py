@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from impl.common.api import ConfigError
 
 from .cost import ReplicaCost, fmt_strategy
-from .dispatch import dispatch, token_balanced
+from .dispatch import DEFAULT_BUDGET, dispatch, token_balanced
 from .packing import Packing, pack_replica, packing_score, score_lower_bound
 
 DISPATCHES = ("greedy", "token_balanced")
@@ -88,7 +88,7 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
                    v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
                    mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
                    cutoff: float = math.inf, ilp_scope: str = "critical",
-                   refine: bool = True) -> tuple[Optional[list], float, int, str]:
+                   refine: bool = True, budget: int = DEFAULT_BUDGET) -> tuple[Optional[list], float, int, str]:
     """(replica plans or None, max score, ILP solves, outcome) of one candidate. Outcome:
     ``ok``; ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch
     leaves a replica without data: dropped, spec 8); ``pruned`` (its score provably cannot go
@@ -96,7 +96,8 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
     if max(r.cap for r in replicas) < max(lengths):
         return None, math.inf, 0, "no_fit"
     if dispatch_rule == "greedy":
-        d = dispatch(lengths, replicas, shuffles=shuffles, seed=seed, includes_c=includes_c, refine=refine)
+        d = dispatch(lengths, replicas, shuffles=shuffles, seed=seed, includes_c=includes_c, refine=refine,
+                     budget=budget)
     elif dispatch_rule == "token_balanced":
         d = token_balanced(lengths, replicas)
     else:
@@ -126,7 +127,7 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
 def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]], *, shuffles: int = 100,
               seed: int = 0, v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
               mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
-              ilp_scope: str = "critical", refine: bool = True) -> StepPlan:
+              ilp_scope: str = "critical", refine: bool = True, budget: int = DEFAULT_BUDGET) -> StepPlan:
     """The winning candidate's plan. Candidates are visited in pool order; one that provably
     cannot beat the best so far is pruned (exact: the winner and its packing are unchanged)."""
     t0 = time.perf_counter()
@@ -140,7 +141,7 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
         plans, score, s, outcome = plan_candidate(
             lengths, cand, shuffles=shuffles, seed=seed, v_window=v_window, time_limit_s=time_limit_s,
             node_limit=node_limit, mip_rel_gap=mip_rel_gap, dispatch_rule=dispatch_rule, includes_c=includes_c,
-            cutoff=best[0] if best else math.inf, ilp_scope=ilp_scope, refine=refine)
+            cutoff=best[0] if best else math.inf, ilp_scope=ilp_scope, refine=refine, budget=budget)
         solves += s
         scores.append(score)
         outcomes.append(outcome)

@@ -45,9 +45,11 @@ class Hydraulis(System):
         ilp_time_limit_s: float = 0.5
         mip_rel_gap: float = 0.01  # [R] HiGHS relative gap (README: 0 vs 0.01 on S3)
         dispatch_includes_c: bool = True
-        # Spec 10: after the seeded shuffles, a longest-first order and a local improvement
-        # pass (moves/swaps off the critical replica); False = the authors' dispatch alone.
+        # Spec 10, issue 40: besides the seeded shuffles (the authors' stream), two longest-first
+        # orders and a local search (moves/swaps off the critical replica); False = the authors'
+        # dispatch alone. The search stops after dispatch_budget scans (README "Issue 40").
         dispatch_refine: bool = True
+        dispatch_budget: int = 100
         ilp_scope: str = "critical"  # critical | all (step_plan.ILP_SCOPES)
         # Optimizer layout [dp, tp, pp]; [] = the Megatron-like grid search's best layout.
         opt_layout: List[int] = field(default_factory=list)
@@ -69,7 +71,7 @@ class Hydraulis(System):
     def __init__(self, cfg, name):
         super().__init__(cfg, name)
         c = cfg
-        for fld, lo in (("shuffles", 1), ("v_window", 1), ("align", 1), ("max_candidates", 0),
+        for fld, lo in (("shuffles", 1), ("v_window", 1), ("align", 1), ("max_candidates", 0), ("dispatch_budget", 0),
                         ("generator_step", 0), ("generator_delta_n", 0)):
             if getattr(c, fld) < lo:
                 raise ConfigError(f"system.{fld}: must be >= {lo}, got {getattr(c, fld)}")
