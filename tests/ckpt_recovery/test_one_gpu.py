@@ -70,7 +70,8 @@ def test_preset_composes_per_system():
         assert job.workload.num_gpus == 1 and job.execution.device == "cpu"
     # ~1 B parameters, ~10 B each
     n = sum(int(torch.Size(s).numel()) for _, s in one_gpu.param_names(job.workload.model))
-    assert 1.0e9 <= n <= 1.1e9
+    lo, hi = 1.0e9, 1.1e9
+    assert lo <= n <= hi
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for hosts without CUDA")
