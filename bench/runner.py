@@ -63,20 +63,10 @@ def _hardware_label(mode: str, profile: str, where: Optional[dict] = None) -> st
 TRACEBACK_FRAMES = 6
 
 
-def _traceback_tail(text: str) -> list[str]:
-    """The last frames of a traceback as ``file:line in func`` lines, innermost last."""
-    frames = [ln.strip() for ln in text.splitlines() if ln.strip().startswith('File "')]
-    out = []
-    for fr in frames[-TRACEBACK_FRAMES:]:
-        try:
-            path = fr.split('"')[1]
-            rest = fr.split('"', 2)[2]  # , line N, in func
-            line = rest.split("line", 1)[1].split(",")[0].strip()
-            func = rest.rsplit(" in ", 1)[1].strip()
-            out.append(f"{_short_path(path)}:{line} in {func}")
-        except IndexError:
-            out.append(fr)
-    return out
+def _traceback_tail(exc: BaseException) -> list[str]:
+    """The last frames of ``exc``'s traceback as ``file:line in func``, innermost last."""
+    frames = traceback.extract_tb(exc.__traceback__)[-TRACEBACK_FRAMES:]
+    return [f"{_short_path(f.filename)}:{f.lineno} in {f.name}" for f in frames]
 
 
 def _short_path(path: str) -> str:
@@ -176,7 +166,7 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         tb = traceback.format_exc()
         error_log = out_dir / "error.log"
         error_log.write_text(tb)
-        error_frames = _traceback_tail(tb)
+        error_frames = _traceback_tail(exc)
     finally:
         set_current_execution(None)
         if logger is not None:
