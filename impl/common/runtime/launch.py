@@ -119,14 +119,14 @@ class Helper:
 def choose_backend(backend: Optional[str], local_ranks: int) -> str:
     """gloo, or nccl when asked (or by default) and every local rank can have its own GPU on
     the device the job's execution decided (``impl.common.execution``)."""
-    if backend is not None and backend not in ("gloo", "nccl"):
-        raise ConfigError(f"backend: unknown value {backend!r} (one of: gloo, nccl)")
     return rank_placement(backend, local_ranks).backend
 
 
 def rank_placement(backend: Optional[str], local_ranks: int) -> Placement:
     """Where ``local_ranks`` ranks run: ``backend`` None = the job's choice (nccl when every
     rank gets a GPU), ``gloo`` = the system's ranks run on the CPU, ``nccl`` = GPUs required."""
+    if backend is not None and backend not in ("gloo", "nccl"):
+        raise ConfigError(f"backend: unknown value {backend!r} (one of: gloo, nccl)")
     ex = current_execution()
     if backend == "gloo":
         return ex.placement(local_ranks, backend="auto", ranks_use_gpu=False)
@@ -476,8 +476,6 @@ def launch(fn: Callable, world_size: int, args: tuple = (), *, label: str = "lau
     """
     if world_size < 1:
         raise ConfigError(f"world size: must be >= 1, got {world_size}")
-    if backend is not None and backend not in ("gloo", "nccl"):
-        raise ConfigError(f"backend: unknown value {backend!r} (one of: gloo, nccl)")
     placement = note_placement(rank_placement(backend, local_world(world_size)))
     backend = placement.backend
     if under_torchrun():
