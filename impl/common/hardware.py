@@ -76,11 +76,6 @@ class MegatronKnobs:
     # PyTorch may allocate on one GPU before an out-of-memory error.
     memory_overhead_bytes: float = 0.0
     allocatable_bytes: float = 0.0
-    # Not fitted: the derived activation bytes per token, layer and hidden unit of the calibration
-    # model (whole on every TP rank without SP, and TP-split), x activation_factor, for cost models
-    # that price activations per token-layer (impl.common.cost.varlen_model.MemoryModel).
-    act_whole_bytes: float = 10.0
-    act_sharded_bytes: float = 24.0
 
 
 @dataclass
@@ -155,30 +150,30 @@ class HardwareProfile:
     allreduce_bw_bytes_per_s: Optional[float] = None
     allreduce_latency_s: Optional[float] = None
     # Kernel times by shape (GEMMs, causal attention), measured (mlsys-bench-probe) or carried
-    # from another GPU's measurements; null = the Megatron step model prices kernels at mfu x peak.
+    # from another GPU's measurements; null = carried from ``step_model_from`` when the Megatron
+    # step model prices this profile (impl.common.megatron.derive.step_profile).
     kernels: Optional[KernelTables] = None
-    # Megatron step-model knobs fitted from measured runs (null: priced from the datasheet).
+    # Megatron step-model knobs fitted from measured runs; null = derived from ``step_model_from``
+    # by datasheet ratios (a measured host profile: its measured rates, see step_profile).
     megatron: Optional[MegatronKnobs] = None
+    # The fitted profile a datasheet profile's step model (knobs and kernel tables) is carried from.
+    step_model_from: str = "h100-megatron"
     # Where fitted fields came from: input file and sha256, knob values, residuals (free-form).
     calibration: Dict[str, Any] = field(default_factory=dict)
 
     def bus_bw_bytes_per_s(self, intra_node: bool) -> float:
-        """Achieved collective bandwidth per GPU: the fitted Megatron bus bandwidth when the
-        profile has one, else the datasheet link x ``comm_efficiency``."""
-        if self.megatron is not None:
-            return (self.megatron.intra_node_bus_bw_bytes_per_s if intra_node
-                    else self.megatron.inter_node_bus_bw_bytes_per_s)
-        return (self.intra_node_bw_bytes_per_s if intra_node else self.inter_node_bw_bytes_per_s) * self.comm_efficiency
+        """Achieved collective bandwidth per GPU: the step model's bus bandwidth (fitted, or
+        carried from ``step_model_from`` by the datasheet link ratio)."""
+        k = self.megatron_knobs()
+        return k.intra_node_bus_bw_bytes_per_s if intra_node else k.inter_node_bus_bw_bytes_per_s
 
     def megatron_knobs(self) -> MegatronKnobs:
-        """The fitted knobs, else the datasheet reading: the kernel tables as they are (without
-        tables: ``mfu`` of peak), ``comm_efficiency`` of each link, derived activations, all of memory."""
+        """The step model's knobs: fitted, else derived (:func:`impl.common.megatron.derive.step_profile`)."""
         if self.megatron is not None:
             return self.megatron
-        eff = self.comm_efficiency
-        return MegatronKnobs(intra_node_bus_bw_bytes_per_s=self.intra_node_bw_bytes_per_s * eff,
-                             inter_node_bus_bw_bytes_per_s=self.inter_node_bw_bytes_per_s * eff,
-                             allocatable_bytes=self.memory_bytes)
+        from impl.common.megatron.derive import step_profile
+
+        return step_profile(self).megatron
 
     def flops(self, dtype: str) -> float:
         """Achievable FLOP/s for ``dtype`` (peak x mfu)."""

@@ -11,7 +11,8 @@ from typing import Optional, Sequence
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
 from impl.common.cost.transformer import layer_params
-from impl.common.cost.varlen_model import Layout, MemoryModel, analytic_seq_cost
+from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+from impl.common.megatron.step import OPT_BYTES_PER_PARAM
 from impl.common.parallel.migration import Transfer, migration_time_s, plan_migration
 from impl.common.parallel.plan import Plan, uniform_plan
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, group_by_boundaries, hotspa_pack
@@ -20,9 +21,6 @@ from .strategy import GroupPlan, Strategy
 
 PARAM_BYTES = 2.0  # bf16 compute copy: what a parameter switch moves
 GRAD_BYTES = 4.0  # fp32 accumulated gradient: what a gradient switch moves
-# Adam step per parameter of the GPU's ZeRO shard: read+write master, m, v (fp32), read the
-# fp32 gradient, write the bf16 parameter.
-OPT_BYTES_PER_PARAM = 2 * 12.0 + 4.0 + 2.0
 
 
 class Env:
@@ -33,10 +31,8 @@ class Env:
         self.N = wl.num_gpus
         self.gpn = wl.gpus_per_node
         self.hw = dataclasses.replace(hw, gpus_per_node=wl.gpus_per_node)
-        self.mfu = wl.mfu if wl.mfu is not None else hw.mfu
-        self.mem = MemoryModel.for_hardware(hw, knobs.memory_reserve_bytes, zero1=knobs.zero1,
-                                            act_bytes_per_token_layer=knobs.act_bytes_per_token_layer,
-                                            sequence_parallel=knobs.sequence_parallel)
+        self.mem = MemoryModel.for_hardware(self.hw, zero1=knobs.zero1, sequence_parallel=knobs.sequence_parallel,
+                                            headroom_bytes=knobs.memory_headroom_bytes)
         self._cost: dict = {}
         self._plans: dict = {}
         self._transfers: dict = {}
@@ -48,7 +44,7 @@ class Env:
     def cost(self, s: Strategy, parallel: str = "tp") -> SeqCost:
         key = (s, parallel)
         if key not in self._cost:
-            self._cost[key] = analytic_seq_cost(self.model, self.layout(s, parallel), self.hw, mfu=self.mfu)
+            self._cost[key] = seq_cost(self.model, self.layout(s, parallel), self.hw)
         return self._cost[key]
 
     def maxlen(self, s: Strategy, parallel: str = "tp") -> int:
@@ -97,8 +93,7 @@ class Env:
         trs = [dataclasses.replace(t, nbytes=t.nbytes * bytes_per_param) for t in self.transfers(src, dst, policy)]
         if not trs:
             return 0.0
-        eff = self.hw.comm_efficiency
-        t = migration_time_s(trs, self.hw.intra_node_bw_bytes_per_s * eff, self.hw.inter_node_bw_bytes_per_s * eff)
+        t = migration_time_s(trs, self.hw.bus_bw_bytes_per_s(True), self.hw.bus_bw_bytes_per_s(False))
         lat = self.hw.inter_node_latency_s if any(x.inter_node for x in trs) else self.hw.intra_node_latency_s
         if fused:
             return t + lat
@@ -130,10 +125,11 @@ class Env:
         return float(model_params(self.model))
 
     def optimizer_s(self) -> float:
-        """Adam on this GPU's ZeRO-1 shard (|θ|/N parameters), memory-bound; on a profile with
-        fitted Megatron knobs, plus the fitted per-iteration overhead (measured on every launch)."""
-        extra = self.hw.megatron.iteration_overhead_s if self.hw.megatron is not None else 0.0
-        return OPT_BYTES_PER_PARAM * self.model_params / self.N / self.hw.memory_bw_bytes_per_s + extra
+        """Adam on this GPU's ZeRO-1 shard (|θ|/N parameters), memory-bound, x the step model's
+        memory-bound factor, plus its per-iteration overhead (as the step model prices them)."""
+        k = self.hw.megatron_knobs()
+        extra = k.iteration_overhead_s
+        return k.elementwise_time_factor * OPT_BYTES_PER_PARAM * self.model_params / self.N / self.hw.memory_bw_bytes_per_s + extra
 
 
 def mb_time_s(cost: SeqCost, mb: MicroBatch) -> float:

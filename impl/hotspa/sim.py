@@ -96,7 +96,7 @@ def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
     cfg = system.cfg
     env = Env(wl, hardware, cfg.sim)
     batches = _batches(wl, seed, wl.steps)
-    info: dict = {"context": wl.context, "num_gpus": wl.num_gpus, "dataset": wl.dataset, "mfu": env.mfu}
+    info: dict = {"context": wl.context, "num_gpus": wl.num_gpus, "dataset": wl.dataset}
     pad = {"align": "align", "bound": "bound"}[cfg.pad]
     if cfg.policy in ("hotspa", "hotspa_static"):
         gp, extra = group_plan(system, env, wl, seed)

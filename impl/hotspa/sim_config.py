@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 
 @dataclass
 class SimKnobs:
     # ZeRO-1 optimizer sharding in every strategy (spec 2.2: on in every config).
     zero1: bool = True
-    # Per-GPU memory kept back from the model (CUDA context, NCCL and allocator slack) [R].
-    memory_reserve_bytes: float = 4294967296.0  # 4 GiB
-    # Activation bytes per token and layer, x hidden (Korthikanti et al. 2022, flash attn, SP).
-    act_bytes_per_token_layer: float = 34.0
-    # Megatron sequence parallelism: on, all of it is split by tp; off (TP without
-    # --sequence-parallel), 10 of the 34 stay whole per TP rank [R: the paper does not say]
+    # Memory: the step model's (activations by module x the profile's activation_factor, its
+    # logits and overhead; impl.common.cost.varlen_model.MemoryModel) under memory - this headroom;
+    # 4 GiB [R] (CUDA context, NCCL and allocator slack of the authors' Hetu runs); null = the
+    # step model's allocatable bytes (Megatron-LM's headroom fitted on H100: 12.6 GiB, which
+    # refuses four of the authors' A800 strategies by 1.5-6%; README sensitivity).
+    memory_headroom_bytes: Optional[float] = 4294967296.0
+    # Megatron sequence parallelism: on, every activation is split by tp; off (TP without
+    # --sequence-parallel), norms, residuals and layer inputs stay whole per TP rank [R: the paper does not say]
     sequence_parallel: bool = True
     # Static baselines' grid search: the largest TP (or Ulysses SP) degree; 8 = intra-node only
     # (spec 2.7 step 1). 16 admits the paper's cross-node (1,16,2) for 32B.

@@ -1,22 +1,24 @@
-"""Hydraulis cost and memory model (spec hydraulis 2.1, 6, 9).
+"""Hydraulis strategy prices and planning memory (spec hydraulis 2.1, 6, 9), one pricing path.
 
 A strategy ``k = (tp, pp)`` is priced per pipeline stage and packed micro-batch as
 ``T_mb = Σ_i (a s_i² + b s_i) + c`` in **milliseconds** (the authors' unit); a replica running
 ``v`` micro-batches under 1F1B takes ``Σ_j T_mb,j + (pp − 1)·max_j T_mb,j``.
 
 Where the coefficients come from, in one code path (:meth:`ReplicaCost.from_seq_cost`):
-- ``published``: the authors' 7B tables (80 GB and A100-40G), ``conf/data/hydraulis_coefficients.yaml``;
-- ``derived`` (spec 6): :func:`impl.common.cost.varlen_model.analytic_seq_cost` (FLOPs / MFU plus
-  8 TP collectives of s·h·2 B per layer, inter-node bandwidth when TP spans nodes), times
-  ``causal`` for the attention term [R] (causal flash-attention computes half the score matrix:
-  the published 7B table's a/b ratio is 0.52x the full-matrix FLOP ratio);
+- ``derived`` (default, every strategy): the Megatron step model's
+  :func:`impl.common.cost.varlen_model.seq_cost` of the strategy's slowest stage (GEMMs and
+  causal attention at the profile's kernel tables, TP collectives on its bus bandwidth, its fitted
+  per-layer overhead), exactly, in ms;
+- ``published`` (opt-in sensitivity input): the authors' 7B tables (80 GB and A100-40G),
+  ``conf/data/hydraulis_coefficients.yaml``; strategies outside the table are dropped;
 - ``fit``: real mode's least-squares :class:`~impl.common.cost.seqlen.SeqCost` (seconds).
 
-Memory per GPU (spec 2.1): ``M(S) = L·(S·H/tp)·A_tp + P + gap`` with the model states
-``P = (L/os_pp)(H²/os_tp)·B·α/os_dp + (L/pp)(H²/tp)·B·(1−α)`` plus the same split of the vocab
-matrix (H·V elements, 32 B each when pp = 1, else 16); ``maxlen_k = (Mem − safe − P − gap) /
-(L·H/tp·A_tp)``. Planning rounds it down to a multiple of 128 (``cap``); the offline generator
-uses the unrounded value (spec 9).
+Planning memory (:class:`StrategyMemory`): the shared step-model
+:class:`impl.common.cost.varlen_model.MemoryModel` (states, activations by module, logits, the
+profile's allocatable bytes) with ZeRO-1 over every GPU of the job: the optimizer states live in
+the optimizer layout, which spreads them over all N GPUs whatever its (dp, tp, pp), so the layout
+does not change a strategy's memory. ``maxlen`` is the unrounded longest micro-batch (the offline
+generator's input, spec 9); ``cap`` rounds it down to a multiple of 128 (planning, spec 2.1).
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from omegaconf import OmegaConf
 
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
+from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
 from impl.common.parallel.dims import ParallelDims
-from impl.common.cost.varlen_model import Layout, analytic_seq_cost
 
 GIB = 2.0 ** 30
 CAP_ROUND = 128
@@ -96,30 +98,9 @@ def default_path() -> pathlib.Path:
 
 
 @dataclass(frozen=True)
-class MemoryParams:
-    act_bytes_per_token: dict  # tp -> A_tp
-    state_bytes_per_h2: float
-    shardable_fraction: float
-    vocab_bytes_pp1: float
-    vocab_bytes_pp: float
-    gap_gib: float
-    safe_gib: dict  # model name -> GiB
-    default_safe_gib: float
-
-    def a_tp(self, tp: int) -> float:
-        if tp not in self.act_bytes_per_token:
-            raise ConfigError(f"hydraulis memory model: no A_tp for tp={tp} (have: {sorted(self.act_bytes_per_token)})")
-        return float(self.act_bytes_per_token[tp])
-
-    def safe_bytes(self, model_name: str) -> float:
-        return float(self.safe_gib.get(model_name, self.default_safe_gib)) * GIB
-
-
-@dataclass(frozen=True)
 class CostData:
     published: tuple  # of (model, memory_gib, class, {(tp,pp): (a,b,c)})
     util_tp: dict  # class -> {tp: tokens}
-    memory: MemoryParams
 
     def memory_class(self, memory_bytes: float) -> str:
         """The util/published table of a GPU: 40gb at <= 48 GiB, else 80gb."""
@@ -160,8 +141,8 @@ def _load(path: str, _mtime: int) -> CostData:
         raw = OmegaConf.to_container(OmegaConf.load(path))
     except Exception as exc:  # noqa: BLE001 - any read/parse failure is one line
         raise ConfigError(f"{path}: cannot load Hydraulis coefficients ({type(exc).__name__})") from None
-    if not isinstance(raw, dict) or set(raw) != {"published", "util_tp", "memory"}:
-        raise ConfigError(f"{path}: expected exactly the keys published, util_tp, memory")
+    if not isinstance(raw, dict) or set(raw) != {"published", "util_tp"}:
+        raise ConfigError(f"{path}: expected exactly the keys published, util_tp")
     pubs = []
     for i, e in enumerate(raw["published"]):
         where = f"{path}: published[{i}]"
@@ -172,76 +153,78 @@ def _load(path: str, _mtime: int) -> CostData:
             table[_key(k, where)] = tuple(float(x) for x in v)
         pubs.append((str(e["model"]), float(e["memory_gib"]), str(e["gpu_memory_class"]), table))
     util = {str(c): {int(k): int(v) for k, v in t.items()} for c, t in raw["util_tp"].items()}
-    m = raw["memory"]
-    mem = MemoryParams(act_bytes_per_token={int(k): float(v) for k, v in m["act_bytes_per_token"].items()},
-                       state_bytes_per_h2=float(m["state_bytes_per_h2"]),
-                       shardable_fraction=float(m["shardable_fraction"]),
-                       vocab_bytes_pp1=float(m["vocab_bytes_pp1"]), vocab_bytes_pp=float(m["vocab_bytes_pp"]),
-                       gap_gib=float(m["gap_gib"]), safe_gib={str(k): float(v) for k, v in m["safe_gib"].items()},
-                       default_safe_gib=float(m["default_safe_gib"]))
-    return CostData(tuple(pubs), util, mem)
+    return CostData(tuple(pubs), util)
 
 
-# ---------------------------------------------------------------------------- memory
+# ---------------------------------------------------------------------------- planning memory
 
 
 OptLayout = ParallelDims  # the optimizer (master weights + states) layout (os_dp, os_tp, os_pp), spec 2.2
+ZERO_STAGES = (1, 3)
 
 
-@dataclass(frozen=True)
-class MemoryModel:
-    """Spec 2.1's per-GPU memory model for one (model, GPU memory, optimizer layout)."""
+@dataclass
+class StrategyMemory:
+    """Per-GPU memory of one job's strategies, from the shared step-model
+    :class:`~impl.common.cost.varlen_model.MemoryModel` (``zero1=True, sequence_parallel=True``)
+    with the optimizer sharded over all ``num_gpus`` GPUs (the optimizer layout's spread, spec 2.2).
+    ``zero=3`` (DeepSpeed-like only, pp = 1) also shards the bf16 parameters and fp32 gradients
+    over the N GPUs, from the same terms. Nothing here is a second price: every byte is the shared
+    model's."""
 
-    num_layers: int
-    hidden: int
-    vocab: int
-    mem_bytes: float
-    safe_bytes: float
-    opt: OptLayout
-    params: MemoryParams
+    model: object
+    hw: object
+    num_gpus: int
+    shared: MemoryModel
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def for_model(cls, model, mem_bytes: float, opt: OptLayout, data: Optional[CostData] = None,
-                  safe_bytes: Optional[float] = None) -> "MemoryModel":
-        data = data or load_cost_data()
-        safe = data.memory.safe_bytes(model.name) if safe_bytes is None else float(safe_bytes)
-        return cls(model.num_layers, model.hidden, model.vocab, float(mem_bytes), safe, opt, data.memory)
+    def for_job(cls, model, hw, num_gpus: int) -> "StrategyMemory":
+        return cls(model, hw, int(num_gpus), MemoryModel.for_hardware(hw, zero1=True, sequence_parallel=True))
 
-    def state_bytes(self, tp: int, pp: int) -> float:
-        """P: model states on one GPU of a (tp, pp) replica."""
-        mp, o = self.params, self.opt
-        L, H, V = self.num_layers, self.hidden, self.vocab
-        al, B = mp.shardable_fraction, mp.state_bytes_per_h2
-        p = (L / o.pp) * (H * H / o.tp) * B * al / o.dp + (L / pp) * (H * H / tp) * B * (1 - al)
-        bv = mp.vocab_bytes_pp1 if pp == 1 else mp.vocab_bytes_pp
-        p += (H * V / o.tp) * bv * al / o.dp + (H * V / tp) * bv * (1 - al)
-        return p
+    @property
+    def capacity_bytes(self) -> float:
+        """What one GPU may allocate (the step model's allocatable bytes)."""
+        return self.shared.capacity_bytes
 
-    def per_token_bytes(self, tp: int) -> float:
-        return self.num_layers * self.hidden / tp * self.params.a_tp(tp)
+    def layout(self, tp: int, pp: int, parallel: str = "tp") -> Layout:
+        return Layout(max(1, self.num_gpus // (tp * pp)), tp, pp, parallel)
 
-    def bytes_at(self, tp: int, pp: int, tokens: int) -> float:
-        """M(S) for a micro-batch of ``tokens``."""
-        return tokens * self.per_token_bytes(tp) + self.state_bytes(tp, pp) + self.params.gap_gib * GIB
+    def _check_zero(self, pp: int, zero: int) -> None:
+        if zero not in ZERO_STAGES:
+            raise ConfigError(f"ZeRO stage {zero}: not supported (one of: 1, 3)")
+        if zero == 3 and pp != 1:
+            raise ConfigError(f"ZeRO-3 memory: only pp = 1 is modelled, got pp = {pp}")
 
-    def maxlen(self, tp: int, pp: int) -> float:
-        """Unrounded longest micro-batch (tokens); <= 0 when the states alone do not fit."""
-        room = self.mem_bytes - self.safe_bytes - self.state_bytes(tp, pp) - self.params.gap_gib * GIB
-        return room / self.per_token_bytes(tp)
+    def bytes_at(self, tp: int, pp: int, tokens: int, parallel: str = "tp", zero: int = 1) -> float:
+        """Peak bytes of the busiest GPU with a micro-batch of ``tokens`` in every in-flight slot."""
+        self._check_zero(pp, zero)
+        lay = self.layout(tp, pp, parallel)
+        b = self.shared.bytes_at(self.model, lay, self.num_gpus, int(tokens))
+        if zero == 3:
+            st = self.shared.state_bytes(self.model, lay, self.num_gpus)
+            b -= (st["params_bytes"] + st["grads_bytes"]) * (1.0 - 1.0 / self.num_gpus)
+        return b
 
-    def cap(self, tp: int, pp: int) -> int:
+    def maxlen(self, tp: int, pp: int, parallel: str = "tp", zero: int = 1) -> int:
+        """Longest micro-batch (tokens) that fits, unrounded; 0 when the states alone do not fit."""
+        key = (tp, pp, parallel, zero)
+        if key not in self._memo:
+            self._check_zero(pp, zero)
+            lay = self.layout(tp, pp, parallel)
+            if zero == 1:
+                self._memo[key] = int(self.shared.maxlen(self.model, lay, self.num_gpus))
+            else:  # one stage: bytes_at is affine in the tokens
+                room = self.capacity_bytes - self.bytes_at(tp, pp, 0, parallel, zero)
+                self._memo[key] = max(0, int(math.floor(room / self.shared.per_token_bytes(self.model, lay))))
+        return self._memo[key]
+
+    def cap(self, tp: int, pp: int, parallel: str = "tp", zero: int = 1) -> int:
         """maxlen rounded down to a multiple of 128 (planning, spec 2.1)."""
-        return max(0, int(math.floor(self.maxlen(tp, pp) / CAP_ROUND)) * CAP_ROUND)
+        return self.maxlen(tp, pp, parallel, zero) // CAP_ROUND * CAP_ROUND
 
-    def fits(self, tp: int, pp: int, tokens: int) -> bool:
-        return self.bytes_at(tp, pp, tokens) <= self.mem_bytes - self.safe_bytes
-
-
-def default_opt_layout(num_gpus: int, gpus_per_node: int) -> OptLayout:
-    """[R] The optimizer layout when none is given: TP over a node, DP over nodes (spec 2.2's
-    examples (8,4,1) @32 and (64,16,1) @1024 are the authors' choices; ours is intra-node TP)."""
-    tp = min(num_gpus, gpus_per_node)
-    return OptLayout(num_gpus // tp, tp, 1)
+    def fits(self, tp: int, pp: int, tokens: int, parallel: str = "tp", zero: int = 1) -> bool:
+        return self.bytes_at(tp, pp, tokens, parallel, zero) <= self.capacity_bytes
 
 
 # ---------------------------------------------------------------------------- strategy costs
@@ -249,73 +232,52 @@ def default_opt_layout(num_gpus: int, gpus_per_node: int) -> OptLayout:
 
 @dataclass
 class CostSpec:
-    """How to price strategies: ``source`` auto (published table when there is one, else
-    derived), published, or derived; ``causal`` scales the derived attention term."""
+    """How to price strategies: ``source`` derived (the Megatron step model, every strategy) or
+    published (the authors' 7B coefficient table, an opt-in sensitivity input)."""
 
-    source: str = "auto"
-    mfu: float = 0.55
-    causal: float = 0.5
-    c_per_layer_ms: float = -1.0  # < 0: published_c_per_layer_ms
+    source: str = "derived"
     tp_degrees: list = field(default_factory=lambda: list(TP_DEGREES))
     pp_degrees: list = field(default_factory=lambda: list(PP_DEGREES))
 
 
-SOURCES = ("auto", "published", "derived")
+SOURCES = ("derived", "published")
 
 
-def derived_seq_cost(model, tp: int, pp: int, hw, mfu: float, causal: float, c_per_layer_s: float = 0.0,
-                     parallel: str = "tp") -> SeqCost:
-    """Spec 6 derivation through the shared analytic model; the attention term is scaled by
-    ``causal`` and a fixed overhead of ``c_per_layer_s`` per layer of the stage is added."""
-    from impl.common.cost.transformer import layer_split
-
-    base = analytic_seq_cost(model, Layout(1, tp, pp, parallel), hw, mfu=mfu, dtype="bf16")
-    layers = max(layer_split(model.num_layers, pp))
-    return SeqCost(a=base.a * causal, b=base.b, c=base.c + c_per_layer_s * layers, r2=1.0, source="analytic")
+def check_source(source: str) -> None:
+    if source not in SOURCES:
+        raise ConfigError(f"system.sim.cost.source: unknown {source!r} (one of: {', '.join(SOURCES)})")
 
 
-def published_c_per_layer_ms(data: CostData, num_layers_7b: int = 32, memory_bytes: float = 80 * GIB) -> float:
-    """[R] The fixed per-micro-batch overhead per layer of a stage, ms: the mean of c_k / (L/pp_k)
-    over the published 7B table of the GPU's memory class (80 GB: 1.4-2.2, mean 1.8). The
-    FLOP-based derivation has no such term (its c is only collective latencies), so without it a
-    derived model would price micro-batch counts as free."""
-    table = data.published_table("llama-7b", memory_bytes) or data.published_table("llama-7b", 80 * GIB)
-    vals = [c / (num_layers_7b / pp) for (tp, pp), (a, b, c) in table.items()]
-    return sum(vals) / len(vals)
-
-
-def strategy_cost(model, hw, mem: MemoryModel, spec: CostSpec, tp: int, pp: int,
+def strategy_cost(model, hw, mem: StrategyMemory, spec: CostSpec, tp: int, pp: int,
                   data: Optional[CostData] = None) -> Optional[ReplicaCost]:
-    """One strategy priced per ``spec`` under ``mem``; None when it has no published entry
-    (source auto/published with a table) or cannot hold a 128-token micro-batch."""
-    if spec.source not in SOURCES:
-        raise ConfigError(f"system.sim.cost.source: unknown {spec.source!r} (one of: {', '.join(SOURCES)})")
+    """One strategy priced per ``spec``, its cap from ``mem``; None when it cannot hold a
+    128-token micro-batch, has more stages than layers, or (source published) has no table entry."""
+    check_source(spec.source)
     data = data or load_cost_data()
-    table = data.published_table(model.name, hw.memory_bytes)
-    if spec.source == "published" and table is None:
-        raise ConfigError(f"system.sim.cost.source: no published coefficients for {model.name} on "
-                          f"{data.memory_class(hw.memory_bytes)} GPUs (only llama-7b); use auto or derived")
-    use_table = table is not None and spec.source != "derived"
-    if use_table and (tp, pp) not in table:
-        return None
+    table = None
+    if spec.source == "published":
+        table = data.published_table(model.name, hw.memory_bytes)
+        if table is None:
+            raise ConfigError(f"system.sim.cost.source: no published coefficients for {model.name} on "
+                              f"{data.memory_class(hw.memory_bytes)} GPUs (only llama-7b); use derived")
+        if (tp, pp) not in table:
+            return None
     if pp > model.num_layers:
         return None
     cap = mem.cap(tp, pp)
     if cap < CAP_ROUND:
         return None
     util = data.util(tp, hw.memory_bytes)
-    if use_table:
+    if table is not None:
         a, b, c = table[(tp, pp)]
         return ReplicaCost(tp, pp, a, b, c, cap, util)
-    c_ms = spec.c_per_layer_ms if spec.c_per_layer_ms >= 0 else published_c_per_layer_ms(data, memory_bytes=hw.memory_bytes)
-    return ReplicaCost.from_seq_cost(tp, pp, derived_seq_cost(model, tp, pp, hw, spec.mfu, spec.causal, c_ms / 1e3),
-                                     cap, util)
+    return ReplicaCost.from_seq_cost(tp, pp, seq_cost(model, Layout(1, tp, pp), hw), cap, util)
 
 
-def strategy_costs(model, hw, mem: MemoryModel, spec: CostSpec, max_gpus: int,
+def strategy_costs(model, hw, mem: StrategyMemory, spec: CostSpec, max_gpus: int,
                    data: Optional[CostData] = None) -> list[ReplicaCost]:
-    """Every strategy (the published table's, or tp x pp over ``spec``'s degrees) that can hold
-    at least one 128-token micro-batch, ordered by (gpus, tp)."""
+    """Every strategy (tp x pp over ``spec``'s degrees; with source published, the table's) that
+    can hold at least one 128-token micro-batch, ordered by (gpus, tp)."""
     out = []
     for tp in spec.tp_degrees:
         for pp in spec.pp_degrees:

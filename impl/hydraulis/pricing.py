@@ -9,8 +9,8 @@ cost objects, so a ratio between two policies comes from their plans alone.
   A padded-to-max row (mode 0) is priced as a real sequence of the row length.
 - Exchange [R] (disaggregation 2.2, and Megatron's distributed optimizer alike): each GPU of a
   replica of ``g = tp·pp`` GPUs receives its bf16 parameter shard (2 B/param) and returns its
-  fp32 gradient shard (4 B/param): ``6·|θ|/g·(R − 1)/R`` bytes over the per-GPU inter-node link
-  (intra-node when the job fits in one node), ``R`` = replicas (the ring factor of the
+  fp32 gradient shard (4 B/param): ``6·|θ|/g·(R − 1)/R`` bytes over the step model's inter-node
+  bus bandwidth (intra-node when the job fits in one node), ``R`` = replicas (the ring factor of the
   reduce-scatter / all-gather; 0 for a single replica).
 - Overlap [R] (spec 2.2: the exact overlap is unknown), one rule for every policy:
   communication hides behind the compute of the micro-batch it accompanies. The exchange
@@ -32,9 +32,9 @@ from .cost import ReplicaCost
 
 
 def link_bw(hw, num_gpus: int) -> float:
-    intra = num_gpus <= hw.gpus_per_node
-    bw = hw.intra_node_bw_bytes_per_s if intra else hw.inter_node_bw_bytes_per_s
-    return bw * hw.comm_efficiency
+    """Achieved bandwidth per GPU of the exchange / switch / ZeRO-3 gathers: the step model's bus
+    bandwidth (intra-node when the job fits in one node), as its own collectives use."""
+    return hw.bus_bw_bytes_per_s(num_gpus <= hw.gpus_per_node)
 
 
 def mb_time_ms(r: ReplicaCost, lengths: Sequence[int], pad_tokens: int = 0) -> float:
@@ -107,8 +107,8 @@ class StepPrice:
     candidate: str = ""
     statuses: dict = None  # type: ignore[assignment]
     micro_batches: int = 0
-    # per-iteration terms outside the micro-batches (s): the calibrated step model's
-    # iteration overhead on a profile with Megatron knobs (every policy pays it once a step)
+    # per-iteration terms outside the micro-batches (s): the step model's iteration overhead
+    # (every policy pays it once a step)
     overhead_s: float = 0.0
 
     @property

@@ -1,11 +1,12 @@
 """Hydraulis sim mode (spec hydraulis 6): every policy of :mod:`impl.hydraulis.system` on the
 same per-step batches (:func:`impl.hydraulis.batches.step_batches`, seed = job seed), priced by
-:mod:`impl.hydraulis.pricing` on the cost model of :mod:`impl.hydraulis.cost`.
+:mod:`impl.hydraulis.pricing` on the cost model of :mod:`impl.hydraulis.cost` (the Megatron step
+model's time and memory by default: one pricing path, issue 40).
 
 Setup per job (all from a second stream seeded seed+1, ``system.sim.sample_steps`` steps, so a
 policy never sees the batches it is measured on):
 - Megatron-like grid: every homogeneous (dp, tp, pp) with tp <= ``sim.megatron_max_tp`` whose
-  capacity holds the context, its own distributed-optimizer memory layout; the best mean step
+  capacity holds the context (the shared step-model memory, ZeRO-1 over the N GPUs); the best mean step
   time wins (spec 3). It is also the default optimizer layout of the Hydraulis policies
   (``system.opt_layout`` overrides it).
 - The candidate pool: the optimizer-layout strategy, then the generator's lists (2.3) on the
@@ -16,6 +17,7 @@ practice; only ``plan_time_s`` (the planner's wall time on this host) varies bet
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -27,8 +29,10 @@ from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.varlen.packing import assign_dp, equal_count, greedy_pack, pad_to_max
 
 from .batches import check_budget, step_batches
-from .cost import (CAP_ROUND, GIB, CostSpec, MemoryModel, OptLayout, ReplicaCost, derived_seq_cost, fmt_strategy,
-                   load_cost_data, published_c_per_layer_ms, strategy_cost, strategy_costs)
+from impl.common.cost.varlen_model import Layout, seq_cost
+
+from .cost import (CAP_ROUND, GIB, CostSpec, OptLayout, ReplicaCost, StrategyMemory, check_source, fmt_strategy,
+                   load_cost_data, strategy_cost, strategy_costs)
 from .dispatch import dispatch
 from .generator import Histogram, Pool, generate_pool
 from .pricing import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
@@ -40,7 +44,8 @@ POOL_POLICIES = ("hydraulis", "hydraulis_greedy_dynamic", "hydraulis_token_balan
 
 def cost_spec(system) -> CostSpec:
     c = system.cfg.sim.cost
-    return CostSpec(source=c.source, mfu=c.mfu, causal=c.causal, c_per_layer_ms=c.c_per_layer_ms)
+    check_source(c.source)
+    return CostSpec(source=c.source)
 
 
 @dataclass
@@ -62,8 +67,12 @@ class Env:
                     includes_c=c.dispatch_includes_c, ilp_scope=c.ilp_scope, refine=c.dispatch_refine,
                     budget=c.dispatch_budget)
 
-    def mem(self, opt: OptLayout) -> MemoryModel:
-        return MemoryModel.for_model(self.wl.model, self.hw.memory_bytes, opt, self.data)
+    @functools.cached_property
+    def mem(self) -> StrategyMemory:
+        """The job's planning memory (the shared step-model MemoryModel). The optimizer states
+        sit in the optimizer layout, spread over all N GPUs whatever its (dp, tp, pp), so one
+        memory serves every layout."""
+        return StrategyMemory.for_job(self.wl.model, self.hw, self.n)
 
 
 # ---------------------------------------------------------------------------- homogeneous pricing
@@ -89,7 +98,7 @@ def megatron_grid(env: Env, sample) -> tuple[ReplicaCost, int, dict]:
             if tp > k.megatron_max_tp or g > env.n or env.n % g:
                 continue
             dp = env.n // g
-            r = strategy_cost(wl.model, env.hw, env.mem(OptLayout(dp, tp, pp)), env.spec, tp, pp, env.data)
+            r = strategy_cost(wl.model, env.hw, env.mem, env.spec, tp, pp, env.data)
             if r is None or r.cap < wl.context:
                 continue
             ts = [price_homo_greedy(env, r, dp, b.lengths.tolist(), wl.context).step_s for b in sample]
@@ -106,26 +115,15 @@ def megatron_grid(env: Env, sample) -> tuple[ReplicaCost, int, dict]:
 
 
 def _ulysses(env: Env, sp: int, zero: int) -> Optional[tuple[ReplicaCost, float]]:
-    """(cost with cap, ZeRO-3 per-micro-batch gather time in ms) of Ulysses SP degree ``sp``."""
-    wl, mp = env.wl, env.data.memory
-    m = wl.model
-    L, H, V = m.num_layers, m.hidden, m.vocab
-    state_h2 = L * H * H * mp.state_bytes_per_h2
-    state_v = H * V * mp.vocab_bytes_pp1
-    al = mp.shardable_fraction
-    if zero == 3:
-        p = (state_h2 + state_v) / env.n
-    else:
-        p = (state_h2 + state_v) * (al / env.n + (1 - al))
-    room = env.hw.memory_bytes - mp.safe_bytes(m.name) - p - mp.gap_gib * GIB
-    per_tok = L * H / sp * mp.a_tp(1)
-    cap = max(0, int(math.floor(room / per_tok / CAP_ROUND)) * CAP_ROUND)
+    """(cost with cap, ZeRO-3 per-micro-batch gather time in ms) of Ulysses SP degree ``sp``: the
+    step model's time (``seq_cost`` of ``Layout(1, sp, 1, "ulysses")``) and memory (the shared
+    MemoryModel, ZeRO-1 or ZeRO-3 over all N GPUs)."""
+    m = env.wl.model
+    cap = env.mem.cap(sp, 1, parallel="ulysses", zero=zero)
     if cap < CAP_ROUND:
         return None
-    c_ms = env.spec.c_per_layer_ms if env.spec.c_per_layer_ms >= 0 else published_c_per_layer_ms(env.data, memory_bytes=env.hw.memory_bytes)
-    sc = derived_seq_cost(m, sp, 1, env.hw, env.spec.mfu, env.spec.causal, c_ms / 1e3, parallel="ulysses")
     util = env.data.util(min(sp, 16), env.hw.memory_bytes)
-    r = ReplicaCost.from_seq_cost(sp, 1, sc, cap, util)
+    r = ReplicaCost.from_seq_cost(sp, 1, seq_cost(m, Layout(1, sp, 1, "ulysses"), env.hw), cap, util)
     from impl.common.cost.transformer import model_params
 
     gather_ms = 0.0
@@ -202,13 +200,11 @@ def megatron_grid_prices(env: Env, sample, batches) -> tuple[list, dict]:
     every (dp, tp, pp, mbs), tp across nodes allowed, the fork's packing, SP, the distributed
     optimizer) on the calibrated Megatron step model; the fastest mean step on the sample steps
     wins among layouts that fit. Each step's documents are padded to a multiple of dp x mbs with
-    zero-length documents (:func:`_padded_docs`). Needs a profile with Megatron knobs."""
+    zero-length documents (:func:`_padded_docs`). Any profile: a datasheet one is priced with the
+    knobs and kernel tables carried from ``step_model_from`` (impl.common.megatron.derive)."""
     from impl.common.megatron.grid import candidates, model_of, step_prices
 
     wl, hw = env.wl, env.hw
-    if hw.megatron is None:
-        raise ConfigError(f"hardware {hw.name}: policy megatron_grid_like needs a profile with Megatron step-model "
-                          f"knobs (e.g. a800-80g-megatron, a100-40g-megatron)")
     model = model_of(wl)
     grid = candidates(wl.num_gpus, wl.gpus_per_node, model.num_layers, model.heads, wl.num_gpus * 32)
 
@@ -428,7 +424,7 @@ def script_pool(env: Env) -> tuple[list, str]:
     return [], ""
 
 
-def fixed_pool(env: Env, mem: MemoryModel, strategies: list, opt: OptLayout, text: Sequence[str], src: str) -> Pool:
+def fixed_pool(env: Env, mem: StrategyMemory, strategies: list, opt: OptLayout, text: Sequence[str], src: str) -> Pool:
     """Fixed candidate lists (the authors' scripts, spec 10), each strategy priced like the
     generator's (also outside the enumerated degrees, e.g. (8,3))."""
     lists = parse_pool(text, env.n)
@@ -441,7 +437,7 @@ def fixed_pool(env: Env, mem: MemoryModel, strategies: list, opt: OptLayout, tex
                 r = strategy_cost(env.wl.model, env.hw, mem, env.spec, tp, pp, env.data)
                 if r is None:
                     raise ConfigError(f"system.pool[{i}]: strategy ({tp},{pp}) has no price or cannot hold a "
-                                      f"128-token micro-batch under the optimizer layout {opt}")
+                                      f"128-token micro-batch ({env.wl.model.name} on {env.n} {env.hw.name})")
                 known[(tp, pp)] = r
             row.append(known[(tp, pp)])
         cands.append(row)
@@ -450,7 +446,7 @@ def fixed_pool(env: Env, mem: MemoryModel, strategies: list, opt: OptLayout, tex
 
 def build_pool(env: Env, sample, opt: OptLayout):
     wl = env.wl
-    mem = env.mem(opt)
+    mem = env.mem
     strategies = strategy_costs(wl.model, env.hw, mem, env.spec, env.n, env.data)
     text, src = script_pool(env)
     if text:
@@ -458,8 +454,8 @@ def build_pool(env: Env, sample, opt: OptLayout):
         return pool, sorted({r for c in pool.candidates for r in c} | set(strategies), key=lambda r: (r.gpus, r.tp)), mem
     layout = [r for r in strategies if (r.tp, r.pp) == (opt.tp, opt.pp)]
     if not layout:
-        raise ConfigError(f"system.opt_layout: strategy (tp {opt.tp}, pp {opt.pp}) has no price or cannot hold a "
-                          f"micro-batch under layout {opt}")
+        raise ConfigError(f"system.opt_layout: strategy (tp {opt.tp}, pp {opt.pp}) of layout {opt} has no price or "
+                          f"cannot hold a 128-token micro-batch ({wl.model.name} on {env.n} {env.hw.name})")
     step, delta = generator_params(env.system, wl)
     lengths = [x for b in sample for x in b.lengths.tolist()]
     h = Histogram.from_lengths(lengths, step, weight=1.0 / len(sample))
@@ -552,11 +548,12 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
                 info["peak_memory_gib"] = max(info.get("peak_memory_gib", 0.0), peak / GIB)
             if policy == "hydraulis_static_hetero":
                 info["static_fallback_steps"] = fallback
-        info["memory_limit_gib"] = (mem.mem_bytes - mem.safe_bytes) / GIB
-    if hw.megatron is not None and policy != "megatron_grid_like":
-        # [R] one rule for every policy on a calibrated profile: the step model's fixed cost per
-        # iteration (the fork's measured host/launch overhead), which the grid baseline pays too
-        over = float(hw.megatron.iteration_overhead_s)
+        info["memory_limit_gib"] = mem.capacity_bytes / GIB
+    if policy != "megatron_grid_like":
+        # [R] one rule for every policy: the step model's fixed cost per iteration (the fork's
+        # measured host/launch overhead, carried to datasheet profiles), which the grid baseline
+        # pays inside its iteration too
+        over = float(hw.megatron_knobs().iteration_overhead_s)
         prices = [dataclasses.replace(p, overhead_s=over) for p in prices]
         info["iteration_overhead_s"] = over
     steps = [p.step_s for p in prices]

@@ -7,13 +7,11 @@ from typing import List
 
 @dataclass
 class SimCost:
-    """Where strategy prices come from (impl/hydraulis/cost.py): auto = the published 7B table
-    when the (model, GPU memory) has one, else derived from FLOPs/MFU and TP collectives."""
+    """Where strategy prices come from (impl/hydraulis/cost.py): derived = the Megatron step model
+    (``impl.common.cost.varlen_model.seq_cost``) for every strategy, the one pricing path;
+    published = the authors' 7B coefficient table (opt-in sensitivity input; 7B only)."""
 
-    source: str = "auto"  # auto | published | derived
-    mfu: float = 0.55  # derived: spec 6 (50-60% of bf16 peak)
-    causal: float = 0.5  # derived: attention term scale (causal flash-attn)
-    c_per_layer_ms: float = -1.0  # derived: fixed overhead per stage layer; < 0 = from the published table
+    source: str = "derived"  # derived | published
 
 
 @dataclass

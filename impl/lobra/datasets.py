@@ -99,7 +99,7 @@ def workload_yaml(model: str, gpus: int, names, steps: int = 5, comment: str = "
         lines.append(f"  - {{name: {t.name}, batch_seqs: {t.batch_seqs}, avg_tokens: {t.avg_tokens}, "
                      f"skewness: {t.skewness}, lengths: {{kind: lognormal, median: {d.median}, sigma: {d.sigma}, "
                      f"min_len: {d.min_len}, max_len: {d.max_len}, clip: false, resample: true}}}}")
-    lines += [f"steps: {steps}", "warmup_steps: 0", "dtype: bf16", "mfu: 0.5", "lora_rank: 16", "lora_alpha: 16.0",
+    lines += [f"steps: {steps}", "warmup_steps: 0", "dtype: bf16", "lora_rank: 16", "lora_alpha: 16.0",
               "lr: 1.0e-4", "torch_threads: 1"]
     return "\n".join(lines) + "\n"
 

@@ -12,8 +12,8 @@ Per job: derive the schemes (:mod:`impl.lobra.sim_cost`), then
   maximum, the task's batch alone; a joint step costs the sum over tasks.
 A replica's time is ``Σ t + (pp−1)·max t`` over its micro-batches; the step is the slowest
 replica plus the adapter-gradient all-reduce (every adapter is global to its job) plus the
-per-step overhead (``system.sim.step_overhead_s``; on a calibrated profile its fitted
-iteration overhead, paid per task step by Task-Sequential). GPU-seconds
+per-step overhead (``system.sim.step_overhead_s``; by default the step model's per-iteration
+overhead, paid per task step by Task-Sequential). GPU-seconds
 = N × step, summed over the measured steps. Seeded and deterministic.
 """
 from __future__ import annotations
@@ -30,22 +30,20 @@ from .cost import Scheme, pow2_ceil, replica_time
 from .dispatch import Group
 from .engine import TaskStreams, boundaries_for, plan_bucketed, plan_step
 from .plan import plan
-from .sim_cost import SimCostKnobs, calibrated, lora_params_per_layer, sim_schemes, table3_check
+from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
 
 
 def _knobs(system, wl, hw) -> SimCostKnobs:
     k = system.cfg.sim
-    return SimCostKnobs(mfu=wl.mfu if wl.mfu is not None else hw.mfu, comm_scale=k.comm_scale, tp8_ratio=k.tp8_ratio,
-                        memory_reserve_bytes=k.memory_reserve_bytes, act_bytes_per_token_layer=k.act_bytes_per_token_layer,
-                        profile_lengths=tuple(k.profile_lengths))
+    return SimCostKnobs(profile_lengths=tuple(k.profile_lengths))
 
 
 def step_overhead_s(system, hw) -> float:
-    """Per optimizer step: the knob, or (< 0) the calibrated profile's fitted iteration overhead."""
+    """Per optimizer step: the knob, or (< 0) the step model's per-iteration overhead."""
     k = system.cfg.sim.step_overhead_s
     if k >= 0:
         return float(k)
-    return float(hw.megatron.iteration_overhead_s) if calibrated(hw) else 0.0
+    return float(hw.megatron_knobs().iteration_overhead_s)
 
 
 def table_row(cfg, wl):
@@ -144,8 +142,7 @@ def sync_time_s(wl, hw, groups, num_tasks: int) -> float:
         return 0.0
     shard = max(1, min(g.scheme.gpus for g in groups))
     nbytes = 2.0 * lora_params_per_layer(wl.model, wl.lora_rank) * wl.model.num_layers * num_tasks / shard
-    return ring_allreduce_time_s(nbytes, replicas, hw.inter_node_bw_bytes_per_s * hw.comm_efficiency,
-                                 hw.inter_node_latency_s)
+    return ring_allreduce_time_s(nbytes, replicas, hw.bus_bw_bytes_per_s(False), hw.inter_node_latency_s)
 
 
 def step_time(groups, sp) -> float:
@@ -156,13 +153,12 @@ def step_time(groups, sp) -> float:
 def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     cfg = system.cfg
     names = [t.name for t in wl.tasks]
-    schemes, scale = schemes_for(system, wl, hw, len(wl.tasks))
-    info: dict = {"num_gpus": wl.num_gpus, "model": wl.model.name, "tasks": names, "comm_scale": round(scale, 4),
+    schemes = schemes_for(system, wl, hw, len(wl.tasks))
+    info: dict = {"num_gpus": wl.num_gpus, "model": wl.model.name, "tasks": names,
                   "schemes": {s.label: round(s.throughput_per_gpu(), 1) for s in schemes},
-                  "table3_check": table3_check(wl.model, hw, _knobs(system, wl, hw), scale),
-                  "cost_source": ("calibrated Megatron step model (LoRA GEMMs x 2/3); memory: fitted bytes"
-                                  if calibrated(hw) else "derived (FLOPs, MFU, TP collectives, Table-3 TP8 ratio)")
-                                 + "; max_tokens by the profile_memory rule; not profiled"}
+                  "table3_check": table3_check(wl.model, hw, _knobs(system, wl, hw)),
+                  "cost_source": "Megatron step model (LoRA GEMMs x 2/3), its memory; max_tokens by the "
+                                 "profile_memory rule; not profiled"}
     solver = dict(time_limit_s=cfg.ilp_time_limit_s, mip_gap=cfg.ilp_gap) if cfg.dispatch == "balanced" else {}
     streams = TaskStreams(wl.tasks, seed)
     steps, pads, solve, statuses = [], [], [], []

@@ -1,21 +1,14 @@
 """Paper-scale schemes for sim mode (spec 2.1, 6, 10): f_tp(mbs, s) and max_tokens per (tp, pp).
 
-Derived, not profiled (only 7B profiles ship with the authors' code; spec 9). Two pricings:
-- a profile with fitted Megatron knobs (``hardware=*-megatron``, the calibrated step model of
-  the paper-scale fidelity issue): one stage's micro-batch time is
-  :func:`impl.common.megatron.step.seq_cost_terms` (GEMMs at the fitted efficiency and
-  small-row slowdown, causal attention, the TP collectives on the fitted intra- or inter-node
-  bus bandwidth, so TP 16 across two nodes is priced by the fit, the pipeline p2p, the LM head on
-  the last stage, per-layer overhead), with the GEMM terms scaled by ``lora_matrix_factor``
-  (2/3: frozen weights have no weight-gradient GEMMs). No Table-3 rescaling: every Table-3
-  entry is a prediction (:func:`table3_check`). The fitted per-iteration overhead is added
-  once per optimizer step by :mod:`impl.lobra.sim` (``system.sim.step_overhead_s``).
-- a datasheet profile: :func:`impl.common.cost.varlen_model.analytic_seq_cost` for one stage of
-  ``Layout(1, tp, pp)`` (forward + backward FLOPs / (peak·mfu), 8 TP collectives of s·h·2 B per
-  layer, pipeline p2p), split into its compute and communication parts; matrix FLOPs x 2/3
-  (LoRA), attention keeps its 3x (spec 6); the communication part is multiplied by one factor
-  ``comm_scale`` chosen so that TP8's per-GPU throughput at 2K tokens is ``tp8_ratio`` (0.546 =
-  2.79 / 5.11, spec 4 Table 3 [S2]) of TP1's.
+Derived, not profiled (only 7B profiles ship with the authors' code; spec 9). One stage's
+micro-batch time is the Megatron step model's (:func:`impl.common.cost.varlen_model.seq_cost`:
+GEMMs at the profile's kernel tables, causal attention, the TP collectives on the step model's
+intra- or inter-node bus bandwidth, so TP 16 across two nodes is priced by it, the pipeline p2p,
+the LM head on the last stage, per-layer overhead), with the GEMM terms scaled by
+``lora_matrix_factor`` (2/3: frozen weights have no weight-gradient GEMMs): LoRA is a term on the
+step model, not a second formula. No Table-3 rescaling: every Table-3 entry is a prediction
+(:func:`table3_check`). The step model's per-iteration overhead is added once per optimizer step
+by :mod:`impl.lobra.sim` (``system.sim.step_overhead_s``).
 f is per layer of an L/pp-layer stage (fixed micro-batch part in c6, linear in mbs otherwise:
 c1 = attention, c3 = matrices + collectives bandwidth, c2 = c4 = c5 = 0).
 
@@ -23,18 +16,17 @@ c1 = attention, c3 = matrices + collectives bandwidth, c2 = c4 = c5 = 0).
 tp and each pp dividing the layers, mbs 1 with 2·pp micro-batches at lengths ``profile_lengths``
 (1K..16K); max_tokens is the largest that fits. Memory per GPU [R]: frozen bf16 weights / (tp·pp)
 + per task LoRA params (bf16) + fp32 grads + Adam (12 B) on the adapters / (tp·pp) + activations
-of the 1F1B in-flight micro-batches (stage 0 holds pp) + logits, by
-:class:`~impl.common.cost.varlen_model.MemoryModel`: on a calibrated profile
-``MemoryModel.for_hardware`` (the fitted activation and logit bytes per token and the fitted
-allocatable bytes), else 34·h bytes per token and layer under ``memory - memory_reserve_bytes``.
+of the 1F1B in-flight micro-batches (stage 0 holds pp) + logits per token, by the step model's
+:class:`~impl.common.cost.varlen_model.MemoryModel` (activations by module x the profile's
+activation factor, its logit bytes and overhead, under its allocatable bytes).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from impl.common.api import ConfigError
-from impl.common.cost.transformer import layer_matrix_params, layer_split, model_params
-from impl.common.cost.varlen_model import Layout, MemoryModel, analytic_seq_cost, megatron_seq_cost
+from impl.common.cost.transformer import model_params
+from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
 
 from .cost import Scheme, TpCost
 
@@ -45,22 +37,12 @@ LORA_MATRIX_FACTOR = 2.0 / 3.0
 # Spec 4, Table 3 [S2] (per-GPU throughput, model not stated): 2K tokens unless noted.
 TABLE3 = {(1, 1): 5.11, (2, 1): 4.30, (1, 8): 4.45, (2, 4): 4.27, (4, 2): 3.48, (8, 1): 2.79}
 TABLE3_TP8_16K = 2.33
-TP8_RATIO = TABLE3[(8, 1)] / TABLE3[(1, 1)]
 
 
 @dataclass(frozen=True)
 class SimCostKnobs:
-    mfu: float
-    comm_scale: float = -1.0  # < 0: calibrate to tp8_ratio
-    tp8_ratio: float = TP8_RATIO
     lora_matrix_factor: float = LORA_MATRIX_FACTOR
-    memory_reserve_bytes: float = 4 * 2**30
-    act_bytes_per_token_layer: float = 34.0
     profile_lengths: tuple = PROFILE_LENGTHS
-
-
-def calibrated(hw) -> bool:
-    return getattr(hw, "megatron", None) is not None
 
 
 def pp_degrees(model) -> list[int]:
@@ -75,72 +57,34 @@ def lora_params_per_layer(model, rank: int) -> int:
     return rank * sum(a + b for a, b in dims)
 
 
-def _parts(model, tp: int, pp: int, hw, mfu: float) -> tuple[float, float, float, float]:
-    """Per layer: attention a (s²), matrix compute b_c, communication b_x (s), latency c."""
-    full = analytic_seq_cost(model, Layout(1, tp, pp), hw, mfu=mfu)
-    n_layers = max(layer_split(model.num_layers, pp))
-    b_c = 3.0 * 2.0 * layer_matrix_params(model) * n_layers / (tp * hw.peak_flops["bf16"] * mfu)
-    return full.a / n_layers, b_c / n_layers, (full.b - b_c) / n_layers, full.c / n_layers
+def tp_cost(model, tp: int, pp: int, hw, k: SimCostKnobs) -> TpCost:
+    sc = seq_cost(model, Layout(1, tp, pp), hw, gemm_scale=k.lora_matrix_factor)
+    per = model.num_layers / pp  # Scheme.t multiplies f by L/pp
+    return TpCost((sc.a / per, 0.0, sc.b / per, 0.0, 0.0, sc.c / per),
+                  source=f"megatron step model ({hw.name}, LoRA GEMMs x {k.lora_matrix_factor:.3f})")
 
 
-def tp_cost(model, tp: int, pp: int, hw, k: SimCostKnobs, comm_scale: float) -> TpCost:
-    if calibrated(hw):
-        sc = megatron_seq_cost(model, Layout(1, tp, pp), hw, gemm_scale=k.lora_matrix_factor)
-        per = model.num_layers / pp  # Scheme.t multiplies f by L/pp
-        return TpCost((sc.a / per, 0.0, sc.b / per, 0.0, 0.0, sc.c / per),
-                      source=f"megatron-calibrated ({hw.name}, LoRA GEMMs x {k.lora_matrix_factor:.3f})")
-    a, b_c, b_x, c = _parts(model, tp, pp, hw, k.mfu)
-    n_layers = max(layer_split(model.num_layers, pp))
-    # f is per layer of an L/pp-layer stage: the stage's p2p is spread over its layers.
-    return TpCost((a, 0.0, b_c * k.lora_matrix_factor + b_x * comm_scale, 0.0, 0.0, c * comm_scale),
-                  source=f"analytic (comm_scale {comm_scale:.3f}, stage {n_layers} layers)")
-
-
-def _throughput(model, tp, pp, hw, k, scale, s=2048) -> float:
-    sch = Scheme(tp, pp, s, tp_cost(model, tp, pp, hw, k, scale), model.num_layers)
+def _throughput(model, tp, pp, hw, k, s=2048) -> float:
+    sch = Scheme(tp, pp, s, tp_cost(model, tp, pp, hw, k), model.num_layers)
     return sch.throughput_per_gpu()
 
 
-def calibrate_comm_scale(model, hw, k: SimCostKnobs) -> float:
-    """Bisection on the TP8/TP1 per-GPU throughput ratio at 2K (monotone in the scale); 1 on a
-    calibrated profile (its collectives are fitted, not rescaled)."""
-    if calibrated(hw):
-        return 1.0
-    if k.comm_scale >= 0:
-        return k.comm_scale
-    base = _throughput(model, 1, 1, hw, k, 1.0)
-
-    def ratio(x):
-        return _throughput(model, 8, 1, hw, k, x) / base
-
-    lo, hi = 0.0, 64.0
-    if not ratio(hi) <= k.tp8_ratio <= ratio(lo):
-        raise ConfigError(f"system.sim.tp8_ratio: {k.tp8_ratio} is outside the reachable range "
-                          f"[{ratio(hi):.3f}, {ratio(lo):.3f}] for {model.name}")
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ratio(mid) > k.tp8_ratio else (lo, mid)
-    return (lo + hi) / 2
-
-
-def table3_check(model, hw, k: SimCostKnobs, scale: float) -> dict:
+def table3_check(model, hw, k: SimCostKnobs) -> dict:
     """Predicted per-GPU throughput relative to TP1 at 2K next to Table 3's, per config."""
-    base = _throughput(model, 1, 1, hw, k, scale)
+    base = _throughput(model, 1, 1, hw, k)
     out = {}
     for (tp, pp), v in TABLE3.items():
-        out[f"tp{tp}pp{pp}"] = {"sim": round(_throughput(model, tp, pp, hw, k, scale) / base, 3),
+        out[f"tp{tp}pp{pp}"] = {"sim": round(_throughput(model, tp, pp, hw, k) / base, 3),
                                 "paper": round(v / TABLE3[(1, 1)], 3)}
-    out["tp8pp1@16K_vs_tp8@2K"] = {"sim": round(_throughput(model, 8, 1, hw, k, scale, s=16384)
-                                                / _throughput(model, 8, 1, hw, k, scale), 3),
+    out["tp8pp1@16K_vs_tp8@2K"] = {"sim": round(_throughput(model, 8, 1, hw, k, s=16384)
+                                                / _throughput(model, 8, 1, hw, k), 3),
                                    "paper": round(TABLE3_TP8_16K / TABLE3[(8, 1)], 3)}
     return out
 
 
 def memory_model(hw, k: SimCostKnobs) -> MemoryModel:
-    """The shared per-GPU memory model; a calibrated profile replaces the reserve and the
-    activation bytes with its fitted ones."""
-    return MemoryModel.for_hardware(hw, reserve_bytes=k.memory_reserve_bytes,
-                                    act_bytes_per_token_layer=k.act_bytes_per_token_layer)
+    """The shared per-GPU memory model (the step model's terms)."""
+    return MemoryModel.for_hardware(hw)
 
 
 def peak_bytes(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, tokens: int) -> float:
@@ -160,11 +104,9 @@ def max_tokens(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, ran
     return fit[-1] if fit else 0
 
 
-def sim_schemes(model, hw, k: SimCostKnobs, num_gpus: int, num_tasks: int, rank: int, cap: int) -> tuple[list[Scheme], float]:
+def sim_schemes(model, hw, k: SimCostKnobs, num_gpus: int, num_tasks: int, rank: int, cap: int) -> list[Scheme]:
     """Every (tp, pp) of the grid that fits ``num_gpus`` GPUs and holds one of the profile
-    lengths, and the comm scale used. TP stays inside a node unless tp = 16 (the paper's 70B
-    TP16)."""
-    scale = calibrate_comm_scale(model, hw, k)
+    lengths. TP stays inside a node unless tp = 16 (the paper's 70B TP16)."""
     out = []
     for tp in TP_DEGREES:
         for pp in pp_degrees(model):
@@ -173,5 +115,5 @@ def sim_schemes(model, hw, k: SimCostKnobs, num_gpus: int, num_tasks: int, rank:
             m = max_tokens(model, tp, pp, hw, k, num_tasks, rank, cap)
             if m < 1:
                 continue
-            out.append(Scheme(tp, pp, m, tp_cost(model, tp, pp, hw, k, scale), model.num_layers))
-    return out, scale
+            out.append(Scheme(tp, pp, m, tp_cost(model, tp, pp, hw, k), model.num_layers))
+    return out

@@ -44,19 +44,13 @@ class SimKnobs:
     # Task-Sequential: the [tp, pp] (or [tp, pp, max_tokens] from the authors' table) configs a task
     # may run on (spec 3, Table 6; spec 10); empty = any scheme.
     sequential_configs: List[List[int]] = field(default_factory=list)
-    # < 0: calibrate the TP communication factor to tp8_ratio (spec 4 Table 3: 2.79 / 5.11).
-    comm_scale: float = -1.0
-    tp8_ratio: float = 0.5460
-    memory_reserve_bytes: float = 4294967296.0  # 4 GiB per GPU kept back [R] (datasheet profiles)
-    act_bytes_per_token_layer: float = 34.0  # x hidden (Korthikanti et al. 2022, flash attn, SP; datasheet)
     # max_tokens per (tp, pp): the authors' profile_memory rule tries these lengths (spec 10).
     profile_lengths: List[int] = field(default_factory=lambda: list(PROFILE_LENGTHS))
     # The authors' replica tables (deployment=table, or auto when a row matches).
     replica_table: List[ReplicaRow] = field(default_factory=list)
     # A table deployment's max_tokens: rule (ours, profile_memory on the memory model) | table.
     max_tokens_from: str = "rule"
-    # Per optimizer step (Task-Sequential: per task step): < 0 = the calibrated profile's fitted
-    # iteration overhead (0 on a datasheet profile).
+    # Per optimizer step (Task-Sequential: per task step): < 0 = the step model's per-iteration overhead.
     step_overhead_s: float = -1.0
 
 
@@ -152,7 +146,7 @@ class LobRA(System):
                 raise ConfigError(f"hardware {hardware.name}: sim mode prices bf16 compute, which the profile lacks")
             from .sim import schemes_for
 
-            schemes, _ = schemes_for(self, wl, hardware, len(wl.tasks))
+            schemes = schemes_for(self, wl, hardware, len(wl.tasks))
             top = max((s.max_tokens for s in schemes), default=0)
             if top < wl.max_len:
                 raise ConfigError(f"workload.tasks: the longest sequence {wl.max_len} is beyond every replica's "

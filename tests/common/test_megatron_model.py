@@ -112,8 +112,8 @@ def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
     the step model's chord between context/2 and 2 x context tokens (the table-priced kernels are
     not affine in the rows: within 6% on one packed row of two documents, slowest stage,
     per-iteration terms excluded; exact at a single document of the context), and the harness's
-    varlen cost model routes Megatron-TP layouts through them."""
-    from impl.common.cost.varlen_model import Layout, analytic_seq_cost
+    varlen cost model is them, on a datasheet profile too (one path: its knobs carried from the fit)."""
+    from impl.common.cost.varlen_model import Layout, seq_cost
     from impl.common.megatron import work_from_microbatches
     from impl.common.megatron.step import features, seq_cost_terms, theta_of
     from impl.common.workloads.pipeline import ModelShape
@@ -128,14 +128,18 @@ def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
     t1 = (one.T[0, 0, 0] @ theta_of(hw, hw.megatron)).max()
     assert a * 8192 ** 2 + b * 8192 + c == pytest.approx(t1, rel=1e-9)
     shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
-    assert analytic_seq_cost(shape, Layout(2, 4, 1), hw).source == "megatron-calibrated"
-    assert analytic_seq_cost(shape, Layout(2, 4, 1), load_hardware("h100-sxm")).source == "analytic"
+    fitted, datasheet = seq_cost(shape, Layout(2, 4, 1), hw), seq_cost(shape, Layout(2, 4, 1), load_hardware("h100-sxm"))
+    assert fitted.source == "megatron-step"
+    assert (datasheet.a, datasheet.b, datasheet.c) == pytest.approx((fitted.a, fitted.b, fitted.c), rel=1e-12)
+    # A 5% slower GEMM table moves the price (the table, not an efficiency constant, decides it).
+    slow = dataclasses.replace(hw, megatron=dataclasses.replace(hw.megatron, gemm_time_factor=1.05 * hw.megatron.gemm_time_factor))
+    assert seq_cost(shape, Layout(2, 4, 1), slow).b > 1.02 * fitted.b
 
 
-def test_hybrid_cost_model_layer_time_is_the_step_models_on_a_calibrated_profile():
-    """Malleus' and the checkpoint systems' per-layer cost: the step model's layer terms on a
-    calibrated profile (a pipeline stage of n layers costs n of them plus its edges), the FLOP
-    estimate on a datasheet one (unchanged)."""
+def test_hybrid_cost_model_layer_time_is_the_step_models_on_every_profile():
+    """Malleus' and the checkpoint systems' per-layer cost: the step model's layer terms (a
+    pipeline stage of n layers costs n of them plus its edges), on a datasheet profile the same
+    as on the profile the fit carried to it."""
     from types import SimpleNamespace
 
     from impl.common.megatron.step import layer_time_s
@@ -143,7 +147,7 @@ def test_hybrid_cost_model_layer_time_is_the_step_models_on_a_calibrated_profile
     from impl.common.workloads.pipeline import ModelShape
 
     shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
-    wl = SimpleNamespace(model=shape, micro_batch_size=1, dtype="bf16", tp=4, mfu=None)
+    wl = SimpleNamespace(model=shape, micro_batch_size=1, dtype="bf16", tp=4)
     cal, ds = load_hardware("a800-80g-megatron"), load_hardware("a800-80g")
     hc = HybridCostModel.build(wl, cal)
     m = MegatronModel.from_shape(shape)
@@ -152,18 +156,13 @@ def test_hybrid_cost_model_layer_time_is_the_step_models_on_a_calibrated_profile
     stage1 = (features(m, lay, cal).T[0, 0, 0, 1] @ theta_of(cal, cal.megatron))  # a middle stage: 8 layers + p2p
     assert stage1 > 8 * hc.layer_time_s(4)
     hd = HybridCostModel.build(wl, ds)
-    from impl.common.cost.comm import ring_allreduce_time_s
-    from impl.common.cost.transformer import layer_fwd_flops
-
-    flops = 3.0 * layer_fwd_flops(shape, 1) / (4 * ds.peak_flops["bf16"] * ds.mfu)
-    ar = ring_allreduce_time_s(4096 * 4096 * 2.0, 4, ds.intra_node_bw_bytes_per_s * ds.comm_efficiency,
-                               ds.intra_node_latency_s)
-    assert hd.calibrated_hw is None and hd.layer_time_s(4) == pytest.approx(flops + 4 * ar, rel=1e-12)
+    assert hd.layer_time_s(4) == pytest.approx(hc.layer_time_s(4), rel=1e-12)
+    assert hd.intra_bw_bytes_per_s == pytest.approx(cal.megatron.intra_node_bus_bw_bytes_per_s)
 
 
-def test_pipeline_stage_costs_take_the_step_models_layer_on_a_calibrated_profile():
+def test_pipeline_stage_costs_take_the_step_models_layer():
     from impl.common.cost.transformer import stage_costs
-    from impl.common.megatron.step import F_ATTN, F_GEMM, F_GEMM_ROWS, F_LAYERS, layer_terms
+    from impl.common.megatron.step import F_ATTN, F_ELEM, F_GEMM, F_LAYERS, layer_terms
     from impl.common.workloads.pipeline import ModelShape
 
     hw = load_hardware("h800-megatron")
@@ -171,9 +170,12 @@ def test_pipeline_stage_costs_take_the_step_models_layer_on_a_calibrated_profile
     sc = stage_costs(shape, 4, 2, "fp16", 2, hw)
     f = layer_terms(MegatronModel.from_shape(shape), 2, 4096.0, 2 * 2048.0 ** 2, hw, 8)
     th = theta_of(hw, hw.megatron)
-    per_layer = sum(f[k] * th[k] for k in (F_GEMM, F_GEMM_ROWS, F_ATTN, F_LAYERS))
+    per_layer = sum(f[k] * th[k] for k in (F_GEMM, F_ELEM, F_ATTN, F_LAYERS))
     assert sc.tw_s[0] == pytest.approx(8 * per_layer / 3, rel=1e-12)
     assert sc.tf_s[0] > sc.tw_s[0] and sc.tb_s == sc.tf_s
+    assert stage_costs(shape, 4, 2, "fp16", 2, load_hardware("h800")) == sc
+    with pytest.raises(ConfigError, match="workload.dtype: fp32"):
+        stage_costs(shape, 4, 2, "fp32", 2, hw)
 
 
 def test_derived_profiles_scale_links_and_keep_headroom():

@@ -210,7 +210,9 @@ def test_single_group_has_no_switch_and_equals_same_engine_static():
 
 
 def test_megatron_static_strategy_fits_the_context():
-    wl = dataclasses.replace(_wl("hotspa_32b_32gpu_cc"), steps=1)
+    # 16K: at 32K no tp <= 8 layout of 32B on 32 A800s holds the context on the step model's memory
+    # (best (1,8,4): 30,418 tokens; the authors' home strategy is the cross-node (1,16,2)).
+    wl = dataclasses.replace(at_context(_wl("hotspa_32b_32gpu_cc"), 16384), steps=1)
     m, info = simulate(_system(policy="megatron_static"), wl, _hw(), 0)
     assert info["maxlen"][0] >= wl.context and m["step_time_s"].value > 0
     s = Strategy(*(int(x) for x in info["strategies"][0].strip("()").split(",")))
@@ -253,17 +255,17 @@ def test_ablation_figure_reads_each_records_own_knobs(tmp_path):
     assert ablation(recs, tmp_path)[0].exists()
 
 
-def test_sequence_parallel_off_keeps_ten_of_the_34_activation_bytes_whole_per_tp_rank():
+def test_sequence_parallel_off_keeps_norms_and_residuals_whole_per_tp_rank():
     from impl.common.cost.varlen_model import Layout, MemoryModel
 
     wl, hw = _wl("hotspa_32b_32gpu_cc"), _hw()
-    sp = MemoryModel.for_hardware(hw, 4 * 2**30)
+    sp = MemoryModel.for_hardware(hw, headroom_bytes=4 * 2**30)
     no = dataclasses.replace(sp, sequence_parallel=False)
-    m, h = wl.model, wl.model.hidden
-    for tp in (1, 2, 8):
-        lay = Layout(32 // (tp * 2), tp, 2)
-        extra = (no.per_token_bytes(m, lay) - sp.per_token_bytes(m, lay)) / (h * (m.num_layers // 2) * 2)
-        assert extra == pytest.approx(10.0 - 10.0 / tp)  # (10 + 24/tp) - 34/tp, per token-layer
+    m = wl.model
+    assert no.per_token_bytes(m, Layout(16, 1, 2)) == pytest.approx(sp.per_token_bytes(m, Layout(16, 1, 2)))
+    extra = [no.per_token_bytes(m, Layout(32 // (tp * 2), tp, 2)) - sp.per_token_bytes(m, Layout(32 // (tp * 2), tp, 2))
+             for tp in (2, 8)]
+    assert 0 < extra[0] < extra[1]  # what SP would split stays whole: more of it the larger tp
     assert no.maxlen(m, Layout(1, 16, 2), 32) < sp.maxlen(m, Layout(1, 16, 2), 32)
     # the static baseline without SP: no tp <= 16 strategy holds a 32K context for 32B on 32 GPUs
     sim = _system(policy="megatron_static", sim=SimKnobs(sequence_parallel=False, static_max_tp=16))

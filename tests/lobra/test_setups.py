@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from bench.validate import typed_hardware, typed_workload
 from impl.common.api import ConfigError
-from impl.common.cost.varlen_model import Layout, megatron_seq_cost
+from impl.common.cost.varlen_model import Layout, seq_cost
 from impl.common.varlen.lengths import LengthDist
 from impl.lobra import datasets
 from impl.lobra.sim import simulate
@@ -37,9 +37,9 @@ def wl7():
 def test_calibrated_lora_cost_is_the_step_model_with_two_thirds_gemms(hw_cal):
     m = typed_workload(OmegaConf.create(datasets.workload_yaml("llama2-70b", 64, ["dolly"]))).model
     for tp, pp in [(1, 4), (8, 1), (16, 1)]:
-        full = tp_cost(m, tp, pp, hw_cal, SimCostKnobs(mfu=0.5, lora_matrix_factor=1.0), 1.0)
-        lora = tp_cost(m, tp, pp, hw_cal, SimCostKnobs(mfu=0.5), 1.0)
-        sc = megatron_seq_cost(m, Layout(1, tp, pp), hw_cal)
+        full = tp_cost(m, tp, pp, hw_cal, SimCostKnobs(lora_matrix_factor=1.0))
+        lora = tp_cost(m, tp, pp, hw_cal, SimCostKnobs())
+        sc = seq_cost(m, Layout(1, tp, pp), hw_cal)
         per = m.num_layers / pp
         # factor 1: exactly the calibrated step model's stage cost (the plain path)
         assert full.f(3, 2048) * per == pytest.approx(3 * 2048 * sc.b + 3 * 2048 ** 2 * sc.a + sc.c, rel=1e-12)
@@ -50,8 +50,8 @@ def test_calibrated_lora_cost_is_the_step_model_with_two_thirds_gemms(hw_cal):
         assert lora.c[0] == pytest.approx(full.c[0], rel=0.01)
     # TP 16 spans two nodes: its collectives go over the fitted inter-node bus, so doubling TP8
     # does not halve a micro-batch's time.
-    t8 = tp_cost(m, 8, 1, hw_cal, SimCostKnobs(mfu=0.5), 1.0).f(1, 8192)
-    t16 = tp_cost(m, 16, 1, hw_cal, SimCostKnobs(mfu=0.5), 1.0).f(1, 8192)
+    t8 = tp_cost(m, 8, 1, hw_cal, SimCostKnobs()).f(1, 8192)
+    t16 = tp_cost(m, 16, 1, hw_cal, SimCostKnobs()).f(1, 8192)
     assert t16 > t8 / 2
 
 
@@ -59,7 +59,7 @@ def test_calibrated_lora_cost_is_the_step_model_with_two_thirds_gemms(hw_cal):
 def test_max_tokens_is_the_profile_rule(profile):
     hw = typed_hardware(OmegaConf.load(f"conf/hardware/{profile}.yaml"))
     m = typed_workload(OmegaConf.create(datasets.workload_yaml("llama2-70b", 64, ["dolly"]))).model
-    k = SimCostKnobs(mfu=0.5)
+    k = SimCostKnobs()
     room = memory_model(hw, k).capacity_bytes
     assert pp_degrees(m) == [1, 2, 4, 5, 8]
     seen = set()

@@ -67,6 +67,6 @@ def test_bad_inputs_one_line(job):
     from impl.lobra.plan import plan
     from impl.lobra.sim import schemes_for
 
-    even_gpu = [x for x in schemes_for(system(), wl, hw, 2)[0] if x.gpus % 2 == 0]
+    even_gpu = [x for x in schemes_for(system(), wl, hw, 2) if x.gpus % 2 == 0]
     with pytest.raises(ConfigError, match="workload.num_gpus: 7 GPUs: no combination of schemes sums to it"):
         plan(even_gpu, 7, [256], [4], 256)

@@ -110,14 +110,14 @@ def tp_allreduce_bytes_per_layer(micro_batch_size: int, seq_len: int, hidden: in
 
 def tp_allreduce_time_s(micro_batch_size: int, seq_len: int, hidden: int, dtype: str, tp: int,
                         hw: HardwareProfile) -> float:
-    """Time of one per-layer TP all-reduce; TP groups sit inside a node when tp <= gpus_per_node."""
+    """Time of one per-layer TP all-reduce at the step model's bus bandwidth; TP groups sit
+    inside a node when tp <= gpus_per_node."""
     if tp <= 1:
         return 0.0
     intra = tp <= hw.gpus_per_node
-    bw = hw.intra_node_bw_bytes_per_s if intra else hw.inter_node_bw_bytes_per_s
     lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
     nbytes = tp_allreduce_bytes_per_layer(micro_batch_size, seq_len, hidden, dtype)
-    return ring_allreduce_time_s(nbytes, tp, bw * hw.comm_efficiency, lat)
+    return ring_allreduce_time_s(nbytes, tp, hw.bus_bw_bytes_per_s(intra), lat)
 
 
 @dataclass(frozen=True)
@@ -163,32 +163,38 @@ def stage_costs(model: ModelShape, stages: int, micro_batch_size: int, dtype: st
     if tp < 1:
         raise ConfigError(f"tp must be >= 1, got {tp}")
     layers = layer_split(model.num_layers, stages)
-    if getattr(hw, "megatron", None) is not None and dtype in ("bf16", "fp16"):
-        compute_s, ar_s = _calibrated_layer_s(model, micro_batch_size, tp, hw)
-    else:
-        flops_per_s = hw.flops(dtype)
-        compute_s = layer_fwd_flops(model, micro_batch_size) / (tp * flops_per_s)
+    if dtype in ("bf16", "fp16"):
+        compute_s, ar_s = _step_layer_s(model, micro_batch_size, tp, hw)
+    elif hw.measured:
+        # A measured host (system=calibrate, e.g. the CPU fidelity runs in fp32): its peak is the
+        # matmul rate it achieved; the GPU step model's tables are bf16 kernels.
+        if dtype not in hw.peak_flops:
+            raise ConfigError(f"hardware {hw.name}: no measured {dtype} FLOP/s (has {', '.join(sorted(hw.peak_flops))})")
+        compute_s = layer_fwd_flops(model, micro_batch_size) / (tp * hw.peak_flops[dtype])
         ar_s = tp_allreduce_time_s(micro_batch_size, model.seq_len, model.hidden, dtype, tp, hw)
+    else:
+        raise ConfigError(f"workload.dtype: {dtype} on datasheet profile {hw.name}: the Megatron step model prices "
+                          f"bf16/fp16 steps (fp32 needs a measured profile, hardware=local from system=calibrate)")
     tf = tuple(n * (compute_s + 2 * ar_s) for n in layers)
     tb = tf  # same FLOPs and the same two all-reduces
     tw = tuple(n * compute_s for n in layers)
     return StageCosts(tf, tb, tw, layers)
 
 
-def _calibrated_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) -> tuple[float, float]:
-    """A profile with fitted Megatron knobs: one layer's forward compute (a third of the step
-    model's forward + backward GEMM, attention and overhead terms: B ≈ W ≈ F as above) and one TP
-    all-reduce at the fitted bus bandwidth."""
+def _step_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) -> tuple[float, float]:
+    """One layer's forward compute from the Megatron step model (a third of its forward + backward
+    GEMM, attention, memory-bound and overhead terms: B ≈ W ≈ F as above) and one TP all-reduce
+    at the step model's bus bandwidth."""
     import numpy as np
 
     from impl.common.megatron.model import MegatronModel
-    from impl.common.megatron.step import F_ATTN, F_GEMM, F_GEMM_ROWS, F_LAYERS, layer_terms, theta_of
+    from impl.common.megatron.step import F_ATTN, F_ELEM, F_GEMM, F_LAYERS, layer_terms, theta_of
 
     rows = float(micro_batch_size * model.seq_len)
     f = layer_terms(MegatronModel.from_shape(model), tp, rows, rows * model.seq_len, hw, hw.gpus_per_node)
-    th = theta_of(hw, hw.megatron)
+    th = theta_of(hw, hw.megatron_knobs())
     keep = np.zeros_like(th)
-    keep[[F_GEMM, F_GEMM_ROWS, F_ATTN, F_LAYERS]] = 1.0
+    keep[[F_GEMM, F_ELEM, F_ATTN, F_LAYERS]] = 1.0
     compute_fwd = float(f @ (th * keep)) / 3.0
     if tp <= 1:
         return compute_fwd, 0.0

@@ -12,13 +12,25 @@ ran on A800 / A100 / H800; the measured launches are H100's).
 - Per-layer and per-iteration overheads (host work) and the bytes per token, per logit and fixed
   (software): kept.
 - Allocatable memory: the target's memory less the base's headroom (memory - allocatable).
+
+Every profile prices a Megatron-like step through one path (:func:`step_profile`): a profile with
+fitted knobs and kernel tables as it is; a datasheet profile (``measured: false``) with the knobs
+and tables of its ``step_model_from`` profile (default ``h100-megatron``, the fit to measured H100
+launches) carried by the rules above, the same rule that wrote the shipped ``*-megatron`` profiles,
+so ``hardware=a800-80g`` and ``hardware=a800-80g-megatron`` price a step alike; a measured host
+profile (``system=calibrate``: its peaks are achieved rates) with flat kernel tables at its
+measured matmul rate and its measured links; a profile with probed tables and no fit yet, with
+those tables and factors of 1 (the fit's starting point).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from impl.common.api import ConfigError
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import HardwareProfile, MegatronKnobs
+
+_STEP_PROFILES: dict = {}
 
 
 def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = "") -> HardwareProfile:
@@ -48,3 +60,53 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
     return dataclasses.replace(target, name=name or f"{target.name}-megatron", megatron=knobs, kernels=tables,
                                calibration=cal,
                                source=f"{target.source}; Megatron knobs derived from {base.name} by datasheet ratios")
+
+
+def _key(hw: HardwareProfile) -> str:
+    return repr((hw.name, hw.step_model_from, hw.measured, sorted((hw.peak_flops or {}).items()), hw.memory_bytes,
+                 hw.memory_bw_bytes_per_s, hw.gpus_per_node, hw.intra_node_bw_bytes_per_s, hw.inter_node_bw_bytes_per_s,
+                 hw.intra_node_latency_s, hw.inter_node_latency_s, hw.comm_efficiency))
+
+
+def step_profile(hw: HardwareProfile) -> HardwareProfile:
+    """``hw`` with the knobs (``megatron``) and kernel tables (``kernels``) the step model prices
+    it with (see the module doc); cached per profile figures."""
+    if hw.megatron is not None and hw.kernels is not None and hw.kernels.gemm:
+        return hw
+    key = _key(hw)
+    if key not in _STEP_PROFILES:
+        has_tables = hw.kernels is not None and bool(hw.kernels.gemm)
+        _STEP_PROFILES[key] = _neutral(hw) if hw.measured or has_tables else _carried(hw)
+    return _STEP_PROFILES[key]
+
+
+def _carried(hw: HardwareProfile) -> HardwareProfile:
+    from impl.common.hardware import load_hardware
+
+    base_name = hw.step_model_from
+    if not base_name or base_name == hw.name:
+        raise ConfigError(f"hardware {hw.name}: step_model_from must name a fitted profile (got {base_name!r})")
+    base = step_profile(load_hardware(base_name))
+    derived = derived_profile(base, hw, name=hw.name)
+    if hw.megatron is not None:  # fitted knobs without tables: keep the knobs, carry the tables
+        derived = dataclasses.replace(derived, megatron=hw.megatron)
+    return dataclasses.replace(derived, calibration=hw.calibration or derived.calibration, source=hw.source)
+
+
+def _neutral(hw: HardwareProfile) -> HardwareProfile:
+    """A measured host, or a profile with measured kernel tables and no fit yet (what the fit
+    starts from): its own tables (a host's: flat at its measured matmul rate), factors 1, its
+    links x ``comm_efficiency`` (1 on a measured profile), all of its memory."""
+    from .kernels import flat_tables
+
+    rate_dtype = "bf16" if "bf16" in (hw.peak_flops or {}) else "fp32"
+    knobs = hw.megatron or MegatronKnobs(
+        intra_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.intra_node_bw_bytes_per_s) * hw.comm_efficiency,
+        inter_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.inter_node_bw_bytes_per_s) * hw.comm_efficiency,
+        allocatable_bytes=hw.memory_bytes)
+    return dataclasses.replace(hw, megatron=knobs, kernels=hw.kernels if hw.kernels and hw.kernels.gemm
+                               else flat_tables(hw, rate_dtype))
+
+
+def step_knobs(hw: HardwareProfile, knobs: Optional[MegatronKnobs] = None) -> MegatronKnobs:
+    return knobs or step_profile(hw).megatron

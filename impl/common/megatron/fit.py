@@ -237,7 +237,6 @@ def fit_allocatable(priced: Sequence[Priced], phi: np.ndarray, capacity: float,
 
 def knobs_from(theta: np.ndarray, phi: np.ndarray, allocatable: float, hw: HardwareProfile,
                model: Optional[MegatronModel] = None) -> MegatronKnobs:
-    whole, sharded = act.korthikanti_coefficients(model or MegatronModel())
     return MegatronKnobs(
         gemm_time_factor=float(theta[F_GEMM]), attn_time_factor=float(theta[F_ATTN]),
         elementwise_time_factor=float(theta[F_ELEM]),
@@ -245,8 +244,7 @@ def knobs_from(theta: np.ndarray, phi: np.ndarray, allocatable: float, hw: Hardw
         inter_node_bus_bw_bytes_per_s=float(1.0 / theta[F_INTER]),
         layer_overhead_s=float(theta[F_LAYERS]), iteration_overhead_s=float(theta[F_ITER]),
         activation_factor=float(phi[M_ACT]), logits_bytes=float(phi[M_LOGITS]), memory_overhead_bytes=float(phi[M_ONE]),
-        allocatable_bytes=float(allocatable),
-        act_whole_bytes=float(whole * phi[M_ACT]), act_sharded_bytes=float(sharded * phi[M_ACT]))
+        allocatable_bytes=float(allocatable))
 
 
 def fit(priced: Sequence[Priced], hw: HardwareProfile) -> tuple[MegatronKnobs, dict]:

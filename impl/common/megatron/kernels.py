@@ -174,16 +174,15 @@ def carried(tables: KernelTables, base_peak: float, base_bw: float, target: Hard
     return KernelTables(source=f"{tables.source}; {note}", gemm=gemm, attn=attn)
 
 
-def flat_tables(hw: HardwareProfile, efficiency: Optional[float] = None) -> KernelTables:
-    """Tables of a profile without measurements: ``mfu`` of the bf16 peak at every shape (the
-    datasheet reading), so one code path prices both."""
-    peak = (hw.peak_flops or {}).get("bf16")
-    if not peak:
-        raise ConfigError(f"hardware {hw.name}: no bf16 peak FLOP/s to price Megatron with")
-    rate = peak * (efficiency if efficiency is not None else hw.mfu)
+def flat_tables(hw: HardwareProfile, dtype: str = "bf16") -> KernelTables:
+    """Tables of a measured host profile (``system=calibrate``: its peak is the matmul rate it
+    achieved): that rate at every shape."""
+    rate = (hw.peak_flops or {}).get(dtype)
+    if not rate:
+        raise ConfigError(f"hardware {hw.name}: no {dtype} FLOP/s to price Megatron with")
     ms = [1, 1 << 20]
     ss = [1, 1 << 20]
-    return KernelTables(source=f"flat: {rate:.4g} FLOP/s ({hw.name} mfu x bf16 peak)",
+    return KernelTables(source=f"flat: {rate:.4g} FLOP/s (measured {dtype} matmul rate of {hw.name})",
                         gemm=[GemmSeries(n=4096, k=4096, m=ms, s=[2.0 * m * 4096 * 4096 / rate for m in ms])],
                         attn=[AttnSeries(heads=32, head_dim=128, s=ss,
                                          fwd_s=[2.0 * s * s * 4096 / rate for s in ss],
@@ -191,4 +190,7 @@ def flat_tables(hw: HardwareProfile, efficiency: Optional[float] = None) -> Kern
 
 
 def tables_of(hw: HardwareProfile) -> KernelTables:
-    return hw.kernels if hw.kernels is not None and hw.kernels.gemm else flat_tables(hw)
+    """The tables the step model prices ``hw`` with (:func:`impl.common.megatron.derive.step_profile`)."""
+    from .derive import step_profile
+
+    return step_profile(hw).kernels

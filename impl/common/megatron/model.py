@@ -147,9 +147,12 @@ class MegatronLayout:
     recompute: str = "none"
     distributed_optimizer: bool = True
     gpus_per_node: int = 8
+    # DeepSpeed-Ulysses sequence parallelism inside each replica (instead of TP): every GPU of the
+    # group runs 1/ulysses of the tokens through whole layers and all-to-alls heads for attention.
+    ulysses: int = 1
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "mbs", "gbs", "context", "gpus_per_node"):
+        for f in ("dp", "tp", "pp", "mbs", "gbs", "context", "gpus_per_node", "ulysses"):
             if getattr(self, f) < 1:
                 raise ConfigError(f"layout.{f}: must be >= 1, got {getattr(self, f)}")
         if self.mode not in MODES:
@@ -160,10 +163,17 @@ class MegatronLayout:
             raise ConfigError(f"layout.gbs: {self.gbs} is not a multiple of dp x mbs = {self.dp * self.mbs}")
         if self.tp > self.gpus_per_node and self.tp % self.gpus_per_node:
             raise ConfigError(f"layout.tp: {self.tp} spans nodes of {self.gpus_per_node} GPUs unevenly")
+        if self.ulysses > 1 and self.tp > 1:
+            raise ConfigError(f"layout.ulysses: {self.ulysses} with tp {self.tp} (Ulysses replaces TP: tp must be 1)")
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.ulysses
+
+    @property
+    def group(self) -> int:
+        """GPUs that split one layer's work: the TP or the Ulysses group."""
+        return self.tp * self.ulysses
 
     @property
     def microbatches(self) -> int:
@@ -174,6 +184,8 @@ class MegatronLayout:
         return replace(self, **kw)
 
     def check(self, model: MegatronModel) -> None:
+        if self.ulysses > 1 and model.heads % self.ulysses:
+            raise ConfigError(f"layout.ulysses: {self.ulysses} does not divide the {model.heads} attention heads")
         if model.heads % self.tp:
             raise ConfigError(f"layout.tp: {self.tp} does not divide the {model.heads} attention heads")
         if model.kv_heads and model.kv_heads % self.tp and self.tp % model.kv_heads:

@@ -63,15 +63,13 @@ OPT_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2 + 4
 # The loss over one fp32 logit (vocab-parallel cross-entropy): cast, max, exp, sum, grad.
 CE_BYTES_PER_LOGIT = 24.0
 TP_COLLECTIVES_PER_LAYER = 4  # all-reduces (no SP) or AG+RS pairs (SP), forward + backward
+ULYSSES_ALL_TO_ALLS_PER_LAYER = 8  # q, k, v, out; forward + backward
 # Memory-peak spans: Megatron prints max allocated after 10 iterations; a launch runs train_iters.
 REPORT_ITERS = 10
 
 # Time features, one coefficient each (theta): see theta_of.
 F_GEMM, F_ATTN, F_ELEM, F_INTRA, F_INTER, F_LAYERS, F_ITER, F_FIXED = range(8)
 N_TIME = 8
-# Kept for callers that select compute columns (impl.common.cost.transformer): the memory-bound
-# kernels are compute-side time too.
-F_GEMM_ROWS = F_ELEM
 # Memory features: states (fixed), derived activation bytes, logit elements, 1.
 M_STATES, M_ACT, M_LOGITS, M_ONE = range(4)
 N_MEM = 4
@@ -249,12 +247,15 @@ def _row_max(rows: np.ndarray) -> float:
 
 
 def layer_terms(model: MegatronModel, tp: int, rows, attn_sq, hw: HardwareProfile, gpus_per_node: int,
-                recompute=1.0, sequence_parallel: bool = False) -> np.ndarray:
+                recompute=1.0, sequence_parallel: bool = False, ulysses: int = 1) -> np.ndarray:
     """Time features (..., N_TIME) of one transformer layer, forward + backward, for micro-batches
     of ``rows`` tokens and ``attn_sq`` = sum of squared document lengths: the GEMMs and causal
     attention at the profile's table times, the memory-bound kernels' bytes over HBM, the four TP
     collectives with their latency, one layer's overhead. ``recompute``: ``full`` (or a factor
-    > 1, as before) adds one forward."""
+    > 1, as before) adds one forward. ``ulysses`` > 1 (DeepSpeed-Ulysses, tp 1): each GPU runs
+    rows / ulysses tokens through whole-width GEMMs and memory-bound kernels and causal attention
+    over every token for heads / ulysses; eight all-to-alls per layer (q, k, v and the output,
+    forward and backward), each sending (u - 1) / u of the GPU's rows / u x (h or kv) x 2 B."""
     rows = np.asarray(rows, dtype=float)
     sq = np.asarray(attn_sq, dtype=float)
     full = recompute == "full" or (not isinstance(recompute, str) and recompute > 1.0)
@@ -263,16 +264,23 @@ def layer_terms(model: MegatronModel, tp: int, rows, attn_sq, hw: HardwareProfil
     hbm = hw.memory_bw_bytes_per_s
     if not hbm > 0:
         raise ConfigError(f"hardware {hw.name}: memory_bw_bytes_per_s must be > 0 to price Megatron")
+    u = max(1, int(ulysses))
+    local = rows / u
     f = np.zeros(rows.shape + (N_TIME,))
-    f[..., F_GEMM] = linear_gemm_s(model, tp, rows, tables, extra)
-    f[..., F_ATTN] = attention_s(model, tp, rows, sq, tables, extra)
-    f[..., F_ELEM] = elementwise_bytes(model, tp, sequence_parallel) * rows / hbm * (4.0 / 3.0 if full else 1.0)
+    f[..., F_GEMM] = linear_gemm_s(model, tp, local, tables, extra)
+    f[..., F_ATTN] = attention_s(model, tp * u, rows, sq, tables, extra)
+    f[..., F_ELEM] = elementwise_bytes(model, tp, sequence_parallel) * local / hbm * (4.0 / 3.0 if full else 1.0)
     f[..., F_LAYERS] = 1.0
     if tp > 1:
         inter = tp > gpus_per_node
         f[..., F_INTER if inter else F_INTRA] = (TP_COLLECTIVES_PER_LAYER * 2.0 * (tp - 1) / tp * BF16
                                                  * model.hidden * rows)
         f[..., F_FIXED] = TP_COLLECTIVES_PER_LAYER * (hw.inter_node_latency_s if inter else hw.intra_node_latency_s)
+    if u > 1:
+        inter = u > gpus_per_node
+        width = 2 * (model.hidden + model.kv_hidden)  # q + out, k + v
+        f[..., F_INTER if inter else F_INTRA] = 2.0 * (u - 1) / u * BF16 * width * local
+        f[..., F_FIXED] = ULYSSES_ALL_TO_ALLS_PER_LAYER * (hw.inter_node_latency_s if inter else hw.intra_node_latency_s)
     return f
 
 
@@ -288,7 +296,7 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     """The launch's work in knob units (see the module doc for each term)."""
     lay.check(model)
     work = work if work is not None else pad_work(lay)
-    h, tp, pp, dp = model.hidden, lay.tp, lay.pp, lay.dp
+    h, tp, pp, dp, u = model.hidden, lay.tp, lay.pp, lay.dp, lay.ulysses
     gpn = lay.gpus_per_node
     V = padded_vocab(model.vocab, tp, model.make_vocab_size_divisible_by)
     Ls = model.num_layers // pp
@@ -300,9 +308,11 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     rows, sq, grid = work.rows, work.attn_sq, work.grid
     it, ndp, m = rows.shape
     T = np.zeros((it, ndp, m, pp, N_TIME))
-    layers = layer_terms(model, tp, rows, sq, hw, gpn, lay.recompute, lay.sequence_parallel)
+    layers = layer_terms(model, tp, rows, sq, hw, gpn, lay.recompute, lay.sequence_parallel, u)
     tables = tables_of(hw)
     inter = tp > gpn
+    # Ulysses: every GPU of the group holds rows / u tokens outside attention (embedding, head, p2p).
+    rows, grid = rows / u, grid / u
     for s in range(pp):
         f = T[:, :, :, s, :]
         f[...] = layers * Ls
@@ -323,7 +333,7 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             f[..., F_ELEM] += (5.0 * BF16 * h * rows / (tp if lay.sequence_parallel else 1)
                                + CE_BYTES_PER_LOGIT * grid * V / tp) / hbm
         for nb in ([s - 1] if s > 0 else []) + ([s + 1] if s < pp - 1 else []):
-            intra = same_node(s, nb, tp, dp, gpn)
+            intra = same_node(s, nb, tp * u, dp, gpn)
             f[..., F_INTRA if intra else F_INTER] += 2.0 * BF16 * h * rows / tp
             f[..., F_FIXED] += 2.0 * (lat_intra if intra else lat_inter)
 
@@ -332,6 +342,7 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
 
     G = np.zeros(N_TIME)
     Pmax = max(P)
+    dp = dp * u  # Ulysses replicates the parameters over its group: gradients sync over dp x u
     if dp > 1:
         intra = dp * tp <= gpn
         if lay.distributed_optimizer:
@@ -352,8 +363,8 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
 
     peak_rows = work.peak_rows if work.peak_rows is not None else work.rows[None]
     run_rows = work.run_rows if work.run_rows is not None else peak_rows
-    M_report = _memory_features(model, lay, P, V, peak_rows[:, :REPORT_ITERS, :1], work.grid)
-    M_run = _memory_features(model, lay, P, V, run_rows, work.grid)
+    M_report = _memory_features(model, lay, P, V, peak_rows[:, :REPORT_ITERS, :1] / u, work.grid / u)
+    M_run = _memory_features(model, lay, P, V, run_rows / u, work.grid / u)
     return StepFeatures(T=T, G=G, M_report=M_report, M_run=M_run)
 
 
@@ -363,6 +374,7 @@ def _memory_features(model: MegatronModel, lay: MegatronLayout, P: list[int], V:
     Ls = model.num_layers // pp
     m = rows.shape[-1]
     shard = lay.dp if lay.distributed_optimizer else 1
+    shard *= lay.ulysses
     M = np.zeros((pp, N_MEM))
     c = _cumsum(rows)
     biggest = _row_max(rows)
@@ -394,6 +406,33 @@ def _memory_features(model: MegatronModel, lay: MegatronLayout, P: list[int], V:
         M[s, M_ACT] = units
         M[s, M_ONE] = 1.0
     return M
+
+
+def linear_memory(model: MegatronModel, lay: MegatronLayout, knobs: MegatronKnobs) -> list[tuple[float, float]]:
+    """Per pipeline stage, (fixed bytes, bytes per token) of the step model's peak when every
+    1F1B in-flight slot holds a micro-batch of s tokens: the same terms as the step's memory
+    (states, activations by module x ``activation_factor``, embedding and head, logits x
+    ``logits_bytes``, ``memory_overhead_bytes``) for planners that bound one micro-batch's length."""
+    tp, pp, sp, u = lay.tp, lay.pp, lay.sequence_parallel, lay.ulysses
+    P = model.params_per_rank(tp, pp)
+    V = padded_vocab(model.vocab, tp, model.make_vocab_size_divisible_by)
+    Ls = model.num_layers // pp
+    shard = lay.dp * u if lay.distributed_optimizer else 1
+    rc = "selective" if lay.recompute == "selective" else "none"
+    layer = act.per_token_layer(model, tp, sp, model.dropout, rc) / u
+    emb = sum(act.embedding_bytes(model, tp, sp, model.dropout).values()) / u
+    head = sum(act.head_bytes(model, tp, sp).values()) / u
+    out = []
+    for s in range(pp):
+        fixed = (BF16 + 4.0) * P[s] + 12.0 * P[s] / shard + knobs.memory_overhead_bytes
+        per = (pp - s) * layer * Ls + (pp * emb if s == 0 else 0.0)
+        if s == pp - 1:
+            per += head
+        per *= knobs.activation_factor
+        if s == pp - 1:
+            per += knobs.logits_bytes * V / tp / u
+        out.append((float(fixed), float(per)))
+    return out
 
 
 @dataclass

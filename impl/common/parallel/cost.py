@@ -1,10 +1,11 @@
 """Hybrid-parallel (DP x TP x PP) cost model over a :class:`~impl.common.parallel.plan.Plan`
 (spec malleus 6), reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
 
-- Layer forward FLOPs (LLaMA, SwiGLU): b*s*(8h^2 + 6h*ffn) + 4*b*s^2*h; GPT MLP (ffn_hidden=0):
-  b*s*(8h^2 + 4h*ffn) + 4*b*s^2*h. Backward = 2x forward.
-- t_layer(tp) = 3*F / (tp * peak * mfu) + 4 TP ring all-reduces of b*s*h elements per layer
-  (fwd + bwd) over NVLink (a TP group never leaves its node).
+- t_layer(tp): the Megatron step model's forward + backward of one layer for one micro-batch of
+  b x s tokens on a TP group of ``tp`` (:func:`impl.common.megatron.step.layer_time_s`: GEMMs and
+  causal attention at the profile's kernel tables, memory-bound kernels, four TP collectives on
+  the step model's bus bandwidth, the per-layer overhead); a measured ``sim_layer_time_s`` at the
+  nominal tp replaces it (other sizes scale by tp / size plus the step model's collectives).
 - alpha_k = t_layer(tp/2^k) / t_layer(tp).
 - A stage's time per micro-batch = (max x over its GPUs) * layers * t_layer(group size).
 - Pipeline i: T_i = (m_i + S_i - 1) * max_j stage_ij + 2 (S_i - 1) P2P messages (fill + drain);
@@ -23,7 +24,7 @@ from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
 from impl.common.cost.comm import ring_allreduce_time_s
-from impl.common.cost.transformer import bytes_per_elem, layer_fwd_flops, layer_matrix_params
+from impl.common.cost.transformer import bytes_per_elem, layer_matrix_params
 
 from .plan import Plan
 
@@ -39,54 +40,47 @@ class HybridCostModel:
     micro_batch_size: int
     dtype: str
     tp: int
-    peak_flops: float  # per GPU, dtype
-    mfu: float
+    hw: object  # the hardware profile the step model prices
     intra_bw_bytes_per_s: float
     intra_lat_s: float
     inter_bw_bytes_per_s: float
     inter_lat_s: float
-    # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the FLOP estimate).
+    # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the step model's).
     measured_layer_s: Optional[float] = None
     pipeline_bubble: str = "spec"  # spec | stagewise (workload.pipeline_bubble)
-    # A profile with fitted Megatron knobs: layer times from the calibrated step model
-    # (impl.common.megatron.step.layer_time_s) instead of FLOPs / mfu; None = the FLOP estimate.
-    calibrated_hw: Optional[object] = None
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
-        if wl.dtype not in hw.peak_flops:
-            raise ConfigError(f"hardware.peak_flops: profile {hw.name} has no {wl.dtype!r} entry")
-        mfu = wl.mfu if getattr(wl, "mfu", None) else hw.mfu
+        bytes_per_elem(wl.dtype)
         bubble = getattr(wl, "pipeline_bubble", "spec")
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
-        calibrated = hw if getattr(hw, "megatron", None) is not None and wl.dtype == "bf16" else None
-        return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, float(hw.peak_flops[wl.dtype]), float(mfu),
+        return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw,
                    hw.bus_bw_bytes_per_s(True), hw.intra_node_latency_s,
                    hw.bus_bw_bytes_per_s(False), hw.inter_node_latency_s,
-                   getattr(wl, "sim_layer_time_s", None), bubble, calibrated)
+                   getattr(wl, "sim_layer_time_s", None), bubble)
 
     @property
     def act_bytes(self) -> float:
         m = self.model
         return float(self.micro_batch_size * m.seq_len * m.hidden * bytes_per_elem(self.dtype))
 
+    def step_layer_s(self, tp_size: int) -> float:
+        """The step model's forward + backward of one layer for one micro-batch on ``tp_size`` GPUs."""
+        from impl.common.megatron.model import MegatronModel
+        from impl.common.megatron.step import layer_time_s
+
+        rows = float(self.micro_batch_size * self.model.seq_len)
+        return layer_time_s(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw)
+
     def layer_time_s(self, tp_size: int) -> float:
         """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
-        if self.measured_layer_s:
-            # A profile at the nominal TP already holds that degree's all-reduces.
-            if tp_size == self.tp:
-                return float(self.measured_layer_s)
-            compute = self.measured_layer_s * self.tp / tp_size
-        elif self.calibrated_hw is not None:
-            from impl.common.megatron.model import MegatronModel
-            from impl.common.megatron.step import layer_time_s
-
-            rows = float(self.micro_batch_size * self.model.seq_len)
-            return layer_time_s(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len,
-                                self.calibrated_hw)
-        else:
-            compute = 3.0 * layer_fwd_flops(self.model, self.micro_batch_size) / (tp_size * self.peak_flops * self.mfu)
+        if not self.measured_layer_s:
+            return self.step_layer_s(tp_size)
+        # A profile at the nominal TP already holds that degree's all-reduces.
+        if tp_size == self.tp:
+            return float(self.measured_layer_s)
+        compute = self.measured_layer_s * self.tp / tp_size
         ar = ring_allreduce_time_s(self.act_bytes, tp_size, self.intra_bw_bytes_per_s, self.intra_lat_s)
         return compute + 4.0 * ar
 

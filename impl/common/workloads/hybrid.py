@@ -48,7 +48,6 @@ class HybridWorkload:
     # [1, 2, 4, 8] (real).
     alpha: List[float] = field(default_factory=list)
     memory: HybridMemory = field(default_factory=HybridMemory)
-    mfu: Optional[float] = None  # overrides hardware.mfu (spec malleus 6: 0.45)
     iterations: int = 20
     warmup_iterations: int = 2
     # Real mode: per layer and micro-batch, forward / backward compute is padded (sleep) to

@@ -35,7 +35,6 @@ class MultitaskLoraWorkload:
     steps: int = 4
     warmup_steps: int = 1
     dtype: str = "fp32"
-    mfu: Optional[float] = None  # sim: overrides hardware.mfu
     lora_rank: int = 16
     lora_alpha: float = 16.0
     lr: float = 1e-4

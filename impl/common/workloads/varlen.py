@@ -42,7 +42,6 @@ class VarlenWorkload:
     steps: int = 4
     warmup_steps: int = 1
     dtype: str = "fp32"
-    mfu: Optional[float] = None  # sim: overrides hardware.mfu
     optimizer: str = "adam"
     lr: float = 1e-3
     torch_threads: int = 1
