@@ -199,7 +199,8 @@ def test_stagewise_bubble_equals_spec_for_equal_stages_and_hides_an_early_stragg
 
     wl = HybridWorkload(dtype="fp32", dp=1, pp=2, tp=1, num_gpus=2, gpus_per_node=2, global_batch_size=8, micro_batch_size=1,
                         sim_layer_time_s=0.03)
-    hw = _hw(intra_node_bw_bytes_per_s=1e12, inter_node_bw_bytes_per_s=1e12)
+    # a measured host (its own links, no step-model tables to carry): the layer time is the profile above
+    hw = _hw(intra_node_bw_bytes_per_s=1e12, inter_node_bw_bytes_per_s=1e12, measured=True)
     plan = uniform_plan(2, 2, 1, 1, 2, wl.model.num_layers, wl.num_microbatches)
     spec = HybridCostModel.build(wl, hw)
     stw = HybridCostModel.build(HybridWorkload(**{**vars(wl), "pipeline_bubble": "stagewise"}), hw)

@@ -266,12 +266,15 @@ class PipelineTraining(System):
         wl, hw = job.workload, job.hardware
         if wl.dp <= 1 or wl.sim_op_time_s:
             return None
-        if hw.allreduce_bw_bytes_per_s:  # measured (calibration): already effective
-            bw, lat = hw.allreduce_bw_bytes_per_s, hw.allreduce_latency_s or hw.inter_node_latency_s
-        elif wl.dp * wl.tp <= hw.gpus_per_node:
-            bw, lat = hw.intra_node_bw_bytes_per_s * hw.comm_efficiency, hw.intra_node_latency_s
+        from impl.common.megatron.derive import bus_bw
+
+        intra = wl.dp * wl.tp <= hw.gpus_per_node
+        # the step model's bus bandwidth (a measured host's: its measured all-reduce rate)
+        bw = bus_bw(hw, intra)
+        if hw.allreduce_bw_bytes_per_s:
+            lat = hw.allreduce_latency_s or hw.inter_node_latency_s
         else:
-            bw, lat = hw.inter_node_bw_bytes_per_s * hw.comm_efficiency, hw.inter_node_latency_s
+            lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
         return stage_grad_bytes(wl.model, wl.stages, wl.dtype, wl.tp), bw, lat
 
     def _dp_times(self, dp_spec, dp: int, slow: dict) -> Optional[tuple]:

@@ -12,6 +12,12 @@ class SimKnobs:
     # Profiles priced in the same job as <metric>@<profile> (storage changes no layout).
     storage_profiles: List[str] = field(default_factory=lambda: ["nas5", "nas20", "nvme", "network"])
     splits: int = 32  # S (spec 2.3)
+    # The layout the job trains on before any failure: fastest = the faster of the workload's
+    # nominal (dp, tp, pp) and the fastest homogeneous mesh on every GPU (the recovery planner's
+    # own search), so no recovery on fewer GPUs can beat the healthy job (under the step model
+    # the reconstructed nominal TP of S1-S3 is 13-30% slower than a TP1-2 mesh); nominal = the
+    # workload's layout as given.
+    base_layout: str = "fastest"
     d2h_bytes_per_s: float = 25.0e9  # pinned device-to-host snapshot copy (spec 6)
     detect_s: float = 10.0  # heartbeat timeout (spec 2.1: silent > 10 s = dead)
     restart_s: float = 60.0  # [R] stop survivors, relaunch processes, NCCL init, build the model

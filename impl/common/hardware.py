@@ -161,20 +161,6 @@ class HardwareProfile:
     # Where fitted fields came from: input file and sha256, knob values, residuals (free-form).
     calibration: Dict[str, Any] = field(default_factory=dict)
 
-    def bus_bw_bytes_per_s(self, intra_node: bool) -> float:
-        """Achieved collective bandwidth per GPU: the step model's bus bandwidth (fitted, or
-        carried from ``step_model_from`` by the datasheet link ratio)."""
-        k = self.megatron_knobs()
-        return k.intra_node_bus_bw_bytes_per_s if intra_node else k.inter_node_bus_bw_bytes_per_s
-
-    def megatron_knobs(self) -> MegatronKnobs:
-        """The step model's knobs: fitted, else derived (:func:`impl.common.megatron.derive.step_profile`)."""
-        if self.megatron is not None:
-            return self.megatron
-        from impl.common.megatron.derive import step_profile
-
-        return step_profile(self).megatron
-
     def flops(self, dtype: str) -> float:
         """Achievable FLOP/s for ``dtype`` (peak x mfu)."""
         if dtype not in self.peak_flops:

@@ -18,6 +18,7 @@ from impl.common.parallel.plan import Plan, uniform_plan
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, group_by_boundaries, hotspa_pack
 
 from .strategy import GroupPlan, Strategy
+from impl.common.megatron.derive import step_knobs, bus_bw
 
 PARAM_BYTES = 2.0  # bf16 compute copy: what a parameter switch moves
 GRAD_BYTES = 4.0  # fp32 accumulated gradient: what a gradient switch moves
@@ -93,7 +94,7 @@ class Env:
         trs = [dataclasses.replace(t, nbytes=t.nbytes * bytes_per_param) for t in self.transfers(src, dst, policy)]
         if not trs:
             return 0.0
-        t = migration_time_s(trs, self.hw.bus_bw_bytes_per_s(True), self.hw.bus_bw_bytes_per_s(False))
+        t = migration_time_s(trs, bus_bw(self.hw, True), bus_bw(self.hw, False))
         lat = self.hw.inter_node_latency_s if any(x.inter_node for x in trs) else self.hw.intra_node_latency_s
         if fused:
             return t + lat
@@ -113,7 +114,7 @@ class Env:
         nbytes = bytes_per_param * self.model_params / lay.param_shard
         span = s.dp * s.tp  # Megatron layout: a stage's DP (and SP) ranks are dp*tp consecutive GPUs
         intra = span <= self.gpn and self.gpn % span == 0
-        bw = self.hw.bus_bw_bytes_per_s(intra)
+        bw = bus_bw(self.hw, intra)
         lat = self.hw.intra_node_latency_s if intra else self.hw.inter_node_latency_s
         factor = {"rs": 1.0, "ag": 1.0, "ar": 2.0}[kind]
         return factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * lat
@@ -127,7 +128,7 @@ class Env:
     def optimizer_s(self) -> float:
         """Adam on this GPU's ZeRO-1 shard (|θ|/N parameters), memory-bound, x the step model's
         memory-bound factor, plus its per-iteration overhead (as the step model prices them)."""
-        k = self.hw.megatron_knobs()
+        k = step_knobs(self.hw)
         extra = k.iteration_overhead_s
         return k.elementwise_time_factor * OPT_BYTES_PER_PARAM * self.model_params / self.N / self.hw.memory_bw_bytes_per_s + extra
 

@@ -251,7 +251,9 @@ def check_source(source: str) -> None:
 def strategy_cost(model, hw, mem: StrategyMemory, spec: CostSpec, tp: int, pp: int,
                   data: Optional[CostData] = None) -> Optional[ReplicaCost]:
     """One strategy priced per ``spec``, its cap from ``mem``; None when it cannot hold a
-    128-token micro-batch, has more stages than layers, or (source published) has no table entry."""
+    128-token micro-batch, has more stages than layers, cannot be shaped by the step model (no
+    head count both splits over tp and divides the hidden size, see below), or (source published)
+    has no table entry."""
     check_source(spec.source)
     data = data or load_cost_data()
     table = None
@@ -264,14 +266,22 @@ def strategy_cost(model, hw, mem: StrategyMemory, spec: CostSpec, tp: int, pp: i
             return None
     if pp > model.num_layers:
         return None
-    cap = mem.cap(tp, pp)
+    try:
+        cap = mem.cap(tp, pp)
+        sc = seq_cost(model, Layout(1, tp, pp), hw) if table is None and cap >= CAP_ROUND else None
+    except ConfigError:
+        if model.heads % tp == 0:
+            raise
+        # A TP degree for which no head count both splits over tp and divides the hidden size
+        # (impl/common/cost/varlen_model._splittable_heads refuses it): not a strategy.
+        return None
     if cap < CAP_ROUND:
         return None
     util = data.util(tp, hw.memory_bytes)
     if table is not None:
         a, b, c = table[(tp, pp)]
         return ReplicaCost(tp, pp, a, b, c, cap, util)
-    return ReplicaCost.from_seq_cost(tp, pp, seq_cost(model, Layout(1, tp, pp), hw), cap, util)
+    return ReplicaCost.from_seq_cost(tp, pp, sc, cap, util)
 
 
 def strategy_costs(model, hw, mem: StrategyMemory, spec: CostSpec, max_gpus: int,

@@ -29,12 +29,13 @@ from impl.common.cost.transformer import model_params
 from impl.common.varlen.packing import MicroBatch
 
 from .cost import ReplicaCost
+from impl.common.megatron.derive import bus_bw
 
 
 def link_bw(hw, num_gpus: int) -> float:
     """Achieved bandwidth per GPU of the exchange / switch / ZeRO-3 gathers: the step model's bus
     bandwidth (intra-node when the job fits in one node), as its own collectives use."""
-    return hw.bus_bw_bytes_per_s(num_gpus <= hw.gpus_per_node)
+    return bus_bw(hw, num_gpus <= hw.gpus_per_node)
 
 
 def mb_time_ms(r: ReplicaCost, lengths: Sequence[int], pad_tokens: int = 0) -> float:

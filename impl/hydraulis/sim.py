@@ -37,6 +37,7 @@ from .dispatch import dispatch
 from .generator import Histogram, Pool, generate_pool
 from .pricing import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
 from .step_plan import plan_step
+from impl.common.megatron.derive import step_knobs
 
 HOMO_MODES = ("hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static")
 POOL_POLICIES = ("hydraulis", "hydraulis_greedy_dynamic", "hydraulis_token_balanced", "hydraulis_static_hetero")
@@ -553,7 +554,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         # [R] one rule for every policy: the step model's fixed cost per iteration (the fork's
         # measured host/launch overhead, carried to datasheet profiles), which the grid baseline
         # pays inside its iteration too
-        over = float(hw.megatron_knobs().iteration_overhead_s)
+        over = float(step_knobs(hw).iteration_overhead_s)
         prices = [dataclasses.replace(p, overhead_s=over) for p in prices]
         info["iteration_overhead_s"] = over
     steps = [p.step_s for p in prices]

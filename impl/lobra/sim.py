@@ -25,6 +25,7 @@ import numpy as np
 
 from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.cost.comm import ring_allreduce_time_s
+from impl.common.megatron.derive import bus_bw, step_knobs
 
 from .cost import Scheme, pow2_ceil, replica_time
 from .dispatch import Group
@@ -35,7 +36,7 @@ from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_c
 
 def _knobs(system, wl, hw) -> SimCostKnobs:
     k = system.cfg.sim
-    return SimCostKnobs(profile_lengths=tuple(k.profile_lengths))
+    return SimCostKnobs(profile_lengths=tuple(k.profile_lengths), lora_matrix_factor=float(k.lora_matrix_factor))
 
 
 def step_overhead_s(system, hw) -> float:
@@ -43,7 +44,7 @@ def step_overhead_s(system, hw) -> float:
     k = system.cfg.sim.step_overhead_s
     if k >= 0:
         return float(k)
-    return float(hw.megatron_knobs().iteration_overhead_s)
+    return float(step_knobs(hw).iteration_overhead_s)
 
 
 def table_row(cfg, wl):
@@ -142,7 +143,7 @@ def sync_time_s(wl, hw, groups, num_tasks: int) -> float:
         return 0.0
     shard = max(1, min(g.scheme.gpus for g in groups))
     nbytes = 2.0 * lora_params_per_layer(wl.model, wl.lora_rank) * wl.model.num_layers * num_tasks / shard
-    return ring_allreduce_time_s(nbytes, replicas, hw.bus_bw_bytes_per_s(False), hw.inter_node_latency_s)
+    return ring_allreduce_time_s(nbytes, replicas, bus_bw(hw, False), hw.inter_node_latency_s)
 
 
 def step_time(groups, sp) -> float:

@@ -19,7 +19,7 @@ from impl.common.api import ConfigError, JobContext, RunResult, System
 from .dispatch import DISPATCHERS
 from .engine import BUCKET_CUTS, BUCKETINGS
 from .plan import PLANNERS
-from .sim_cost import PROFILE_LENGTHS
+from .sim_cost import LORA_MATRIX_FACTOR, PROFILE_LENGTHS
 
 POLICIES = ("lobra", "task_fused", "task_sequential")
 DEPLOYMENTS = ("auto", "planned", "homogeneous", "table")
@@ -52,6 +52,9 @@ class SimKnobs:
     max_tokens_from: str = "rule"
     # Per optimizer step (Task-Sequential: per task step): < 0 = the step model's per-iteration overhead.
     step_overhead_s: float = -1.0
+    # Share of the base model's GEMM time a LoRA step pays: forward + input gradient, no weight
+    # gradient of the frozen base = 2/3 of the three GEMMs (a sensitivity input).
+    lora_matrix_factor: float = LORA_MATRIX_FACTOR
 
 
 @dataclass
@@ -119,6 +122,8 @@ class LobRA(System):
         if cfg.sim.max_tokens_from not in MAX_TOKENS_FROM:
             raise ConfigError(f"system.sim.max_tokens_from: unknown value {cfg.sim.max_tokens_from!r} "
                               f"(one of: {', '.join(MAX_TOKENS_FROM)})")
+        if not 0 < cfg.sim.lora_matrix_factor <= 1:
+            raise ConfigError(f"system.sim.lora_matrix_factor: must be in (0, 1], got {cfg.sim.lora_matrix_factor}")
         if not cfg.sim.profile_lengths or min(cfg.sim.profile_lengths) < 1:
             raise ConfigError(f"system.sim.profile_lengths: need lengths >= 1, got {list(cfg.sim.profile_lengths)}")
         for i, row in enumerate(cfg.sim.replica_table):

@@ -13,10 +13,10 @@ from tests.hydraulis.test_step_plan import G, batch
 @pytest.fixture(scope="module")
 def setup():
     from impl.common.workloads.varlen import VarlenModelShape
-    from impl.hydraulis.cost import CostSpec, MemoryModel, OptLayout, strategy_costs
+    from impl.hydraulis.cost import CostSpec, StrategyMemory, strategy_costs
 
     model, hw = VarlenModelShape(**LLAMA_7B), hardware("a800-80g")
-    mem = MemoryModel.for_model(model, hw.memory_bytes, OptLayout(8, 4, 1))
+    mem = StrategyMemory.for_job(model, hw, 32)
     c = {(r.tp, r.pp): r for r in strategy_costs(model, hw, mem, CostSpec(), 32)}
     pool = [[c[(4, 1)]] * 8, [c[(4, 1)]] * 3 + [c[(1, 4)]] * 5, [c[(8, 1)]] * 4,
             [c[(16, 1)], c[(2, 2)], c[(1, 4)]] + [c[(1, 4)]] * 3]

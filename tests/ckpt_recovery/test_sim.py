@@ -136,10 +136,13 @@ def test_io_counts_come_from_the_plan_code(s1):
     io, base = sc.io, sc.base
     assert io.state_bytes == pytest.approx(14 * 6.74e9, rel=0.01)
     assert sum(io.save_dcp(base).rank_bytes.values()) == pytest.approx(io.state_bytes)
-    new = sc.plan_after((5,))
+    # A node lost: the re-plan deepens the pipeline (TP4 PP2 -> TP1 PP3), so a reader's layers
+    # straddle old stage files: the legacy loader reads whole files, ours and DCP what they need.
+    new = sc.plan_after(tuple(range(8)))
+    assert new.pipelines[0].num_stages != base.pipelines[0].num_stages
     ours, dcp, legacy = io.load_ours(base, new), io.load_dcp(base, new), io.load_legacy(base, new)
     assert ours.read_ratio() == pytest.approx(1.0, abs=0.01) and dcp.read_ratio() == pytest.approx(1.0, abs=0.01)
-    assert legacy.read_ratio() > 2.0 and io.load_legacy(base, base).read_ratio() == pytest.approx(1.0, abs=0.01)
+    assert legacy.read_ratio() > 1.9 and io.load_legacy(base, base).read_ratio() == pytest.approx(1.0, abs=0.01)
     assert ours.max_calls() < dcp.max_calls() / 5
     # same layout: the manifest, its own file's header and one merged run (the whole file), plus
     # on TP ranks > 0 the header of TP rank 0's file and one run per dtype of the replicated

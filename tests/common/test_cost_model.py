@@ -26,6 +26,7 @@ from impl.common.hardware import HardwareProfile
 from impl.common.servesim.cost import ServingCost
 from impl.common.workloads.pipeline import ModelShape
 from impl.common.workloads.serving import LlamaShape, PaperModel
+from impl.common.megatron.derive import bus_bw
 
 
 @pytest.fixture
@@ -141,7 +142,7 @@ def test_ring_allreduce_and_tp_costs(h800):
     tp2 = stage_costs(m, 8, 1, "fp16", 2, h800)
     ar = tp_allreduce_time_s(1, m.seq_len, m.hidden, "fp16", 2, h800)
     nbytes = 1024 * 5120 * 2
-    assert ar == pytest.approx(2 * 1 / 2 * nbytes / h800.bus_bw_bytes_per_s(True) + 5e-6)
+    assert ar == pytest.approx(2 * 1 / 2 * nbytes / bus_bw(h800, True) + 5e-6)
     # W shrinks with TP (not to half: narrower GEMMs run below the wide ones' rate) and pays no
     # collective; F and B also pay two all-reduces per layer.
     assert base.tw_s[0] / 2 < tp2.tw_s[0] < base.tw_s[0]

@@ -1,18 +1,18 @@
-"""Shared fixtures: the published 7B costs under the 32-GPU optimizer layout of spec 2.1."""
+"""Shared fixtures: 7B strategies on 32 A800s priced by the step model (the default, derived) under
+the shared step-model memory."""
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import HardwareProfile, load_hardware
 from impl.common.workloads.varlen import VarlenModelShape
-from impl.hydraulis.cost import CostSpec, MemoryModel, OptLayout, strategy_costs
+from impl.hydraulis.cost import CostSpec, StrategyMemory, strategy_costs
 
-LLAMA_7B = dict(name="llama-7b", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=30592)
+LLAMA_7B = dict(name="llama-7b", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=30592, seq_len=16384)
 
 
 def hardware(name: str) -> HardwareProfile:
-    return HardwareProfile(**OmegaConf.to_container(OmegaConf.load(f"conf/hardware/{name}.yaml")))
+    return load_hardware(name)
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +27,10 @@ def model7b():
 
 @pytest.fixture(scope="session")
 def mem7b(model7b, a800):
-    return MemoryModel.for_model(model7b, a800.memory_bytes, OptLayout(8, 4, 1))
+    return StrategyMemory.for_job(model7b, a800, 32)
 
 
 @pytest.fixture(scope="session")
 def costs7b(model7b, a800, mem7b):
-    """(tp, pp) -> ReplicaCost from the published 80 GB table."""
+    """(tp, pp) -> ReplicaCost, derived (the Megatron step model)."""
     return {(r.tp, r.pp): r for r in strategy_costs(model7b, a800, mem7b, CostSpec(), 32)}

@@ -14,6 +14,24 @@ from impl.hydraulis.dispatch_check import CASES, authors_dispatch, makespan, pla
 FAST = [c[0] for c in CASES if "1024" not in c[0]]
 
 
+def test_tp_that_does_not_divide_the_heads_is_priced():
+    """13B@32's lists all hold (16,1), and 16 does not divide 13B's 40 heads: the shared step model
+    prices it by the nearest head count that splits and divides the hidden
+    (impl/common/cost/varlen_model._splittable_heads: 64 heads of 80), so the case is in FAST.
+    The attention work is heads x head_dim = hidden either way: tp 16 halves tp 8's quadratic term."""
+    from impl.common.hardware import load_hardware
+    from impl.hydraulis.cost import CostSpec, StrategyMemory, strategy_cost
+
+    from .test_sim import _wl
+
+    wl, hw = _wl("hydraulis_13b_32gpu_gh"), load_hardware("a800-80g-megatron")
+    assert wl.model.heads % 16
+    mem = StrategyMemory.for_job(wl.model, hw, 32)
+    t16, t8 = (strategy_cost(wl.model, hw, mem, CostSpec(), tp, 1) for tp in (16, 8))
+    assert t16 is not None and t8 is not None
+    assert t16.a == pytest.approx(t8.a / 2, rel=0.05) and t16.b < t8.b and t16.cap > t8.cap
+
+
 @pytest.fixture(scope="module")
 def cases():
     """Every scripts' list that holds the step, 2 steps of each case but the 1,024-GPU one (its

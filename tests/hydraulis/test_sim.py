@@ -14,6 +14,7 @@ from impl.hydraulis.sim import simulate
 from impl.hydraulis.system import SIM_POLICIES, Hydraulis
 
 from .conftest import hardware
+from impl.common.megatron.derive import step_knobs
 
 
 def _wl(name: str, **kw) -> VarlenWorkload:
@@ -95,3 +96,60 @@ def test_presets_exist_with_sweeps():
         d = OmegaConf.load(pathlib.Path("conf/experiment/hydraulis") / f"{s}.yaml")
         assert d.experiment_name == f"hydraulis/{s}" and d.mode == "sim"
         assert "hydraulis" in str(d.hydra.sweeper.params.system).split(",")
+
+
+def test_sim_strategies_are_the_step_models_time_and_memory(runs):
+    """Issue 40, one pricing path: every strategy the sim planned with is seq_cost (ms) with the
+    cap of the shared step-model memory (ZeRO-1 over the job's 16 GPUs), and every policy pays
+    the step model's iteration overhead once a step, on the datasheet profile too."""
+    from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+
+    wl, hw = _wl("hydraulis_7b_16gpu_cc", steps=2), hardware("a800-80g")
+    shared = MemoryModel.for_hardware(hw, zero1=True, sequence_parallel=True)
+    m, info = runs["hydraulis"]
+    assert info["strategies"]
+    for label, r in info["strategies"].items():
+        tp, pp = (int(x) for x in label.strip("()").split(","))
+        sc = seq_cost(wl.model, Layout(1, tp, pp), hw)
+        assert (r["a"], r["b"], r["c"]) == pytest.approx((sc.a * 1e3, sc.b * 1e3, sc.c * 1e3), rel=1e-12), label
+        assert r["cap"] == shared.maxlen(wl.model, Layout(16 // (tp * pp), tp, pp), 16) // 128 * 128, label
+    assert info["memory_limit_gib"] == pytest.approx(shared.capacity_bytes / 2**30)
+    over = step_knobs(hw).iteration_overhead_s
+    assert over > 0
+    for pol, (mp, inf) in runs.items():
+        assert mp["overhead_time_s"].value == pytest.approx(over) and inf["iteration_overhead_s"] == over, pol
+
+
+def test_deepspeed_like_prices_ulysses_on_the_step_model(runs):
+    from impl.common.cost.varlen_model import Layout, seq_cost
+    from impl.hydraulis.cost import load_cost_data
+    from impl.hydraulis.sim import Env, _ulysses, cost_spec
+
+    wl, hw = _wl("hydraulis_7b_16gpu_cc", steps=2), hardware("a800-80g")
+    system = _system(policy="deepspeed_like")
+    env = Env(wl, hw, system, cost_spec(system), load_cost_data())
+    for sp in (2, 8):
+        r1, g1 = _ulysses(env, sp, 1)
+        r3, g3 = _ulysses(env, sp, 3)
+        sc = seq_cost(wl.model, Layout(1, sp, 1, "ulysses"), hw)
+        assert (r1.a, r1.b, r1.c) == pytest.approx((sc.a * 1e3, sc.b * 1e3, sc.c * 1e3), rel=1e-12)
+        assert r1.cap == env.mem.maxlen(sp, 1, "ulysses", 1) // 128 * 128 and g1 == 0.0
+        assert r3.cap >= r1.cap and g3 > 0  # ZeRO-3 frees the replicated params and grads, pays gathers
+    assert runs["deepspeed_like"][1]["deepspeed_layout"].startswith("zero")
+
+
+def test_removed_cost_knobs_are_rejected():
+    """mfu / causal / c_per_layer_ms are gone (the step model has its own terms): a config that
+    still sets one fails at merge time; source auto is an unknown source."""
+    from omegaconf.errors import ConfigKeyError
+
+    with pytest.raises(ConfigKeyError):
+        OmegaConf.merge(OmegaConf.structured(Hydraulis.Config), {"sim": {"cost": {"mfu": 0.55}}})
+    from impl.hydraulis.sim import check_sim
+
+    wl = _wl("hydraulis_7b_16gpu_cc", steps=1)
+    s = _system()
+    s.cfg.sim.cost.source = "auto"
+    with pytest.raises(ConfigError) as e:
+        check_sim(s, wl, hardware("a800-80g"))
+    assert str(e.value) == "system.sim.cost.source: unknown 'auto' (one of: derived, published)"

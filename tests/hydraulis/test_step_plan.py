@@ -80,7 +80,8 @@ def test_pool_that_cannot_hold_the_longest_sequence_is_one_line(costs7b):
     with pytest.raises(ConfigError) as e:
         plan_step([20_000, 100], [[costs7b[(1, 4)]] * 8], shuffles=2)
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith("strategy pool:") and "20000 tokens > largest replica capacity 12800" in msg
+    assert msg == ("strategy pool: no candidate holds the longest sequence (20000 tokens > largest replica "
+                   f"capacity {costs7b[(1, 4)].cap})") and costs7b[(1, 4)].cap < 20_000
 
 
 def test_reported_cost_equals_recomputation(pool):

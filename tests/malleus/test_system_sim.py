@@ -31,7 +31,7 @@ def test_sim_is_deterministic(tmp_path):
 
 @pytest.mark.parametrize("overrides, match", [
     (["fault=slowdown_s1", "fault.gpus=[40]"], r"fault.gpus: GPU 40 does not exist"),
-    (["fault=slowdown_s1", "workload.memory.capacity_mb=60000"], r"workload.memory: the nominal layout does not fit"),
+    (["fault=slowdown_s1", "workload.memory.headroom_mb=30000"], r"workload.memory: the nominal layout does not fit"),
 ])
 def test_bad_input_is_one_line(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -53,7 +53,7 @@ SIM70 = ["system=malleus", "mode=sim", "workload=hybrid_70b_dp2tp8pp4", "hardwar
 @pytest.mark.parametrize("overrides, expected", [
     # whole-job checks run at preflight, before any job of the sweep starts
     (BASE + ["system=malleus", "fault=slowdown_s1", "fault.gpus=[40]"], "fault.gpus: GPU 40 does not exist"),
-    (BASE + ["system=malleus", "fault=slowdown_s1", "workload.memory.capacity_mb=60000"],
+    (BASE + ["system=malleus", "fault=slowdown_s1", "workload.memory.headroom_mb=30000"],
      "workload.memory: the nominal layout does not fit"),
     (BASE + ["system=malleus", "fault=none", "workload=pipeline_s4"], "workload.kind: system 'malleus' needs a 'hybrid'"),
     # a 12.53x GPU splits node 0 into 4+2+1 groups: 10 stages in all, but M = 8

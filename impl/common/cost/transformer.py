@@ -23,6 +23,7 @@ from impl.common.hardware import HardwareProfile
 from impl.common.workloads.pipeline import ModelShape
 
 from .comm import ring_allreduce_time_s
+from impl.common.megatron.derive import step_knobs, bus_bw
 
 BYTES_PER_ELEM = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -117,7 +118,7 @@ def tp_allreduce_time_s(micro_batch_size: int, seq_len: int, hidden: int, dtype:
     intra = tp <= hw.gpus_per_node
     lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
     nbytes = tp_allreduce_bytes_per_layer(micro_batch_size, seq_len, hidden, dtype)
-    return ring_allreduce_time_s(nbytes, tp, hw.bus_bw_bytes_per_s(intra), lat)
+    return ring_allreduce_time_s(nbytes, tp, bus_bw(hw, intra), lat)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ def _step_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) ->
 
     rows = float(micro_batch_size * model.seq_len)
     f = layer_terms(MegatronModel.from_shape(model), tp, rows, rows * model.seq_len, hw, hw.gpus_per_node)
-    th = theta_of(hw, hw.megatron_knobs())
+    th = theta_of(hw, step_knobs(hw))
     keep = np.zeros_like(th)
     keep[[F_GEMM, F_ELEM, F_ATTN, F_LAYERS]] = 1.0
     compute_fwd = float(f @ (th * keep)) / 3.0
@@ -201,7 +202,7 @@ def _step_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) ->
     intra = tp <= hw.gpus_per_node
     nbytes = tp_allreduce_bytes_per_layer(micro_batch_size, model.seq_len, model.hidden, "bf16")
     lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
-    return compute_fwd, ring_allreduce_time_s(nbytes, tp, hw.bus_bw_bytes_per_s(intra), lat)
+    return compute_fwd, ring_allreduce_time_s(nbytes, tp, bus_bw(hw, intra), lat)
 
 
 def stage_grad_bytes(model: ModelShape, stages: int, dtype: str, tp: int = 1) -> tuple[float, ...]:

@@ -31,6 +31,7 @@ from impl.common.hardware import HardwareProfile
 from .comm import same_node
 from .seqlen import SeqCost
 from .transformer import layer_matrix_params, layer_split, model_params
+from impl.common.megatron.derive import step_knobs
 
 PARALLEL = ("tp", "ulysses")
 
@@ -61,6 +62,20 @@ class Layout:
         return self.tp * self.pp if self.parallel == "tp" else self.pp
 
 
+def _splittable_heads(m, degree: int):
+    import dataclasses as _dc
+
+    heads = next((h for h in range(m.heads, m.hidden + 1) if h % degree == 0 and m.hidden % h == 0), None)
+    if heads is None:
+        raise ConfigError(f"layout.tp: {degree} cannot split the heads of hidden {m.hidden} ({m.heads} heads)")
+    kv = 0
+    if m.kv_heads:
+        kv = max(1, round(m.kv_heads * heads / m.heads))
+        while heads % kv or (kv % degree and degree % kv):
+            kv += 1
+    return _dc.replace(m, heads=heads, kv_heads=kv)
+
+
 def _step_shape(model, layout: Layout, hw: HardwareProfile):
     """The harness shape as the step model's model and layout (one replica's slowest stage)."""
     import dataclasses as _dc
@@ -74,8 +89,9 @@ def _step_shape(model, layout: Layout, hw: HardwareProfile):
         m = _dc.replace(m, num_layers=math.ceil(m.num_layers / layout.pp) * layout.pp)
     if m.heads % layout.tp:
         # Some planners' pools list a tp that does not divide the heads (Megatron would refuse
-        # it); no time term depends on the head count beyond heads / tp, so price it as if it split.
-        m = _dc.replace(m, heads=layout.tp * math.ceil(m.heads / layout.tp))
+        # it); the attention work is heads x head_dim = hidden either way, so price the nearest
+        # head count that splits and divides hidden, with the key/value width kept.
+        m = _splittable_heads(m, layout.tp)
     uly = layout.parallel == "ulysses"
     lay = MegatronLayout(dp=layout.dp, tp=1 if uly else layout.tp, ulysses=layout.tp if uly else 1, pp=layout.pp,
                          mbs=1, gbs=layout.dp, context=max(1, m.max_position_embeddings),
@@ -119,7 +135,7 @@ class MemoryModel:
     def capacity_bytes(self) -> float:
         if self.headroom_bytes is not None:
             return float(self.hw.memory_bytes - self.headroom_bytes)
-        k = self.hw.megatron_knobs()
+        k = step_knobs(self.hw)
         return float(k.allocatable_bytes or self.hw.memory_bytes)
 
     def _lines(self, model, layout: Layout, num_gpus: int = 0) -> list[tuple[float, float]]:
@@ -131,7 +147,7 @@ class MemoryModel:
         dp = max(1, num_gpus // (layout.tp * layout.pp)) if num_gpus else layout.dp
         lay = lay.with_(dp=dp, gbs=dp, sequence_parallel=self.sequence_parallel and layout.parallel == "tp",
                         distributed_optimizer=self.zero1)
-        return linear_memory(m, lay, self.hw.megatron_knobs())
+        return linear_memory(m, lay, step_knobs(self.hw))
 
     def state_bytes(self, model, layout: Layout, num_gpus: int) -> dict[str, float]:
         """Model states of the busiest GPU: bf16 params, fp32 grads, fp32 master + Adam (ZeRO-1:

@@ -28,7 +28,9 @@ import dataclasses
 from typing import Optional
 
 from impl.common.api import ConfigError
-from impl.common.hardware import HardwareProfile, MegatronKnobs
+from impl.common.hardware import HardwareProfile, KernelTables, MegatronKnobs
+
+from .kernels import carried, flat_tables
 
 _STEP_PROFILES: dict = {}
 
@@ -37,13 +39,13 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
     if base.megatron is None:
         raise ConfigError(f"--from: profile {base.name} has no fitted Megatron knobs to derive from")
     k = base.megatron
-    for f in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "memory_bytes"):
+    for f in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s"):
         if not getattr(base, f) > 0 or not getattr(target, f) > 0:
             raise ConfigError(f"hardware.{f}: must be > 0 in both {base.name} and {target.name} to derive knobs")
+    if not base.memory_bytes > 0:
+        raise ConfigError(f"hardware.memory_bytes: must be > 0 in {base.name} to derive knobs")
     if base.kernels is None:
         raise ConfigError(f"--from: profile {base.name} has no kernel tables to carry")
-    from .kernels import carried
-
     tables = carried(base.kernels, base.peak_flops["bf16"], base.memory_bw_bytes_per_s, target)
     headroom = base.memory_bytes - k.allocatable_bytes
     knobs = dataclasses.replace(
@@ -53,7 +55,9 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
         inter_node_bus_bw_bytes_per_s=k.inter_node_bus_bw_bytes_per_s * target.inter_node_bw_bytes_per_s
         / base.inter_node_bw_bytes_per_s,
         allocatable_bytes=target.memory_bytes - headroom)
-    if knobs.allocatable_bytes <= 0:
+    if target.memory_bytes <= 0:  # a profile that states no memory prices time only: nothing allocatable
+        knobs = dataclasses.replace(knobs, allocatable_bytes=0.0)
+    elif knobs.allocatable_bytes <= 0:
         raise ConfigError(f"--derive: {target.name}'s memory is below {base.name}'s headroom")
     cal = {"derived_from": base.name, "base_calibration": dict(base.calibration),
            "rule": "impl/common/megatron/derive.py", "measured_on_target": False}
@@ -80,6 +84,23 @@ def step_profile(hw: HardwareProfile) -> HardwareProfile:
     return _STEP_PROFILES[key]
 
 
+def step_knobs(hw: HardwareProfile) -> MegatronKnobs:
+    """The step model's knobs for ``hw``: fitted, else derived by :func:`step_profile`."""
+    return hw.megatron if hw.megatron is not None else step_profile(hw).megatron
+
+
+def tables_of(hw: HardwareProfile) -> KernelTables:
+    """The kernel tables the step model prices ``hw`` with."""
+    return step_profile(hw).kernels
+
+
+def bus_bw(hw: HardwareProfile, intra_node: bool) -> float:
+    """Achieved collective bandwidth per GPU: the step model's bus bandwidth (fitted, or carried
+    from ``step_model_from`` by the datasheet link ratio)."""
+    k = step_knobs(hw)
+    return k.intra_node_bus_bw_bytes_per_s if intra_node else k.inter_node_bus_bw_bytes_per_s
+
+
 def _carried(hw: HardwareProfile) -> HardwareProfile:
     from impl.common.hardware import load_hardware
 
@@ -97,8 +118,6 @@ def _neutral(hw: HardwareProfile) -> HardwareProfile:
     """A measured host, or a profile with measured kernel tables and no fit yet (what the fit
     starts from): its own tables (a host's: flat at its measured matmul rate), factors 1, its
     links x ``comm_efficiency`` (1 on a measured profile), all of its memory."""
-    from .kernels import flat_tables
-
     rate_dtype = "bf16" if "bf16" in (hw.peak_flops or {}) else "fp32"
     knobs = hw.megatron or MegatronKnobs(
         intra_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.intra_node_bw_bytes_per_s) * hw.comm_efficiency,

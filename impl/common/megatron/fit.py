@@ -33,6 +33,7 @@ from .runs import DocLengths, Launch, work_of
 from . import activations as act
 from .step import (F_ATTN, F_ELEM, F_GEMM, F_INTER, F_INTRA, F_ITER, F_LAYERS, M_ACT, M_LOGITS, M_ONE,
                    StepFeatures, features, iteration_times_s, phi_of, theta_of)
+from .derive import step_knobs
 
 TIME_KNOBS = (F_GEMM, F_ATTN, F_ELEM, F_INTRA, F_INTER, F_LAYERS, F_ITER)
 # Scales the optimizer works in (seconds per unit at a plausible value), so every variable is O(1).
@@ -250,7 +251,7 @@ def knobs_from(theta: np.ndarray, phi: np.ndarray, allocatable: float, hw: Hardw
 def fit(priced: Sequence[Priced], hw: HardwareProfile) -> tuple[MegatronKnobs, dict]:
     """Every knob from ``priced`` (features computed on ``hw``), the fit's residuals and the knobs
     at a bound of their range."""
-    k0 = hw.megatron_knobs()
+    k0 = step_knobs(hw)
     theta, tinfo = fit_time(priced, theta_of(hw, k0), hw)
     phi, minfo = fit_memory(priced, phi_of(k0), hw)
     lo_alloc = knob_ranges(hw)["allocatable_bytes"][0]
@@ -278,7 +279,7 @@ def predict(p: Priced, hw: HardwareProfile, knobs: Optional[MegatronKnobs] = Non
         return {**row, "predicted_fits": False, "predicted_peak_allocated_mb": None, "predicted_iteration_ms": None,
                 "predicted_peak_allocated_mb_printed_ranks": None,
                 "predicted_error": p.error}
-    k = knobs or hw.megatron_knobs()
+    k = knobs or step_knobs(hw)
     theta, phi = theta_of(hw, k), phi_of(k)
     peak = float(p.feats.memory_bytes(phi).max())
     peak_printed = float((printed(p) @ phi).max())

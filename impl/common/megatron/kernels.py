@@ -187,10 +187,3 @@ def flat_tables(hw: HardwareProfile, dtype: str = "bf16") -> KernelTables:
                         attn=[AttnSeries(heads=32, head_dim=128, s=ss,
                                          fwd_s=[2.0 * s * s * 4096 / rate for s in ss],
                                          bwd_s=[5.0 * s * s * 4096 / rate for s in ss])])
-
-
-def tables_of(hw: HardwareProfile) -> KernelTables:
-    """The tables the step model prices ``hw`` with (:func:`impl.common.megatron.derive.step_profile`)."""
-    from .derive import step_profile
-
-    return step_profile(hw).kernels

@@ -53,7 +53,8 @@ from impl.common.cost.comm import same_node
 from impl.common.hardware import HardwareProfile, MegatronKnobs
 
 from . import activations as act
-from .kernels import attn_fwd_bwd_s, gemm_fwd_bwd_s, tables_of
+from .derive import step_knobs, tables_of
+from .kernels import attn_fwd_bwd_s, gemm_fwd_bwd_s
 from .model import MegatronLayout, MegatronModel, padded_vocab
 
 BF16 = 2.0
@@ -287,7 +288,7 @@ def layer_terms(model: MegatronModel, tp: int, rows, attn_sq, hw: HardwareProfil
 def layer_time_s(model: MegatronModel, tp: int, rows: float, attn_sq: float, hw: HardwareProfile,
                  gpus_per_node: Optional[int] = None, knobs: Optional[MegatronKnobs] = None) -> float:
     """Seconds of one layer's forward + backward for one micro-batch (see :func:`layer_terms`)."""
-    k = knobs or hw.megatron_knobs()
+    k = knobs or step_knobs(hw)
     return float(layer_terms(model, tp, rows, attn_sq, hw, gpus_per_node or hw.gpus_per_node) @ theta_of(hw, k))
 
 
@@ -471,7 +472,7 @@ def _breakdown(F: StepFeatures, theta: np.ndarray) -> dict:
 def price(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
           work: Optional[MicroBatchWork] = None, knobs: Optional[MegatronKnobs] = None) -> StepEstimate:
     """Time per iteration and peak allocated memory per pipeline rank of one static launch."""
-    k = knobs or hw.megatron_knobs()
+    k = knobs or step_knobs(hw)
     F = features(model, lay, hw, work)
     theta, phi = theta_of(hw, k), phi_of(k)
     allocatable = k.allocatable_bytes or hw.memory_bytes
@@ -516,7 +517,7 @@ def seq_cost_terms(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfil
     forward and input gradient GEMMs but no weight gradient (2/3 of the GEMM time)."""
     if not 0 < gemm_scale <= 1:
         raise ConfigError(f"gemm_scale: must be in (0, 1], got {gemm_scale}")
-    k = knobs or hw.megatron_knobs()
+    k = knobs or step_knobs(hw)
     theta = theta_of(hw, k).copy()
     theta[F_GEMM] *= gemm_scale
     x = float(typical or lay.context)

@@ -27,6 +27,7 @@ from impl.common.cost.comm import ring_allreduce_time_s
 from impl.common.cost.transformer import bytes_per_elem, layer_matrix_params
 
 from .plan import Plan
+from impl.common.megatron.derive import step_knobs, bus_bw
 
 MB = 1024.0 * 1024.0
 PIPELINE_BUBBLES = ("spec", "stagewise")
@@ -56,8 +57,8 @@ class HybridCostModel:
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw,
-                   hw.bus_bw_bytes_per_s(True), hw.intra_node_latency_s,
-                   hw.bus_bw_bytes_per_s(False), hw.inter_node_latency_s,
+                   bus_bw(hw, True), hw.intra_node_latency_s,
+                   bus_bw(hw, False), hw.inter_node_latency_s,
                    getattr(wl, "sim_layer_time_s", None), bubble)
 
     @property
@@ -142,12 +143,40 @@ class MemoryModel:
 
 
 def memory_model(wl, hw) -> Optional[MemoryModel]:
+    """The planner's memory rows from the Megatron step model's terms (one memory model) at the
+    nominal TP degree, in MB: per layer the states (bf16 parameters, fp32 gradients, fp32 master
+    + Adam over the dp replicas) and one micro-batch's activations by module x the profile's
+    ``activation_factor``; E the larger of the first stage's embedding and the last stage's LM
+    head with its logits; X the profile's ``memory_overhead_bytes``; C its allocatable bytes (or
+    memory - ``workload.memory.headroom_mb``)."""
     mem = getattr(wl, "memory", None)
     if mem is None or not mem.enabled:
         return None
-    cap = mem.capacity_mb if mem.capacity_mb else hw.memory_bytes / MB
-    return MemoryModel(state_mb_per_layer=mem.state_mb_per_layer, act_mb_per_layer_mb=mem.act_mb_per_layer_mb,
-                       embed_mb=mem.embed_mb, extra_mb=mem.extra_mb, capacity_mb=cap - mem.reserve_mb,
+    from impl.common.megatron import activations as act
+    from impl.common.megatron.model import MegatronModel, padded_vocab
+
+    k = step_knobs(hw)
+    m = MegatronModel.from_shape(wl.model)
+    tp, sp = wl.tp, bool(mem.sequence_parallel)
+    if m.heads % tp:
+        raise ConfigError(f"workload.tp: {tp} does not divide the {m.heads} attention heads")
+    rows = float(wl.micro_batch_size * wl.model.seq_len)
+    per_param = 2.0 + 4.0 + 12.0 / max(1, wl.dp)
+    state = per_param * m.layer_params_per_tp_rank(tp)
+    layer_act = act.per_token_layer(m, tp, sp, m.dropout) * rows * k.activation_factor
+    V = padded_vocab(m.vocab, tp, m.make_vocab_size_divisible_by)
+    table = per_param * V // tp * m.hidden
+    first = table + sum(act.embedding_bytes(m, tp, sp, m.dropout).values()) * rows * k.activation_factor * wl.pp
+    last = (0.0 if m.tied else table) + (sum(act.head_bytes(m, tp, sp).values()) * rows * k.activation_factor
+                                         + k.logits_bytes * rows * V / tp)
+    if mem.headroom_mb is not None:
+        if not 0 <= mem.headroom_mb * MB < hw.memory_bytes:
+            raise ConfigError(f"workload.memory.headroom_mb: {mem.headroom_mb} must be in [0, {hw.memory_bytes / MB:.0f})")
+        cap = hw.memory_bytes - mem.headroom_mb * MB
+    else:
+        cap = k.allocatable_bytes or hw.memory_bytes
+    return MemoryModel(state_mb_per_layer=state / MB, act_mb_per_layer_mb=layer_act / MB, embed_mb=max(first, last) / MB,
+                       extra_mb=k.memory_overhead_bytes / MB, capacity_mb=cap / MB,
                        inflight_cap=mem.inflight_cap or (1 << 30))
 
 

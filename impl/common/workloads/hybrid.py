@@ -19,16 +19,16 @@ class HybridModelShape(ModelShape):
 
 @dataclass
 class HybridMemory:
-    """Per-GPU memory profile at the nominal TP degree, in MB (2^20 bytes), spec 2.2:
-    k_d = state_mb_per_layer + act_mb_per_layer_mb * min(d, inflight_cap)."""
+    """The planner's per-GPU memory rows (spec malleus 2.2: k_d = state + act x min(d, inflight_cap)
+    per layer, E on the first / last stage, X, capacity C), all from the Megatron step model's
+    memory terms at the nominal TP degree (:func:`impl.common.parallel.cost.memory_model`)."""
 
     enabled: bool = False
-    state_mb_per_layer: float = 0.0
-    act_mb_per_layer_mb: float = 0.0
-    embed_mb: float = 0.0  # E: embedding / LM head on the first / last stage
-    extra_mb: float = 0.0  # X: framework buffers, fragmentation
-    capacity_mb: float = 0.0  # 0 = hardware.memory_bytes
-    reserve_mb: float = 0.0  # C = capacity - reserve
+    # Megatron sequence parallelism: off [R] (the spec's 70B tp8 profile, 1231 + 416 d MB, is the
+    # no-SP reading of the step model within 13%: 1392 + 434 d).
+    sequence_parallel: bool = False
+    # C = memory - headroom; null = the step model's allocatable bytes (fitted or carried).
+    headroom_mb: Optional[float] = None
     inflight_cap: int = 0  # 0 = no cap
 
 
@@ -55,7 +55,7 @@ class HybridWorkload:
     layer_fwd_pad_s: float = 0.0
     layer_bwd_pad_s: float = 0.0
     # Sim: a profiled forward + backward time of one layer per micro-batch at the nominal TP
-    # degree (a fidelity job's per-layer profile); null = FLOPs / (peak x mfu).
+    # degree (a fidelity job's per-layer profile); null = the Megatron step model's layer time.
     sim_layer_time_s: Optional[float] = None
     # Sim: a pipeline's fill + drain. "spec" (malleus 6, every paper figure): (m + S - 1) x the
     # slowest stage; "stagewise": max over stages j of m t_j + sum_{k<j} t_k, the 1F1B critical
