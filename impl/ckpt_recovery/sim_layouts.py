@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
-from impl.common.parallel.cost import HybridCostModel, MemoryModel, iteration_cost
+from impl.common.parallel.cost import HybridCostModel, StageMemoryRows, iteration_cost
 from impl.common.parallel.plan import Group, PipelinePlan, Plan, even_split
 from impl.common.parallel.planner import PlannerConfig, PlannerError, plan as plan_heterogeneous
 
@@ -64,7 +64,7 @@ def rectangular(cfg: PlannerConfig, cm: HybridCostModel, lost: Sequence[int], wh
     return best
 
 
-def _fits(mem: MemoryModel, layers: Sequence[int], ratio: float) -> bool:
+def _fits(mem: StageMemoryRows, layers: Sequence[int], ratio: float) -> bool:
     return all(mem.fits(len(layers), j, n, ratio) for j, n in enumerate(layers))
 
 

@@ -7,13 +7,13 @@ import pathlib
 
 import pytest
 
-from impl.common.parallel.cost import MemoryModel
+from impl.common.parallel.cost import StageMemoryRows
 from impl.common.parallel.ilp import clear_caches, ilp_a, ilp_a_value, ilp_b
 from impl.common.parallel.plan import Plan, validate_plan
 from impl.common.parallel.planner import PlannerConfig, plan
 
 CFG = PlannerConfig(num_gpus=1024, gpus_per_node=8, dp=16, tp=8, pp=8, num_layers=80, num_microbatches=256,
-                    alpha=(1.0, 1.9, 3.66, 7.22), memory=MemoryModel(1231, 416, 500, 4500, 81252, 8),
+                    alpha=(1.0, 1.9, 3.66, 7.22), memory=StageMemoryRows(1231, 416, 500, 4500, 81252, 8),
                     solver_a="highs", solver_b="search", max_stage_vectors=4, max_templates=500)
 
 
@@ -56,7 +56,7 @@ def _outcome(res) -> dict:
 
 def _config(c: dict) -> PlannerConfig:
     c = dict(c, alpha=tuple(c["alpha"]), shrink_penalty=tuple(c["shrink_penalty"]))
-    c["memory"] = MemoryModel(**c["memory"]) if c["memory"] else None
+    c["memory"] = StageMemoryRows(**c["memory"]) if c["memory"] else None
     return PlannerConfig(**c)
 
 
@@ -85,7 +85,7 @@ def test_ilp_a_value_is_the_solvers_optimum(seed):
     S = rng.randint(1, 6)
     y = [rng.choice([1.0, 1.5, 2.0, 2.5, 4.0, 7.25]) for _ in range(S)]  # exact products: no ulp ties
     L = rng.randint(S, 40)
-    mem = MemoryModel(1231, 416, 500, 4500, rng.choice([20000, 40000, 81252]), 4)
+    mem = StageMemoryRows(1231, 416, 500, 4500, rng.choice([20000, 40000, 81252]), 4)
     ratios = [rng.choice([1.0, 2.0]) for _ in range(S)]
     res = ilp_a(y, ratios, L, mem, "highs")
     assert ilp_a_value(y, ratios, L, mem) == (None if res is None else res[0])

@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 
 from impl.common.api import ConfigError
-from impl.common.parallel.cost import MemoryModel
+from impl.common.parallel.cost import StageMemoryRows
 from impl.common.parallel.plan import (Group, Plan, PipelinePlan, PlanError, format_plan, group_rates, plan_diff,
                                        plan_violations, plan_z, uniform_plan, validate_plan, z_lower_bound)
 from impl.common.parallel.ilp import ilp_a, ilp_b, ilp_b_exact
 from impl.common.parallel.planner import PlannerConfig, PlannerError, check_feasible, check_uniform_fits, plan
 from impl.common.parallel.tp_groups import node_groups
 
-MEM_32B = MemoryModel(2850, 500, 1000, 5000, 81252, 4)
-MEM_70B = MemoryModel(1231, 416, 500, 4500, 81252, 4)
+MEM_32B = StageMemoryRows(2850, 500, 1000, 5000, 81252, 4)
+MEM_70B = StageMemoryRows(1231, 416, 500, 4500, 81252, 4)
 CFG1 = PlannerConfig(num_gpus=32, gpus_per_node=8, dp=4, tp=2, pp=4, num_layers=60, num_microbatches=64,
                      alpha=(1.0, 2.0, 4.0, 8.0), memory=MEM_32B)
 CFG2 = PlannerConfig(num_gpus=64, gpus_per_node=8, dp=2, tp=8, pp=4, num_layers=80, num_microbatches=64,
@@ -132,7 +132,7 @@ def test_validator_catches_broken_plans():
 
 def test_memory_violation_reported():
     p = uniform_plan(32, 8, 4, 2, 4, 60, 64)
-    tiny = MemoryModel(2850, 500, 1000, 5000, 40000, 4)
+    tiny = StageMemoryRows(2850, 500, 1000, 5000, 40000, 4)
     assert any("MB > capacity" in v for v in plan_violations(p, memory=tiny))
 
 
@@ -166,7 +166,7 @@ def test_no_plan_names_the_failed_constraint():
 
 def test_no_plan_fits_memory_names_the_capacity():
     """Uniform fits, but a regrouped layout does not: the error gives the layers that fit."""
-    mem = MemoryModel(2850, 500, 1000, 5000, 22000, 4)
+    mem = StageMemoryRows(2850, 500, 1000, 5000, 22000, 4)
     cfg = PlannerConfig(num_gpus=8, gpus_per_node=8, dp=1, tp=4, pp=2, num_layers=8, num_microbatches=8, memory=mem)
     check_uniform_fits(cfg.uniform(), cfg)
     with pytest.raises(PlannerError, match=r"workload.memory: no layout fits device memory: with 3 TP groups "

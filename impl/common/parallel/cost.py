@@ -104,8 +104,10 @@ class HybridCostModel:
 
 
 @dataclass(frozen=True)
-class MemoryModel:
-    """Per-GPU memory of a stage (spec 2.2): (k_d * l + E * [first or last]) * r + X <= C.
+class StageMemoryRows:
+    """Per-GPU memory of a stage (spec 2.2) as the planner's linear rows:
+    (k_d * l + E * [first or last]) * r + X <= C. Not a second memory model: :func:`memory_model`
+    fills the rows from the Megatron step model's terms.
 
     k_d = state_mb_per_layer + act_mb_per_layer_mb * min(d, inflight_cap): a stage d stages
     from the end holds d micro-batches in flight under 1F1B; r = tp / group size.
@@ -142,7 +144,7 @@ class MemoryModel:
         return self.k_mb(d) * ratio, self.embed_mb * ends * ratio + self.extra_mb, self.capacity_mb
 
 
-def memory_model(wl, hw) -> Optional[MemoryModel]:
+def memory_model(wl, hw) -> Optional[StageMemoryRows]:
     """The planner's memory rows from the Megatron step model's terms (one memory model) at the
     nominal TP degree, in MB: per layer the states (bf16 parameters, fp32 gradients, fp32 master
     + Adam over the dp replicas) and one micro-batch's activations by module x the profile's
@@ -175,7 +177,7 @@ def memory_model(wl, hw) -> Optional[MemoryModel]:
         cap = hw.memory_bytes - mem.headroom_mb * MB
     else:
         cap = k.allocatable_bytes or hw.memory_bytes
-    return MemoryModel(state_mb_per_layer=state / MB, act_mb_per_layer_mb=layer_act / MB, embed_mb=max(first, last) / MB,
+    return StageMemoryRows(state_mb_per_layer=state / MB, act_mb_per_layer_mb=layer_act / MB, embed_mb=max(first, last) / MB,
                        extra_mb=k.memory_overhead_bytes / MB, capacity_mb=cap / MB,
                        inflight_cap=mem.inflight_cap or (1 << 30))
 

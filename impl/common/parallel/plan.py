@@ -231,7 +231,7 @@ def plan_violations(plan: Plan, *, memory=None, x: Optional[Sequence[float]] = N
     """Every broken invariant, one line each (empty = valid).
 
     ``memory``: an object with ``fits(stages, stage, layers, ratio)`` (see
-    :class:`impl.common.parallel.cost.MemoryModel`). ``x``/``alpha``: per-GPU rates and the
+    :class:`impl.common.parallel.cost.StageMemoryRows`). ``x``/``alpha``: per-GPU rates and the
     TP-shrink slowdowns, to recheck ``z`` (the solver's Z) and the lower bound.
     """
     v: list[str] = []

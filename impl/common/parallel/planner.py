@@ -47,7 +47,7 @@ class PlannerConfig:
     num_layers: int
     num_microbatches: int
     alpha: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
-    memory: object = None  # impl.common.parallel.cost.MemoryModel or None
+    memory: object = None  # impl.common.parallel.cost.StageMemoryRows or None
     top_k: int = 5
     # w_k of step 1's score per shrink level k (index 0 = a full group = 1.0).
     shrink_penalty: tuple[float, ...] = (1.0, 2.0, 2.0, 2.0)
