@@ -15,6 +15,7 @@ from impl.common.hardware import GemmSeries, HardwareProfile
 from impl.common.megatron.derive import step_profile
 
 GEMM_SCALE = 1.5
+MIN_MOVE = 1.02  # the least a baseline's price must move when every GEMM takes GEMM_SCALE x longer
 
 # (preset, baseline system, extra overrides that keep the job short, metric, "time" | "rate")
 CASES = [
@@ -64,4 +65,5 @@ def test_slower_gemm_table_slows_each_training_systems_baseline(preset, system, 
     # GEMMs are the bulk of a step but not all of it (attention, elementwise, communication,
     # host overheads): the price moves by a visible share, and never by more than the GEMM scale.
     moved = slow / plain if kind == "time" else plain / slow
-    assert 1.02 < moved <= GEMM_SCALE + 1e-9, (preset, system, metric, plain, slow)
+    assert moved > MIN_MOVE, (preset, system, metric, plain, slow)
+    assert moved <= GEMM_SCALE * (1 + 1e-9), (preset, system, metric, plain, slow)
