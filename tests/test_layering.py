@@ -95,7 +95,7 @@ def _import_cycles(root: pathlib.Path) -> list[list[str]]:
 
 def test_no_import_cycle(tree_copy):
     # A circle forces lazy imports and makes the import order matter; what two modules both
-    # need moves to a third (bench.record.created_key, impl/swiftdiffusion/sim_common.py).
+    # need moves to a third (bench.record.created_key, impl/swiftdiffusion/sim/common.py).
     assert _import_cycles(tree_copy) == []
 
 

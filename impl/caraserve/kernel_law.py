@@ -11,7 +11,7 @@ squares on timings of *our* kernels: in the simulator, the LoRA term of the sim'
 (``ServingCost.decode_s`` with LoRA minus without, :func:`sim_kernel_times`); in real mode, the
 reference kernels of :mod:`impl.common.llm.kernels` timed on the CPU
 (``experiment=caraserve/cost_law``). The rank-aware router's decode model is the base step (fitted
-on the base model's decode cost) plus this law (:func:`impl.caraserve.cost_model.fit_with_law`).
+on the base model's decode cost) plus this law (:func:`impl.caraserve.cost.fit_with_law`).
 
 The grid: per (batch, max rank) one uniform batch (there B x max r = sum r, the laws agree) and
 one mixed batch (one request at the max rank, the rest drawn from the ranks up to it, seeded),
@@ -71,7 +71,7 @@ class KernelLaw:
 def fit_kernel_law(mixes: Sequence[Sequence[int]], times_s: Sequence[float], kernel: str,
                    fitted_to: str) -> KernelLaw:
     """alpha, beta >= 0 by least squares on measured kernel times; R^2 as Toppings reports it."""
-    from impl.caraserve.cost_model import nnls_fit
+    from impl.caraserve.cost import nnls_fit
 
     if len(mixes) != len(times_s) or len(mixes) < 3:
         raise ConfigError(f"kernel law: need >= 3 timed rank mixes with one time each, got {len(mixes)} / {len(times_s)}")

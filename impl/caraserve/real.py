@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
-from impl.common.llm.engine import EngineRequest, ServingEngine, time_decode_batches
+from impl.common.llm.serving_engine import EngineRequest, ServingEngine, time_decode_batches
 from impl.common.llm.lora import AdapterSpec, adapters_from_peft, load_peft_model, make_peft_model, save_adapters
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.model import build_llama, synthetic_prompt
@@ -58,7 +58,7 @@ def build_models(job: JobContext, adapter_ranks: dict, seed: int, device=None, d
 
 
 def _isolated(model, adapters, name, prompt, steps=4):
-    from impl.common.llm.engine import run_alone
+    from impl.common.llm.serving_engine import run_alone
 
     t0 = time.perf_counter()
     run_alone(model, adapters, name, prompt, 1)
@@ -163,7 +163,7 @@ def run_real(system, job: JobContext) -> RunResult:
     # mean inter-arrival time, capped at 0.3 s, past which the cost no longer grows).
     cpu_prefills, idle_s = None, 0.0
     if worker is not None:
-        from impl.common.llm.engine import time_cpu_assisted_prefills
+        from impl.common.llm.serving_engine import time_cpu_assisted_prefills
 
         by_rank: dict = {}
         for a in sorted(used, key=lambda a: (ranks[a], a)):

@@ -1,7 +1,7 @@
 """Sim mode: the request-level simulator at paper scale (spec caraserve.md 6)."""
 from __future__ import annotations
 
-from impl.caraserve.cost_model import fit_with_law, profile_grid
+from impl.caraserve.cost import fit_with_law, profile_grid
 from impl.caraserve.kernel_law import fit_sim_law
 from impl.caraserve.router import make_router
 from impl.common.api import JobContext, Metric, RunResult

@@ -103,7 +103,7 @@ def save_phase(ctx, spec: BenchSpec) -> dict:
             stalls = list(ck.log.stall_s)
             out[f"{system}_log"] = log
         elif system in ("dcp_sync", "dcp_async"):
-            from . import dcp_baseline as D
+            from impl.ckpt_recovery import dcp_baseline as D
 
             mesh = D.stage_mesh(spec.dcp_grid_old, ctx.rank)
             dstate = D.to_dtensors(local, metas, own, mesh)
@@ -144,7 +144,7 @@ def load_phase(ctx, spec: BenchSpec, system: str, step: Optional[int] = None) ->
     else:
         from torch.distributed.tensor import DTensor
 
-        from . import dcp_baseline as D
+        from impl.ckpt_recovery import dcp_baseline as D
 
         grid = spec.dcp_grid_new
         stages = [StagePlan(tuple(row), (0, spec.shape.num_layers)) for row in grid]

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from impl.common.api import JobContext
 from impl.common.workloads.hybrid import HybridWorkload
 
-from .real import REAL_POLICIES, check_real, run_real
-from .real_config import RealKnobs
+from impl.ckpt_recovery.real import REAL_POLICIES, check_real, run_real
+from impl.ckpt_recovery.real_config import RealKnobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from impl.common.runtime.launch import launch
 from impl.common.storage.emulator import profile
 from impl.common.workloads.pipeline import ModelShape
 
-from .bench import BenchSpec, load_phase, save_phase
+from impl.ckpt_recovery.bench import BenchSpec, load_phase, save_phase
 
 TINY = ModelShape(name="tiny", num_layers=4, hidden=256, heads=8, ffn_hidden=1024, vocab=4096, seq_len=64)
 

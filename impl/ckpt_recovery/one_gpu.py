@@ -133,7 +133,7 @@ def _save_loop(policy: str, state: dict, metas, layout, root: str, prof: Storage
         out.update(saves=log["saves"], skipped=log["skipped_saves"], committed=log["committed_steps"], io=log["io"])
         out["step"] = log["committed_steps"][-1] if log["committed_steps"] else None
     else:
-        from . import dcp_baseline as D
+        from impl.ckpt_recovery import dcp_baseline as D
 
         fut, last = None, None
         for s in range(1, steps + 1):
@@ -176,7 +176,7 @@ def _load(policy: str, state: dict, metas, layout, root: str, prof: StorageProfi
         loaded = {k: v.to(device) for k, v in host.items()}
         info = st.to_dict()
     else:
-        from . import dcp_baseline as D
+        from impl.ckpt_recovery import dcp_baseline as D
 
         loaded = {k: torch.empty_like(v) for k, v in state.items()}
         D.load(loaded, os.path.join(root, f"step{step:08d}"), storage)
@@ -252,7 +252,7 @@ def result(o: dict, policy: str, prof: StorageProfile, execution, k) -> RunResul
 def check(wl, k, policy: str, fault) -> None:
     """The one_gpu scenario's preflight: one process, no fault, a policy it runs, S splits that
     fit the model (one line each)."""
-    from .real_config import ONE_GPU_POLICIES
+    from impl.ckpt_recovery.real_config import ONE_GPU_POLICIES
 
     if policy not in ONE_GPU_POLICIES:
         raise ConfigError(f"policy: {policy!r} does not run real.scenario=one_gpu (one of: {', '.join(ONE_GPU_POLICIES)})")

@@ -30,10 +30,10 @@ from impl.common.checkpoint.layout import check_layout, pipeline_layout
 from impl.common.parallel.tensor_parallel import check_tp_shape
 from impl.common.storage.emulator import profile
 
-from .real_config import REAL_POLICIES, RELAYOUTS, SCENARIOS, STORAGES, RealKnobs
-from .recovery import replan as R
-from .recovery.supervisor import run, timeline
-from .recovery.trainer import KillAt, PeerSpec, TrainSpec, full_metas
+from impl.ckpt_recovery.real_config import REAL_POLICIES, RELAYOUTS, SCENARIOS, STORAGES, RealKnobs
+from impl.ckpt_recovery.recovery import replan as R
+from impl.ckpt_recovery.recovery.supervisor import run, timeline
+from impl.ckpt_recovery.recovery.trainer import KillAt, PeerSpec, TrainSpec, full_metas
 
 
 
@@ -58,7 +58,7 @@ def check_real(system, wl, hardware, fault) -> None:
     if k.scenario not in SCENARIOS:
         raise ConfigError(f"real.scenario: unknown value {k.scenario!r} (one of: {', '.join(SCENARIOS)})")
     if k.scenario == "one_gpu":
-        from . import one_gpu
+        from impl.ckpt_recovery import one_gpu
 
         if k.storage not in STORAGES:
             raise ConfigError(f"real.storage: unknown {k.storage!r} (one of: {', '.join(STORAGES)})")
@@ -151,7 +151,7 @@ def _kill(job: JobContext, wl, k: RealKnobs):
 def run_real(system, job: JobContext) -> RunResult:
     wl, k = job.workload, knobs(system)
     if k.scenario == "one_gpu":
-        from . import one_gpu
+        from impl.ckpt_recovery import one_gpu
 
         prof = profile(k.storage)
         o = one_gpu.run(system.cfg.policy, wl, k, job.seed, job.execution, prof)

@@ -12,7 +12,7 @@
 | gemini_like    | every step into a buddy node's RAM    | whole healthy nodes; storage if both copies die| sim       |
 | ckpt_recovery_peer | ours + each file in its owner's and k peers' RAM | as ckpt_recovery; storage if no copy lives | sim, real |
 
-Sim mode lives in :mod:`impl.ckpt_recovery.sim` (knobs in the nested ``sim`` node), real mode
+Sim mode lives in :mod:`impl.ckpt_recovery.sim.scenario` (knobs in the nested ``sim`` node), real mode
 in :mod:`impl.ckpt_recovery.real` (knobs in ``real``). Faults: ``gpu_loss`` / ``node_loss``
 (``faults.spec``), one spec for both modes; ``none`` with ``sim.failures=poisson``.
 """
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .real_config import REAL_POLICIES, RealKnobs
-from .sim_config import SimKnobs
+from impl.ckpt_recovery.real_config import REAL_POLICIES, RealKnobs
+from impl.ckpt_recovery.sim.config import SimKnobs
 
 POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async", "dcp_async_process", "restart_all", "ucp_like", "gemini_like")
 
@@ -47,19 +47,19 @@ class CkptRecovery(System):
     def check(self, mode, wl, hardware, fault) -> None:
         self.require_workload(wl, "hybrid")
         if mode == "real":
-            from .real import check_real
+            from impl.ckpt_recovery.real import check_real
 
             check_real(self, wl, hardware, fault)
         else:
-            from .sim import check_sim
+            from impl.ckpt_recovery.sim.scenario import check_sim
 
             check_sim(self, wl, hardware, fault)
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "real":
-            from .real import run_real
+            from impl.ckpt_recovery.real import run_real
 
             return run_real(self, job)
-        from .sim import run_sim
+        from impl.ckpt_recovery.sim.scenario import run_sim
 
         return run_sim(self, job)

@@ -50,7 +50,7 @@ class MegatronKnobs:
     per-module activation bytes it derives. Each knob has a physical range
     (:data:`impl.common.megatron.fit.KNOB_RANGES`); the fit reports any knob at its bound. A
     profile without knobs prices Megatron from its datasheet figures through
-    :meth:`HardwareProfile.megatron_knobs`."""
+    :func:`impl.common.megatron.derive.step_knobs` (carried from ``step_model_from``)."""
 
     # Megatron's kernels over the profile's tables (1 = the table's time): GEMMs (wgrad
     # accumulation into fp32 main grads, cuBLAS heuristics), causal flash attention (Megatron's

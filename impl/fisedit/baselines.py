@@ -24,8 +24,8 @@ from impl.common.diffusion.pipelines import build_components, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
 from impl.common.host_alloc import host_malloc_in_force
 
-from .mask import check_pool_factors
-from .real import make_mask
+from impl.fisedit.mask import check_pool_factors
+from impl.fisedit.real import make_mask
 
 
 class QualityBaseline(System):

@@ -1,6 +1,6 @@
 """The fast sparse engine (``system.engine: fast``): the wrappers' sparse paths without host work.
 
-Each function here is the sparse-step body of one wrapper of :mod:`impl.fisedit.engine` when
+Each function here is the sparse-step body of one wrapper of :mod:`impl.fisedit.sparse_modules` when
 ``EngineState.engine == "fast"``. Differences from the reference paths (:mod:`.sparse`):
 
 - indices come from the edit's :class:`~impl.fisedit.plan.PlanSet`, built once per edit;
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .sparse import conv_geometry
+from impl.fisedit.sparse import conv_geometry
 
 
 def _slot(w, st, key, make):

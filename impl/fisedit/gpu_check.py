@@ -43,7 +43,7 @@ DTYPES = {"tiny": torch.float32, "sd15": torch.float16, "sd21": torch.float32}
 def _pipe(shape: str, device, block: int, steps: int, frac: float = 0.5):
     from diffusers import DPMSolverMultistepScheduler, UNet2DConditionModel
 
-    from .pipeline import FISEditPipeline
+    from impl.fisedit.pipeline import FISEditPipeline
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -73,8 +73,8 @@ def _syncs(pipe, fn) -> int:
 
 
 def check(shape: str, device, ratio: float, block: int, steps: int, repeats: int, frac: float = 0.5) -> dict:
-    from .mask import synthetic_mask
-    from .real import step_pair_times
+    from impl.fisedit.mask import synthetic_mask
+    from impl.fisedit.real import step_pair_times
 
     t0 = time.perf_counter()
     pipe = _pipe(shape, device, block, steps, frac)

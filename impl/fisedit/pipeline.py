@@ -22,10 +22,10 @@ import torch
 
 from impl.common.diffusion.pipelines import Components, encode_prompts, scheduler_fingerprint
 
-from .cache import ActivationCache
-from .engine import EngineState, install, uninstall
-from .graphs import GraphedUNet, resolve_cuda_graph
-from .mask import capture_mask, check_mask, check_pool_factors
+from impl.fisedit.cache import ActivationCache
+from impl.fisedit.sparse_modules import EngineState, install, uninstall
+from impl.fisedit.graphs import GraphedUNet, resolve_cuda_graph
+from impl.fisedit.mask import capture_mask, check_mask, check_pool_factors
 
 
 @dataclass
@@ -105,7 +105,7 @@ class FISEditPipeline:
         cache.consolidate(target)
 
     def _engine_buffers(self) -> list:
-        from .engine import wrappers
+        from impl.fisedit.sparse_modules import wrappers
 
         return [w.__dict__.get("_fast") for w in wrappers(self.c.unet).values()]
 

@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from .mask import layer_mask
-from .sparse import block_mask
+from impl.fisedit.mask import layer_mask
+from impl.fisedit.sparse import block_mask
 
 
 @dataclass

@@ -15,10 +15,10 @@ from impl.common.diffusion.pipelines import build_components, build_scheduler, s
 from impl.common.diffusion.quality import psnr, ssim
 from impl.common.host_alloc import host_malloc_in_force
 
-from .costmodel import Thresholds, step_cost
-from .engine import CachedConv2d, uninstall, install, wrappers
-from .mask import check_mask, synthetic_mask
-from .pipeline import FISEditPipeline
+from impl.fisedit.cost import Thresholds, step_cost
+from impl.fisedit.sparse_modules import CachedConv2d, uninstall, install, wrappers
+from impl.fisedit.mask import check_mask, synthetic_mask
+from impl.fisedit.pipeline import FISEditPipeline
 
 log = logging.getLogger("impl.fisedit")
 
@@ -62,7 +62,7 @@ def diffusers_graph(pipe):
     if not pipe.graph_on:
         return contextlib.nullcontext()
     if getattr(pipe, "_diffusers_graphed", None) is None:
-        from .graphs import GraphedUNet
+        from impl.fisedit.graphs import GraphedUNet
 
         pipe._diffusers_graphed = GraphedUNet(pipe.c.unet, lambda: ("diffusers", ()))
     return pipe._diffusers_graphed.active()
@@ -340,7 +340,7 @@ def _session(system, job, pipe, N, k, first, seed, metrics, info, orig_cache):
     """Serial rounds: round r edits round r-1's image; the cache is the one round r-1's edit
     recorded (continuous edit, spec 6). Each round is timed against a dense run of its prompt."""
     cfg, wl = system.cfg, job.workload
-    from .cache import ActivationCache
+    from impl.fisedit.cache import ActivationCache
 
     # round 1 again, recording its activations as the next round's cache
     prev_prompt = wl.edited_prompt

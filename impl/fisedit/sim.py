@@ -5,7 +5,7 @@ generators, no timing.
 Step times
 - diffusers dense step: sum of roofline op times (``impl.common.diffusion.cost``);
 - dense-engine step: diffusers step / ``engine_gain`` (fused kernels, spec 2.6, [R] 1.3-1.6x);
-- sparse step: the sparse op times (``costmodel.step_cost``, real per-layer masks; of the
+- sparse step: the sparse op times (``cost.step_cost``, real per-layer masks; of the
   paper's fused engine, or with ``system.sim_engine=reference`` of this repo's engine), divided by
   ``engine_gain`` only when the engine's gains are included, plus the cache's H2D over PCIe
   (datasheet x ``pcie_efficiency``) beyond what compute hides.
@@ -28,8 +28,8 @@ from impl.common.diffusion.cost import BYTES, dense_step_time_s, forward_torch_c
 from impl.common.diffusion.pipelines import SD21_ATTENTION_HEAD_DIM, SD21_UNET
 from impl.common.plots.save import save_png
 
-from .costmodel import Thresholds, cache_bytes_per_step, step_cost
-from .mask import synthetic_mask
+from impl.fisedit.cost import Thresholds, cache_bytes_per_step, step_cost
+from impl.fisedit.mask import synthetic_mask
 
 SCENARIOS = ("f1", "f2", "f3", "f4")
 MASK_CAPTURE_S = 1e-3  # [R] D2H of k latents + Otsu + opening on a 96^2 map, host side
@@ -54,7 +54,7 @@ class Model:
     dense_diff_s: float
     fallback: float
     cache_dtype: str = "fp16"
-    engine: str = "fused"  # costmodel.SIM_ENGINES
+    engine: str = "fused"  # cost.SIM_ENGINES
     torch_calls: int = 0  # the dense forward's torch calls, charged at hw.host_dispatch_s (CPU profiles)
     glue: tuple = ()  # the forward's non-module ops, priced on profiles with glue rates (CPU profiles)
     memo: dict = field(default_factory=dict)

@@ -19,7 +19,7 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .costmodel import SIM_ENGINES
+from impl.fisedit.cost import SIM_ENGINES
 
 VARIANTS = ("fisedit", "dense_edit", "diffusers_dense")
 SCHEDULES = ("supplied", "online")
@@ -116,10 +116,10 @@ class FISEditSystem(System):
         if wl.num_steps < 2:
             raise ConfigError(f"workload.num_steps must be >= 2, got {wl.num_steps}")
         if job.mode == "sim":
-            from .sim import run_sim
+            from impl.fisedit.sim import run_sim
 
             return run_sim(self, job)
-        from .real import run_real
+        from impl.fisedit.real import run_real
 
         return run_real(self, job)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from impl.common.api import ConfigError
 from impl.common.varlen.packing import assign_dp, hotspa_pack
 
-from .pricing import Env, enumerate_strategies, pipeline_time_s, price_grouped_step
-from .strategy import GroupPlan, Strategy
+from impl.hotspa.cost import PricingEnv, enumerate_strategies, pipeline_time_s, price_grouped_step
+from impl.hotspa.strategy import GroupPlan, Strategy
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class PlannedGroups:
     candidates_tried: int
 
 
-def plan_groups(env: Env, batches, context: int, *, candidates, max_groups: int, max_tp: int, pad: str,
+def plan_groups(env: PricingEnv, batches, context: int, *, candidates, max_groups: int, max_tp: int, pad: str,
                 align: int, policy: str) -> PlannedGroups:
     strategies = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
     if not strategies:

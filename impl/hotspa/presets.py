@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from impl.common.api import ConfigError
 from impl.common.varlen.packing import check_boundaries
 
-from .strategy import GroupPlan, Strategy, parse_strategy
+from impl.hotspa.strategy import GroupPlan, Strategy, parse_strategy
 
 
 # The named groupings of conf/data/hotspa_presets.yaml (spec 2.1): c1, c2 and the A100 preset.

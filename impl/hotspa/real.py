@@ -3,7 +3,7 @@
 Policies (``system.policy``, or several with ``system.real.interleave``):
 - ``hotspa``: the system's group plan (``grouping: explicit``; spec 5: ``boundaries
   [2048, 1024, 0]``, strategies ``[[1,2,1], [2,1,1]]``: sequences <= 1024 under DP2, 1024-2048
-  under TP2 = home), hot switching inside the step (:mod:`impl.hotspa.engine`).
+  under TP2 = home), hot switching inside the step (:mod:`impl.hotspa.rank_trainer`).
 - ``hotspa_static`` / ``megatron_static``: the home strategy for every sequence (one group up to
   the top boundary), same engine and packing rule: the static TP2 baseline of spec 5 (in real
   mode the two names run the same thing).
@@ -34,9 +34,9 @@ from impl.common.varlen.packing import hotspa_pack
 from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
 
-from .engine import Engine, StepLog, plan_step
-from .strategy import GroupPlan, Strategy, make_group_plan
-from .switching import Layouts, SwitchCache
+from impl.hotspa.rank_trainer import RankTrainer, StepLog, plan_step
+from impl.hotspa.strategy import GroupPlan, Strategy, make_group_plan
+from impl.hotspa.switching import Layouts, SwitchCache
 
 REAL_POLICIES = ("hotspa", "hotspa_static", "megatron_static")
 STATIC = ("hotspa_static", "megatron_static")
@@ -136,7 +136,7 @@ def _rank_main(ctx, job: RealJob) -> dict:
     layouts = Layouts(W, job.gpus_per_node, job.shape.num_layers)
     shapes = {n: tuple(p.shape) for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
     cache = SwitchCache(layouts, rank, shapes, job.switch_policy)  # shared: the policies' switches are the same plans
-    engines = {p: Engine(job.shape, job.seed, rank, W, plan, job.lr, cache, job.seed)
+    engines = {p: RankTrainer(job.shape, job.seed, rank, W, plan, job.lr, cache, job.seed)
                for p, plan in zip(job.policies, job.plans)}
     refs = {p: AdamReference(job.shape, job.seed, job.lr) for p in job.policies} if rank == 0 and job.check_steps >= 0 else {}
     stream = LengthStream(job.lengths, job.seed)

@@ -6,7 +6,7 @@
 - megatron_static / deepspeed_static: the grid-searched best single strategy (TP, or Ulysses
   SP) that fits the context, greedy packing, 1F1B, ZeRO-1 (spec 3).
 Seeded and deterministic: the same config gives the same metrics bit for bit. Prices come from
-:mod:`impl.hotspa.pricing`; the 2.7 planner is :mod:`impl.hotspa.planner`.
+:mod:`impl.hotspa.cost`; the 2.7 planner is :mod:`impl.hotspa.planner`.
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import statistics
 from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.varlen.sampling import LengthStream
 
-from .planner import plan_groups
-from .presets import PRESET_GROUPINGS, load_presets
-from .pricing import Env, best_static, check_fits, price_grouped_step, price_static_step
-from .strategy import GroupPlan, make_group_plan, parse_strategy
+from impl.hotspa.planner import plan_groups
+from impl.hotspa.presets import PRESET_GROUPINGS, load_presets
+from impl.hotspa.cost import PricingEnv, best_static, check_fits, price_grouped_step, price_static_step
+from impl.hotspa.strategy import GroupPlan, make_group_plan, parse_strategy
 
 SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
 
@@ -37,7 +37,7 @@ def _batches(wl, seed: int, steps: int):
     return [stream.by_count(wl.global_batch_seqs) for _ in range(steps)]
 
 
-def group_plan(system, env: Env, wl, seed: int) -> tuple[GroupPlan, dict]:
+def group_plan(system, env: PricingEnv, wl, seed: int) -> tuple[GroupPlan, dict]:
     """The boundaries and strategies a HotSPa-engine policy runs at ``wl.context``."""
     cfg, info = system.cfg, {}
     if cfg.grouping in PRESET_GROUPINGS:
@@ -85,7 +85,7 @@ def check_sim(system, wl, hardware) -> None:
         raise ConfigError(f"workload.lengths.max_len: {wl.lengths.max_len} is above workload.context {wl.context}")
     for ctx in [wl.context, *cfg.sim.contexts]:
         w = wl if ctx == wl.context else at_context(wl, ctx)
-        env = Env(w, hardware, cfg.sim)
+        env = PricingEnv(w, hardware, cfg.sim)
         if cfg.policy in ("hotspa", "hotspa_static"):
             if cfg.grouping != "planned":  # planned needs the sampled histogram: checked when run
                 group_plan(system, env, w, 0)
@@ -94,7 +94,7 @@ def check_sim(system, wl, hardware) -> None:
 def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
     """Metrics and info of one (system, workload) case."""
     cfg = system.cfg
-    env = Env(wl, hardware, cfg.sim)
+    env = PricingEnv(wl, hardware, cfg.sim)
     batches = _batches(wl, seed, wl.steps)
     info: dict = {"context": wl.context, "num_gpus": wl.num_gpus, "dataset": wl.dataset}
     pad = {"align": "align", "bound": "bound"}[cfg.pad]

@@ -39,7 +39,7 @@ from impl.common.parallel.plan import Plan, uniform_plan
 from impl.common.parallel.tensor_parallel import compute_dim, fraction_slice, shard_dim
 from impl.common.runtime.migrate import unit_param_names
 
-from .strategy import Strategy
+from impl.hotspa.strategy import Strategy
 
 HOME = "home"
 

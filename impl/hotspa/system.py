@@ -19,9 +19,9 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .presets import PRESET_GROUPINGS
-from .real_config import RealKnobs
-from .sim_config import SimKnobs
+from impl.hotspa.presets import PRESET_GROUPINGS
+from impl.hotspa.real_config import RealKnobs
+from impl.hotspa.sim_config import SimKnobs
 
 POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static", "megatron_grid")
 SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
@@ -66,19 +66,19 @@ class HotSPa(System):
         self.require_no_fault(fault)
         wl.validate()
         if mode == "real":
-            from .real import check_real
+            from impl.hotspa.real import check_real
 
             check_real(self, wl, hardware)
         else:
-            from .sim import check_sim
+            from impl.hotspa.sim import check_sim
 
             check_sim(self, wl, hardware)
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "real":
-            from .real import run_real
+            from impl.hotspa.real import run_real
 
             return run_real(self, job)
-        from .sim import run_sim
+        from impl.hotspa.sim import run_sim
 
         return run_sim(self, job)

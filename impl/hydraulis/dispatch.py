@@ -45,7 +45,7 @@ import numpy as np
 
 from impl.common.api import ConfigError
 
-from .cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 
 # Local-search scans per dispatch (README "Issue 40": on the authors' planning cases a doubling
 # past 100 buys < 0.03 points of the estimate for +40-75% dispatch time; a scan is one search of

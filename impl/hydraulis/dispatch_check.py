@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from .cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,10 @@ def planning_cases(steps: int = 4, names: Optional[Sequence[str]] = None, seed: 
     from impl.common.hardware import load_hardware
     from impl.common.workloads.varlen import VarlenWorkload
 
-    from .batches import step_batches
-    from .cost import OptLayout, load_cost_data
-    from .sim import Env, build_pool, cost_spec, parse_pool
-    from .system import Hydraulis
+    from impl.hydraulis.batches import step_batches
+    from impl.hydraulis.cost.strategy import OptLayout, load_cost_data
+    from impl.hydraulis.sim import SimEnv, build_pool, cost_spec, parse_pool
+    from impl.hydraulis.system import Hydraulis
 
     for name, workload, hardware, lists in CASES:
         if names is not None and name not in names:
@@ -157,7 +157,7 @@ def planning_cases(steps: int = 4, names: Optional[Sequence[str]] = None, seed: 
         wl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(VarlenWorkload), d))
         wl = dataclasses.replace(wl, steps=steps, **({"token_budget": token_budget} if token_budget else {}))
         system = Hydraulis(Hydraulis.Config(pool=list(lists)), "hydraulis")
-        env = Env(wl, load_hardware(hardware), system, cost_spec(system), load_cost_data())
+        env = SimEnv(wl, load_hardware(hardware), system, cost_spec(system), load_cost_data())
         first = parse_pool(lists[:1], wl.num_gpus)[0]
         pool, _, _ = build_pool(env, step_batches(wl, seed + 1, 1), OptLayout(len(first), *first[0]))
         for s, b in enumerate(step_batches(wl, seed, steps)):
@@ -169,7 +169,7 @@ def planning_cases(steps: int = 4, names: Optional[Sequence[str]] = None, seed: 
 
 def compare(cases: Sequence[Case], includes_c: bool, **ours) -> list[dict]:
     """Per case: ours and theirs on one objective (both recomputed from the assignments)."""
-    from .dispatch import dispatch
+    from impl.hydraulis.dispatch import dispatch
 
     rows = []
     for c in cases:

@@ -31,7 +31,7 @@ import numpy as np
 
 from impl.common.api import ConfigError
 
-from .cost import ReplicaCost, fmt_strategy
+from impl.hydraulis.cost.strategy import ReplicaCost, fmt_strategy
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from scipy.sparse import lil_matrix
 
 from impl.common.api import ConfigError
 
-from .cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 
 STATUSES = ("optimal", "optimal_bound", "below_max", "limit", "heuristic")
 

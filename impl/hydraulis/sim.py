@@ -1,6 +1,6 @@
 """Hydraulis sim mode (spec hydraulis 6): every policy of :mod:`impl.hydraulis.system` on the
 same per-step batches (:func:`impl.hydraulis.batches.step_batches`, seed = job seed), priced by
-:mod:`impl.hydraulis.pricing` on the cost model of :mod:`impl.hydraulis.cost` (the Megatron step
+:mod:`impl.hydraulis.cost.step` on the cost model of :mod:`impl.hydraulis.cost.strategy` (the Megatron step
 model's time and memory by default: one pricing path, issue 40).
 
 Setup per job (all from a second stream seeded seed+1, ``system.sim.sample_steps`` steps, so a
@@ -28,15 +28,15 @@ from typing import Optional, Sequence
 from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.varlen.packing import assign_dp, equal_count, greedy_pack, pad_to_max
 
-from .batches import check_budget, step_batches
+from impl.hydraulis.batches import check_budget, step_batches
 from impl.common.cost.varlen_model import Layout, seq_cost
 
-from .cost import (CAP_ROUND, GIB, CostSpec, OptLayout, ReplicaCost, StrategyMemory, check_source, fmt_strategy,
+from impl.hydraulis.cost.strategy import (CAP_ROUND, GIB, CostSpec, OptLayout, ReplicaCost, StrategyMemory, check_source, fmt_strategy,
                    load_cost_data, strategy_cost, strategy_costs)
-from .dispatch import dispatch
-from .generator import Histogram, Pool, generate_pool
-from .pricing import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
-from .step_plan import plan_step
+from impl.hydraulis.dispatch import dispatch
+from impl.hydraulis.generator import Histogram, Pool, generate_pool
+from impl.hydraulis.cost.step import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
+from impl.hydraulis.step_plan import plan_step
 from impl.common.megatron.derive import step_knobs
 
 HOMO_MODES = ("hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static")
@@ -50,7 +50,7 @@ def cost_spec(system) -> CostSpec:
 
 
 @dataclass
-class Env:
+class SimEnv:
     wl: object
     hw: object
     system: object
@@ -79,7 +79,7 @@ class Env:
 # ---------------------------------------------------------------------------- homogeneous pricing
 
 
-def price_homo_greedy(env: Env, r: ReplicaCost, dp: int, lengths: Sequence[int], capacity: int,
+def price_homo_greedy(env: SimEnv, r: ReplicaCost, dp: int, lengths: Sequence[int], capacity: int,
                       pad: str = "align") -> StepPrice:
     """Greedy packing of the whole step to ``capacity``, micro-batch i to DP rank i mod dp
     (equal packed micro-batch counts per rank, spec 3), 1F1B per rank, the exchange."""
@@ -90,7 +90,7 @@ def price_homo_greedy(env: Env, r: ReplicaCost, dp: int, lengths: Sequence[int],
     return StepPrice(comp, ex, candidate=fmt_strategy([r] * dp), micro_batches=len(mbs))
 
 
-def megatron_grid(env: Env, sample) -> tuple[ReplicaCost, int, dict]:
+def megatron_grid(env: SimEnv, sample) -> tuple[ReplicaCost, int, dict]:
     wl, k = env.wl, env.system.cfg.sim
     scores, best = {}, None
     for tp in env.spec.tp_degrees:
@@ -115,7 +115,7 @@ def megatron_grid(env: Env, sample) -> tuple[ReplicaCost, int, dict]:
 # ---------------------------------------------------------------------------- DeepSpeed-like
 
 
-def _ulysses(env: Env, sp: int, zero: int) -> Optional[tuple[ReplicaCost, float]]:
+def _ulysses(env: SimEnv, sp: int, zero: int) -> Optional[tuple[ReplicaCost, float]]:
     """(cost with cap, ZeRO-3 per-micro-batch gather time in ms) of Ulysses SP degree ``sp``: the
     step model's time (``seq_cost`` of ``Layout(1, sp, 1, "ulysses")``) and memory (the shared
     MemoryModel, ZeRO-1 or ZeRO-3 over all N GPUs)."""
@@ -133,7 +133,7 @@ def _ulysses(env: Env, sp: int, zero: int) -> Optional[tuple[ReplicaCost, float]
     return r, gather_ms
 
 
-def price_deepspeed(env: Env, r: ReplicaCost, gather_ms: float, zero: int, lengths: Sequence[int]) -> StepPrice:
+def price_deepspeed(env: SimEnv, r: ReplicaCost, gather_ms: float, zero: int, lengths: Sequence[int]) -> StepPrice:
     dp = env.n // r.tp
     ids = list(range(len(lengths)))
     mbs = greedy_pack(ids, lengths, min(r.cap, env.wl.context), pad="align", align=env.system.cfg.align)
@@ -151,7 +151,7 @@ def price_deepspeed(env: Env, r: ReplicaCost, gather_ms: float, zero: int, lengt
     return StepPrice(comp, step - comp, candidate=f"zero{zero} sp{r.tp} dp{dp}", micro_batches=len(mbs))
 
 
-def deepspeed_grid(env: Env, sample):
+def deepspeed_grid(env: SimEnv, sample):
     best, scores = None, {}
     heads = env.wl.model.heads
     for zero in env.system.cfg.sim.deepspeed_zero_stages:
@@ -196,7 +196,7 @@ class _Docs:
         self.lengths = lengths
 
 
-def megatron_grid_prices(env: Env, sample, batches) -> tuple[list, dict]:
+def megatron_grid_prices(env: SimEnv, sample, batches) -> tuple[list, dict]:
     """Megatron-like by the HotSPa authors' grid rule (spec 10; :mod:`impl.common.megatron.grid`:
     every (dp, tp, pp, mbs), tp across nodes allowed, the fork's packing, SP, the distributed
     optimizer) on the calibrated Megatron step model; the fastest mean step on the sample steps
@@ -234,7 +234,7 @@ def megatron_grid_prices(env: Env, sample, batches) -> tuple[list, dict]:
 # ---------------------------------------------------------------------------- HotSPa-like
 
 
-def hotspa_boundaries(env: Env) -> list[int]:
+def hotspa_boundaries(env: SimEnv) -> list[int]:
     b = list(env.system.cfg.sim.hotspa_boundaries)
     if not b:
         b, x = [], env.wl.context
@@ -251,7 +251,7 @@ def _group_lengths(lengths: Sequence[int], hi: int, lo: int) -> list[int]:
     return [x for x in lengths if lo < x <= hi]
 
 
-def _price_groups(env: Env, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
+def _price_groups(env: SimEnv, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
     """One step under fixed groups (``bounds``) and one homogeneous strategy per group."""
     total, chosen, nmb, last = 0.0, [], 0, None
     for (hi, lo), r in zip(zip(bounds, bounds[1:]), strategies):
@@ -271,7 +271,7 @@ def _price_groups(env: Env, bounds: Sequence[int], strategies: Sequence[ReplicaC
                      micro_batches=nmb)
 
 
-def hotspa_plan(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[int], sample) -> tuple[list, list]:
+def hotspa_plan(env: SimEnv, strategies: Sequence[ReplicaCost], bounds: Sequence[int], sample) -> tuple[list, list]:
     """HotSPa 2.7 offline [R]: every merge of the candidate boundaries; per group the
     homogeneous strategy (N divisible by tp·pp, capacity >= the group's bound) fastest on the
     sample steps; the merge with the smallest mean sample step time. Fixed for the run."""
@@ -297,7 +297,7 @@ def hotspa_plan(env: Env, strategies: Sequence[ReplicaCost], bounds: Sequence[in
 # ---------------------------------------------------------------------------- Hydraulis policies
 
 
-def price_plan(env: Env, lengths: Sequence[int], plan) -> StepPrice:
+def price_plan(env: SimEnv, lengths: Sequence[int], plan) -> StepPrice:
     """A StepPlan's micro-batches with alignment padding, plus the exchange."""
     align = env.system.cfg.align
     per = [[aligned([lengths[i] for i in mb], align) for mb in rp.micro_batches] for rp in plan.replicas]
@@ -308,7 +308,7 @@ def price_plan(env: Env, lengths: Sequence[int], plan) -> StepPrice:
                      micro_batches=sum(len(rp.micro_batches) for rp in plan.replicas))
 
 
-def price_greedy_dynamic(env: Env, pool, lengths: Sequence[int], seed: int) -> StepPrice:
+def price_greedy_dynamic(env: SimEnv, pool, lengths: Sequence[int], seed: int) -> StepPrice:
     """Mode 3: stage-1 dispatch over each candidate, greedy packing per replica to the context
     length (the fixed-length packing of the artifact; dynamic shape: padded to ``align``)."""
     t0 = time.perf_counter()
@@ -335,7 +335,7 @@ def price_greedy_dynamic(env: Env, pool, lengths: Sequence[int], seed: int) -> S
                      micro_batches=best[2])
 
 
-def price_homo_mode(env: Env, policy: str, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
+def price_homo_mode(env: SimEnv, policy: str, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
     """Modes 0-2 on the optimizer-layout strategy (R replicas of ``r``)."""
     align = env.system.cfg.align
     n = len(lengths)
@@ -402,7 +402,7 @@ def parse_pool(text: Sequence[str], num_gpus: int) -> list[list[tuple[int, int]]
 POOL_SOURCES = ("auto", "generator")
 
 
-def script_pool(env: Env) -> tuple[list, str]:
+def script_pool(env: SimEnv) -> tuple[list, str]:
     """(lists, source) of ``system.pool``, or of ``conf/data/hydraulis_pools.yaml`` for this
     (model, GPUs, memory class) when ``system.pool_source`` is auto; ([], "") = the generator."""
     c = env.system.cfg
@@ -425,7 +425,7 @@ def script_pool(env: Env) -> tuple[list, str]:
     return [], ""
 
 
-def fixed_pool(env: Env, mem: StrategyMemory, strategies: list, opt: OptLayout, text: Sequence[str], src: str) -> Pool:
+def fixed_pool(env: SimEnv, mem: StrategyMemory, strategies: list, opt: OptLayout, text: Sequence[str], src: str) -> Pool:
     """Fixed candidate lists (the authors' scripts, spec 10), each strategy priced like the
     generator's (also outside the enumerated degrees, e.g. (8,3))."""
     lists = parse_pool(text, env.n)
@@ -445,7 +445,7 @@ def fixed_pool(env: Env, mem: StrategyMemory, strategies: list, opt: OptLayout, 
     return Pool(cands, [src] * len(cands), [math.nan] * len(cands), len(cands))
 
 
-def build_pool(env: Env, sample, opt: OptLayout):
+def build_pool(env: SimEnv, sample, opt: OptLayout):
     wl = env.wl
     mem = env.mem
     strategies = strategy_costs(wl.model, env.hw, mem, env.spec, env.n, env.data)
@@ -486,7 +486,7 @@ def check_sim(system, wl, hardware) -> None:
 
 
 def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
-    env = Env(wl, hw, system, cost_spec(system), load_cost_data())
+    env = SimEnv(wl, hw, system, cost_spec(system), load_cost_data())
     cfg, policy = system.cfg, system.cfg.policy
     sample = step_batches(wl, seed + 1, cfg.sim.sample_steps)
     batches = step_batches(wl, seed, wl.steps)

@@ -7,7 +7,7 @@ from typing import List
 
 @dataclass
 class SimCost:
-    """Where strategy prices come from (impl/hydraulis/cost.py): derived = the Megatron step model
+    """Where strategy prices come from (impl/hydraulis/cost/strategy.py): derived = the Megatron step model
     (``impl.common.cost.varlen_model.seq_cost``) for every strategy, the one pricing path;
     published = the authors' 7B coefficient table (opt-in sensitivity input; 7B only)."""
 

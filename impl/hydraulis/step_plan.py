@@ -23,9 +23,9 @@ from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
 
-from .cost import ReplicaCost, fmt_strategy
-from .dispatch import DEFAULT_BUDGET, dispatch, token_balanced
-from .packing import Packing, pack_replica, packing_score, score_lower_bound
+from impl.hydraulis.cost.strategy import ReplicaCost, fmt_strategy
+from impl.hydraulis.dispatch import DEFAULT_BUDGET, dispatch, token_balanced
+from impl.hydraulis.packing import Packing, pack_replica, packing_score, score_lower_bound
 
 DISPATCHES = ("greedy", "token_balanced")
 # ILPs for every replica (the authors' code) or only where they can move the candidate's max

@@ -15,7 +15,7 @@
 | deepspeed_like             | ZeRO-1/3 + Ulysses SP, grid-searched| greedy packing                       | sim   |
 | hotspa_like                | one homogeneous strategy per bucket | HotSPa packing, hot switching        | sim   |
 
-Real mode (policies of the spec 5 CPU experiment) lives in :mod:`impl.hydraulis.real`; sim in
+Real mode (policies of the spec 5 CPU experiment) lives in :mod:`impl.hydraulis.real.run`; sim in
 :mod:`impl.hydraulis.sim`. Knobs both modes' planner reads are top level; one-mode knobs sit in
 the nested ``real`` / ``sim`` nodes.
 """
@@ -26,8 +26,8 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .real_config import RealKnobs
-from .sim_config import SimKnobs
+from impl.hydraulis.real.config import RealKnobs
+from impl.hydraulis.sim_config import SimKnobs
 
 SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
                 "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
@@ -93,22 +93,22 @@ class Hydraulis(System):
         self.require_no_fault(fault)
         wl.validate()
         if mode == "real":
-            from .real import check_real
+            from impl.hydraulis.real.run import check_real
 
             check_real(self, wl, hardware)
         else:
             if self.cfg.policy not in SIM_POLICIES:
                 raise ConfigError(f"system.policy: {self.cfg.policy!r} is not a sim policy (one of: "
                                   f"{', '.join(SIM_POLICIES)})")
-            from .sim import check_sim
+            from impl.hydraulis.sim import check_sim
 
             check_sim(self, wl, hardware)
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "real":
-            from .real import run_real
+            from impl.hydraulis.real.run import run_real
 
             return run_real(self, job)
-        from .sim import run_sim
+        from impl.hydraulis.sim import run_sim
 
         return run_sim(self, job)

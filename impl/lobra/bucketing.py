@@ -10,7 +10,7 @@
   (cnt, sum: prefix count and prefix token sum of the lengths up to candidate i). B is a
   maximum, not an exact count. ``min_len`` (the original code's 256 floor, off by default,
   spec 9) raises every bucket to at least that many tokens. ``cuts`` (the deployment's
-  max_tokens, :func:`impl.lobra.engine.plan_bucketed`) are boundaries no bucket may straddle:
+  max_tokens, :func:`impl.lobra.joint_step.plan_bucketed`) are boundaries no bucket may straddle:
   a bucket spanning a replica's max_tokens would pad sequences that fit the smaller replica
   past its limit, so only the larger replicas could take them (the dispatcher never sees that
   they fit).

@@ -20,9 +20,9 @@ from impl.common.varlen.lengths import LengthDist
 from impl.common.workloads.multitask_lora import MultitaskLoraWorkload, TaskSpec
 from impl.common.workloads.varlen import VarlenModelShape
 
-from .engine import TaskStreams
-from .real import make_job, phases_of, schemes_of
-from .system import LobRA
+from impl.lobra.joint_step import TaskStreams
+from impl.lobra.real import make_job, phases_of, schemes_of
+from impl.lobra.system import LobRA
 
 
 def job_of(rec: dict):

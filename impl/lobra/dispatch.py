@@ -30,7 +30,7 @@ import numpy as np
 
 from impl.common.api import ConfigError
 
-from .cost import Scheme, replica_time
+from impl.lobra.cost.replica import Scheme, replica_time
 
 DISPATCHERS = ("balanced", "length", "even")
 

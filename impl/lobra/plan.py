@@ -25,8 +25,8 @@ import numpy as np
 
 from impl.common.api import ConfigError
 
-from .cost import Scheme, pow2_ceil
-from .dispatch import Group, balanced, length_based
+from impl.lobra.cost.replica import Scheme, pow2_ceil
+from impl.lobra.dispatch import Group, balanced, length_based
 
 PLANNERS = ("prune", "group", "balance")
 

@@ -10,7 +10,7 @@ checkpointing holds more tokens in the same bytes). A micro-batch holds up to
 
 1. Profile: rank 0 times R_L micro-batches and rank 1 R_S ones (concurrently, 1 thread each) on
    the ``profile_mbs`` x ``profile_lengths`` grid (mbs·s <= max_tokens); rank 0 fits the 2.1 form
-   f(mbs, s) per kind (:func:`impl.lobra.cost.fit_tp_cost`, R² kept). A refused fit is recorded
+   f(mbs, s) per kind (:func:`impl.lobra.cost.replica.fit_tp_cost`, R² kept). A refused fit is recorded
    and that kind's deployment dispatches length-based (GROUP) instead of the ILP.
 2. Per round, every policy runs one joint step on the same sampled batch (order rotated):
    - ``lobra``: rank 0 = R_L, rank 1 = R_S; dynamic buckets (DP, ``num_buckets``); the balanced
@@ -39,9 +39,9 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.llm.lora_train import MultiTaskLoRA, Sample, task_token_counts
 from impl.common.runtime.launch import launch
 
-from .cost import Scheme, TpCost, fit_tp_cost, replica_time
-from .dispatch import Group
-from .engine import TaskStreams, plan_bucketed
+from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
+from impl.lobra.dispatch import Group
+from impl.lobra.joint_step import TaskStreams, plan_bucketed
 
 KINDS = ("R_L", "R_S")
 PROFILE_TASK_ID0 = 1 << 40  # profile sequences' ids: far from any task stream's
@@ -57,7 +57,7 @@ def max_tokens_of(system, wl) -> dict[str, int]:
     rk = system.cfg.real
     if rk.memory_budget_bytes <= 0:
         return {"R_L": int(rk.large_max_tokens), "R_S": int(rk.small_max_tokens)}
-    from .real_memory import caps_from_budget, profile_memory
+    from impl.lobra.real_memory import caps_from_budget, profile_memory
 
     mem = profile_memory(wl.model, len(wl.tasks), wl.lora_rank, tuple(rk.memory_profile_lengths))
     return caps_from_budget(mem, rk.memory_budget_bytes)
@@ -67,7 +67,7 @@ def memory_rule_info(system, wl) -> dict:
     rk = system.cfg.real
     if rk.memory_budget_bytes <= 0:
         return {"rule": "given (system.real.large_max_tokens / small_max_tokens)"}
-    from .real_memory import profile_memory
+    from impl.lobra.real_memory import profile_memory
 
     mem = profile_memory(wl.model, len(wl.tasks), wl.lora_rank, tuple(rk.memory_profile_lengths))
     return {"rule": "profile_memory on a per-rank budget (spec 10)", "budget_bytes": rk.memory_budget_bytes,

@@ -1,6 +1,6 @@
 """LobRA sim mode (spec 6): price every step of a multi-task LoRA job on a deployment.
 
-Per job: derive the schemes (:mod:`impl.lobra.sim_cost`), then
+Per job: derive the schemes (:mod:`impl.lobra.cost.step_model`), then
 - lobra (and its ablations): take the authors' deployment for this GPU and task count from
   ``system.sim.replica_table`` (``deployment: table``, or ``auto`` when a row matches; spec 10),
   plan one on an expected batch (``system.planner``), or take a homogeneous one
@@ -27,11 +27,11 @@ from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.cost.comm import ring_allreduce_time_s
 from impl.common.megatron.derive import bus_bw, step_knobs
 
-from .cost import Scheme, pow2_ceil, replica_time
-from .dispatch import Group
-from .engine import TaskStreams, boundaries_for, plan_bucketed, plan_step
-from .plan import plan
-from .sim_cost import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
+from impl.lobra.cost.replica import Scheme, pow2_ceil, replica_time
+from impl.lobra.dispatch import Group
+from impl.lobra.joint_step import TaskStreams, boundaries_for, plan_bucketed, plan_step
+from impl.lobra.plan import plan
+from impl.lobra.cost.step_model import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
 
 
 def _knobs(system, wl, hw) -> SimCostKnobs:
@@ -125,7 +125,7 @@ def expected_batch(wl, seed: int, boundaries_kind: str, system) -> tuple[list[in
         q = big[((np.arange(t.batch_seqs) + 0.5) / t.batch_seqs * len(big)).astype(int)]
         samples += [Sample(t.name, i, int(x)) for i, x in enumerate(q)]
     bs = boundaries_for(samples, boundaries_kind, num_buckets=system.cfg.num_buckets, fixed=_fixed(system, wl))
-    from .bucketing import assign
+    from impl.lobra.bucketing import assign
 
     a = assign([s.length for s in samples], bs)
     counts = [a.count(b) for b in bs]
@@ -185,7 +185,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
                 g = [Group(s, wl.num_gpus // s.gpus)]
                 one = type(wl)(**{**wl.__dict__, "tasks": [t]})
                 bk, cnt = expected_batch(one, seed, "fixed", system)
-                from .dispatch import even
+                from impl.lobra.dispatch import even
 
                 tt = even(g, bk, cnt).objective_s
                 if best is None or tt < best[0]:

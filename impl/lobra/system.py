@@ -16,10 +16,10 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .dispatch import DISPATCHERS
-from .engine import BUCKET_CUTS, BUCKETINGS
-from .plan import PLANNERS
-from .sim_cost import LORA_MATRIX_FACTOR, PROFILE_LENGTHS
+from impl.lobra.dispatch import DISPATCHERS
+from impl.lobra.joint_step import BUCKET_CUTS, BUCKETINGS
+from impl.lobra.plan import PLANNERS
+from impl.lobra.cost.step_model import LORA_MATRIX_FACTOR, PROFILE_LENGTHS
 
 POLICIES = ("lobra", "task_fused", "task_sequential")
 DEPLOYMENTS = ("auto", "planned", "homogeneous", "table")
@@ -149,7 +149,7 @@ class LobRA(System):
         if mode == "sim":
             if "bf16" not in hardware.peak_flops:
                 raise ConfigError(f"hardware {hardware.name}: sim mode prices bf16 compute, which the profile lacks")
-            from .sim import schemes_for
+            from impl.lobra.sim import schemes_for
 
             schemes = schemes_for(self, wl, hardware, len(wl.tasks))
             top = max((s.max_tokens for s in schemes), default=0)
@@ -161,15 +161,15 @@ class LobRA(System):
                     raise ConfigError(f"system.fixed_buckets: largest {self.cfg.fixed_buckets[-1]} is below the "
                                       f"longest sequence {wl.max_len}")
         else:
-            from .real import check_real
+            from impl.lobra.real import check_real
 
             check_real(self, wl, hardware)
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "real":
-            from .real import run_real
+            from impl.lobra.real import run_real
 
             return run_real(self, job)
-        from .sim import run_sim
+        from impl.lobra.sim import run_sim
 
         return run_sim(self, job)

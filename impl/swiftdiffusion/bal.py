@@ -19,7 +19,7 @@ import torch
 
 from impl.common.api import ConfigError
 
-from .lora import LoadedLoRA, TargetTable, merge, restore
+from impl.swiftdiffusion.lora import LoadedLoRA, TargetTable, merge, restore
 
 IDLE, REQUESTED, DONE, FAILED = 0, 1, 2, 3
 

@@ -21,11 +21,11 @@ from impl.common.diffusion.quality import psnr, ssim
 from impl.common.runtime.launch import RankContext, launch
 from impl.common.storage.emulator import Storage, StorageProfile
 
-from .bal import LoaderClient, SharedSlots, bal_request, check_file, check_k, loader_loop
-from .denoise import denoise, to_channels_last
-from .diffusers_pipeline import build_pipeline, pipeline_request, weight_drift
-from .lora import TargetTable, load_direct, make_lora, merge, restore
-from .models import build_bundle, request_inputs
+from impl.swiftdiffusion.bal import LoaderClient, SharedSlots, bal_request, check_file, check_k, loader_loop
+from impl.swiftdiffusion.denoise import denoise, to_channels_last
+from impl.swiftdiffusion.diffusers_pipeline import build_pipeline, pipeline_request, weight_drift
+from impl.swiftdiffusion.lora import TargetTable, load_direct, make_lora, merge, restore
+from impl.swiftdiffusion.models import build_bundle, request_inputs
 
 
 def storage_for(wl) -> Storage:

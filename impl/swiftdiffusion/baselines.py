@@ -20,10 +20,10 @@ import torch
 from impl.common.api import ConfigError
 from impl.common.diffusion.quality import psnr, ssim
 
-from .bal_run import make_lora_files
-from .denoise import denoise, to_channels_last
-from .lora import TargetTable, load_direct, merge, restore
-from .models import build_bundle, request_inputs
+from impl.swiftdiffusion.bal_run import make_lora_files
+from impl.swiftdiffusion.denoise import denoise, to_channels_last
+from impl.swiftdiffusion.lora import TargetTable, load_direct, merge, restore
+from impl.swiftdiffusion.models import build_bundle, request_inputs
 
 
 def nirvana_start_step(num_steps: int, k: int, of_steps: int = 50) -> int:

@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 from impl.common.runtime.launch import RankContext, launch
 
-from .denoise import denoise, new_scheduler, to_channels_last
-from .models import build_bundle, request_inputs
+from impl.swiftdiffusion.denoise import denoise, new_scheduler, to_channels_last
+from impl.swiftdiffusion.models import build_bundle, request_inputs
 
 
 @torch.no_grad()

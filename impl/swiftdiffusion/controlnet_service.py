@@ -22,10 +22,10 @@ import torch.distributed as dist
 
 from impl.common.runtime.launch import RankContext, launch
 
-from . import split_unet
-from .cache import LRUCache
-from .denoise import aggregate, controlnet_keep, denoise, new_scheduler, run_controlnet, to_channels_last
-from .models import build_bundle, request_inputs
+from impl.swiftdiffusion import split_unet
+from impl.swiftdiffusion.cache import LRUCache
+from impl.swiftdiffusion.denoise import aggregate, controlnet_keep, denoise, new_scheduler, run_controlnet, to_channels_last
+from impl.swiftdiffusion.models import build_bundle, request_inputs
 
 STOP, REQUEST, ECHO = -1, 1, 2
 

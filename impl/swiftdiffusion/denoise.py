@@ -10,7 +10,7 @@ import torch
 
 from impl.common.api import ConfigError
 
-from . import split_unet
+from impl.swiftdiffusion import split_unet
 
 AGGREGATIONS = ("sum", "katz_mean")
 

@@ -26,8 +26,8 @@ import torch
 from impl.common.api import ConfigError
 from impl.common.diffusion.pipelines import build_text_encoder, build_tokenizer, build_vae
 
-from .lora import WEIGHT_NAME
-from .models import Bundle, controlnet_factor
+from impl.swiftdiffusion.lora import WEIGHT_NAME
+from impl.swiftdiffusion.models import Bundle, controlnet_factor
 
 
 def vae_for(seed: int, latent_channels: int, factor: int, width: int = 16):

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from .lora import TargetTable, load_direct, make_lora, merge, restore
-from .models import build_bundle
+from impl.swiftdiffusion.lora import TargetTable, load_direct, make_lora, merge, restore
+from impl.swiftdiffusion.models import build_bundle
 
 
 @torch.no_grad()

@@ -58,7 +58,7 @@ def run_real(system, job: JobContext) -> RunResult:
     execution = ex if on_device else None
     m, emulated, mismatch = {}, [], None
     if wl.scenario == "controlnet":
-        from .controlnet_service import run_service
+        from impl.swiftdiffusion.controlnet_service import run_service
 
         k = wl.num_controlnets
         r = run_service(wl, job.seed, k, list(wl.cn_scales[:k]), cfg.aggregation, cfg.cn_cache, channels_last=applied)
@@ -76,7 +76,7 @@ def run_real(system, job: JobContext) -> RunResult:
         if r["max_abs_diff"] > EQUAL_RTOL * r["ref_abs_max"]:
             mismatch = f"ControlNet service output differs from the one-process run by {r['max_abs_diff']:.3g}"
     elif wl.scenario == "cfg":
-        from .cfg_parallel import run_cfg
+        from impl.swiftdiffusion.cfg_parallel import run_cfg
 
         r = run_cfg(wl, job.seed, channels_last=applied)
         m["latency_s"] = _lat(r["parallel_s"])
@@ -88,7 +88,7 @@ def run_real(system, job: JobContext) -> RunResult:
         if r["max_abs_diff"] > EQUAL_RTOL * r["ref_abs_max"]:
             mismatch = f"CFG-parallel latents differ from the batched step by {r['max_abs_diff']:.3g}"
     elif wl.scenario == "bal":
-        from .bal_run import run_bal
+        from impl.swiftdiffusion.bal_run import run_bal
 
         r = run_bal(wl, job.seed, list(wl.k_grid), channels_last=applied, execution=execution)
         emulated.append(r["storage"])
@@ -130,7 +130,7 @@ def run_real(system, job: JobContext) -> RunResult:
         if worst > rtol:
             mismatch = f"the Diffusers pipeline's latents differ from the synchronous merge by {worst:.3g} (relative)"
     elif wl.scenario == "quality":
-        from .baselines import run_quality
+        from impl.swiftdiffusion.baselines import run_quality
 
         ks = sorted({cfg.nirvana_k, *wl.nirvana_k_grid})
         r = run_quality(wl, job.seed, list(wl.k_grid), ks, wl.nirvana_prompt_noise, channels_last=applied,
@@ -151,7 +151,7 @@ def run_real(system, job: JobContext) -> RunResult:
             res.mark_invalid("base weights not pristine after a request")
             return res
     elif wl.scenario == "lora_api":
-        from .lora_api import run_lora_api
+        from impl.swiftdiffusion.lora_api import run_lora_api
 
         r = run_lora_api(wl, job.seed, device=device, dtype=dtype)
         med = r["median"]

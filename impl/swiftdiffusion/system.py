@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from .profile import SimProfile
+from impl.swiftdiffusion.profile import SimProfile
 
 NIRVANA_STEPS = 50  # the artifact's K counts steps of 50: strength = 1 - K/50
 
@@ -60,7 +60,7 @@ class SwiftDiffusionSystem(System):
         super().__init__(cfg, name)
         if cfg.variant not in VARIANTS:
             raise ConfigError(f"system.variant: unknown value {cfg.variant!r} (one of: {', '.join(VARIANTS)})")
-        from .denoise import AGGREGATIONS
+        from impl.swiftdiffusion.denoise import AGGREGATIONS
 
         if cfg.aggregation not in AGGREGATIONS:
             raise ConfigError(f"system.aggregation: unknown value {cfg.aggregation!r} (one of: {', '.join(AGGREGATIONS)})")
@@ -119,8 +119,8 @@ class SwiftDiffusionSystem(System):
         if workload.remote_latency_s < 0 or workload.time_scale < 0:
             raise ConfigError(f"workload.remote_latency_s ({workload.remote_latency_s}) and workload.time_scale "
                               f"({workload.time_scale}) must be >= 0")
-        from .bal import check_k
-        from .denoise import check_guidance
+        from impl.swiftdiffusion.bal import check_k
+        from impl.swiftdiffusion.denoise import check_guidance
 
         for k in workload.k_grid:
             check_k(k, workload.num_steps)
@@ -145,9 +145,9 @@ class SwiftDiffusionSystem(System):
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "sim":
-            from .sim_run import run_sim
+            from impl.swiftdiffusion.sim.run import run_sim
 
             return run_sim(self, job)
-        from .real import run_real
+        from impl.swiftdiffusion.real import run_real
 
         return run_real(self, job)

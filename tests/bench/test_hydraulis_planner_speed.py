@@ -13,7 +13,7 @@ from tests.hydraulis.test_step_plan import G, batch
 @pytest.fixture(scope="module")
 def setup():
     from impl.common.workloads.varlen import VarlenModelShape
-    from impl.hydraulis.cost import CostSpec, StrategyMemory, strategy_costs
+    from impl.hydraulis.cost.strategy import CostSpec, StrategyMemory, strategy_costs
 
     model, hw = VarlenModelShape(**LLAMA_7B), hardware("a800-80g")
     mem = StrategyMemory.for_job(model, hw, 32)

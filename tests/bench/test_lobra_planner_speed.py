@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from impl.lobra.cost import Scheme, TpCost
+from impl.lobra.cost.replica import Scheme, TpCost
 from impl.lobra.plan import plan
 
 DATA = pathlib.Path(__file__).parent / "data" / "lobra_e2e_7b_plan_calls.json"

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from impl.caraserve.cost_law import LAWS, CostLaw, fit_law, rank_mixes
+from impl.caraserve.cost_law_bench import LAWS, CostLaw, fit_law, rank_mixes
 from impl.common.api import ConfigError
 from impl.common.workloads.serving import ServingWorkload
 from tests.support.inprocess import run_job

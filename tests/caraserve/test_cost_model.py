@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from impl.caraserve.cost_model import PoorFitError, fit, profile_grid
+from impl.caraserve.cost import PoorFitError, fit, profile_grid
 from impl.caraserve.router import make_router
 from impl.common.servesim import ServingCost
 from impl.common.workloads.serving import PaperModel

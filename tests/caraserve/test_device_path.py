@@ -21,9 +21,9 @@ import copy
 import pytest
 import torch
 
-import impl.common.llm.engine as engine_mod
+import impl.common.llm.serving_engine as engine_mod
 from impl.caraserve.cpu_prefill import CPULoRAWorker
-from impl.common.llm.engine import EngineRequest, ServingEngine, run_alone
+from impl.common.llm.serving_engine import EngineRequest, ServingEngine, run_alone
 from impl.common.llm.forward import InlineCPU
 from impl.common.llm.lora import HostAdapter
 from impl.common.llm.scheduler import SchedulerConfig

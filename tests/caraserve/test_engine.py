@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from impl.caraserve.cpu_prefill import CPULoRAWorker
-from impl.common.llm.engine import EngineRequest, ServingEngine, run_alone
+from impl.common.llm.serving_engine import EngineRequest, ServingEngine, run_alone
 from impl.common.llm.forward import InlineCPU
 from impl.common.llm.lora import LoRABatch
 from impl.common.llm.pool import AdapterNotResident, AdapterPool
@@ -114,7 +114,7 @@ def test_unknown_adapter_id_is_one_line(tiny):
 
 
 def test_decode_batch_profile_times_every_size_even_beyond_the_adapters(tiny):
-    from impl.common.llm.engine import time_decode_batches
+    from impl.common.llm.serving_engine import time_decode_batches
 
     base, ads = tiny
     out = time_decode_batches(base, ads, ["a16", "a64"], PROMPT, [4, 1, 2], "bgmv", reps=1)
@@ -122,7 +122,7 @@ def test_decode_batch_profile_times_every_size_even_beyond_the_adapters(tiny):
 
 
 def test_cpu_assisted_prefill_profile_pairs_a_cold_prefill_with_the_resident_one(tiny):
-    from impl.common.llm.engine import time_cpu_assisted_prefills
+    from impl.common.llm.serving_engine import time_cpu_assisted_prefills
 
     base, ads = tiny
     cfg = SchedulerConfig(policy="caraserve", pool_slots=2, load_groups=2)

@@ -14,7 +14,7 @@ from impl.caraserve.kernel_law import fit_kernel_law, fit_sim_law, law_feature, 
 from impl.caraserve.sim import base_reference, build_cost, simulate_policy
 from impl.caraserve.system import ServingSystem
 from impl.common.api import ConfigError
-from impl.common.llm.engine import EngineRequest, ServingEngine
+from impl.common.llm.serving_engine import EngineRequest, ServingEngine
 from impl.common.llm.scheduler import SchedulerConfig
 from impl.common.traces import TraceSpec, generate_trace, lognormal_weights, maf_popularity, top_share
 from impl.common.workloads.serving import ServingAdapters, ServingTrace, ServingWorkload

@@ -36,10 +36,10 @@ def test_fast_path_decides_exactly_as_reference(tmp_path, monkeypatch):
 def test_idle_server_is_preferred_over_a_busy_one(tmp_path, busy):
     """T(empty) is the fitted form's intercept, so an idle server is not charged the fixed step
     cost that a busy server has already paid (the piling bug: S3 SLO 22%)."""
-    from impl.caraserve.cost_model import fit, profile_grid
+    from impl.caraserve.cost import fit, profile_grid
     from impl.common.llm.scheduler import SReq
     from impl.common.servesim.cluster import SimServer
-    from impl.common.sim.engine import Engine
+    from impl.common.sim.events import EventLoop
 
     j = job(tmp_path, servers=2)
     s = system()
@@ -48,7 +48,7 @@ def test_idle_server_is_preferred_over_a_busy_one(tmp_path, busy):
     model = fit(dec, pre, lambda c, r: cost.decode_s(c, r), lambda l, r: cost.prefill_s(l, r))
     slo = lambda r: 2 * cost.decode_s([r.prompt_len], [r.rank])  # noqa: E731
     route = make_router("rank_aware", model=model, slo_of=slo)
-    eng = Engine()
+    eng = EventLoop()
     servers = [SimServer(i, s.sched_config("caraserve", sim=True), cost, eng, lambda *a: None, slo) for i in range(2)]
     for k in range(busy):
         servers[0].sched.running.append(SReq(k, 0.0, f"a{k}", 16, 60, 100, generated=5, data={}))

@@ -1,5 +1,5 @@
 """Issue 27: partition-agnostic files held in peer hosts' memory (impl/common/checkpoint/peer.py)
-and ``ckpt_recovery_peer`` in the sim (impl/ckpt_recovery/sim_peer.py)."""
+and ``ckpt_recovery_peer`` in the sim (impl/ckpt_recovery/sim/peer.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from faults.spec import GpuLoss, NodeLoss
-from impl.ckpt_recovery import sim_peer
-from impl.ckpt_recovery.sim import Scenario, check_sim, fault_metrics
-from impl.ckpt_recovery.sim_config import SimKnobs
+from impl.ckpt_recovery.sim import peer as sim_peer
+from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics
+from impl.ckpt_recovery.sim.config import SimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError
 from impl.common.checkpoint.fileformat import CheckpointError

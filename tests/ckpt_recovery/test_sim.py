@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from faults.spec import GpuLoss, NodeLoss
-from impl.ckpt_recovery.sim import POLICY_MODELS, Scenario, canonical, failure_trace, fault_metrics, poisson_metrics
-from impl.ckpt_recovery.sim_config import SimKnobs
-from impl.ckpt_recovery.sim_cost import save_cost, young_daly_s
+from impl.ckpt_recovery.sim.scenario import POLICY_MODELS, Scenario, canonical, failure_trace, fault_metrics, poisson_metrics
+from impl.ckpt_recovery.sim.config import SimKnobs
+from impl.ckpt_recovery.sim.cost import save_cost, young_daly_s
 from impl.common.hardware import HardwareProfile
 from impl.common.storage.emulator import paper_profile
 from impl.common.workloads.hybrid import HybridWorkload
@@ -107,7 +107,7 @@ def test_young_daly():
 
 
 def test_deterministic_records(hw):
-    from impl.ckpt_recovery.sim import run_sim
+    from impl.ckpt_recovery.sim.scenario import run_sim
     from impl.ckpt_recovery.system import CkptRecovery
     from impl.common.api import JobContext
 

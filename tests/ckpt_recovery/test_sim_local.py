@@ -8,9 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from faults.spec import GpuLoss, NodeLoss
-from impl.ckpt_recovery import sim_local
-from impl.ckpt_recovery.sim import Scenario, check_sim, fault_metrics, run_sim
-from impl.ckpt_recovery.sim_config import SimKnobs
+from impl.ckpt_recovery.sim import local as sim_local
+from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, run_sim
+from impl.ckpt_recovery.sim.config import SimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError, JobContext
 from impl.common.hardware import HardwareProfile

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from faults.spec import GpuLoss, NodeLoss
-from impl.ckpt_recovery.sim import Scenario, check_sim, fault_metrics, predicted_ettr, run_sim, tier_candidates
-from impl.ckpt_recovery.sim_config import SimKnobs
+from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, predicted_ettr, run_sim, tier_candidates
+from impl.ckpt_recovery.sim.config import SimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError, JobContext
 from impl.common.storage.emulator import paper_profile

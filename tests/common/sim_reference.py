@@ -16,7 +16,7 @@ from impl.common.cost.transformer import StageCosts
 from impl.common.schedule.ir import Action, Op, Schedule
 
 from impl.common.sim.delays import normalize_delays
-from impl.common.sim.engine import Engine
+from impl.common.sim.events import EventLoop
 
 COMM_KINDS = ("latency", "in_stream", "delegated", "blocking")
 # A time-varying delay: (link index i of link (i, i+1), absolute time in s) -> seconds.
@@ -301,7 +301,7 @@ def simulate_iteration(schedule: Schedule, costs: StageCosts, link: LinkCosts, c
     clock = [0.0] * S
     wait_s = [0.0] * S
     hol_s = [0.0] * S
-    eng = Engine()
+    eng = EventLoop()
     schedule_event = eng.schedule
 
     def run_stage(s: int) -> None:

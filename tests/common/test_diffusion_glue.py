@@ -75,7 +75,7 @@ def test_glue_priced_only_on_profiles_with_glue_rates():
 
 
 def test_sparse_step_glue_scales_inside_sparse_blocks_only():
-    from impl.fisedit.costmodel import Thresholds, step_cost
+    from impl.fisedit.cost import Thresholds, step_cost
 
     shape = UNetShape(sample_size=32, block_out_channels=[32, 64], down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"],
                       up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"], cross_attention_dim=16,

@@ -191,6 +191,31 @@ def test_derived_profiles_scale_links_and_keep_headroom():
         assert d.calibration["derived_from"] == "h100-megatron"
 
 
+def test_step_profile_follows_every_override_of_the_same_profile():
+    from impl.common.megatron.derive import step_knobs, step_profile
+    from impl.common.megatron.step import layer_time_s
+
+    h800 = load_hardware("h800")
+    m = MegatronModel(num_layers=32, hidden=4096, ffn_hidden=11008, heads=32, vocab=32000)
+    carried = step_knobs(h800)
+    t = {}
+    for lo in (0.001, 0.003):  # the same profile name with fitted knobs but no tables of its own
+        hw = dataclasses.replace(h800, megatron=dataclasses.replace(carried, layer_overhead_s=lo))
+        assert step_knobs(hw).layer_overhead_s == lo
+        t[lo] = layer_time_s(m, 1, 4096.0, 4096.0 ** 2, hw)
+    assert t[0.003] > t[0.001]
+    slow = dataclasses.replace(h800, kernels=dataclasses.replace(
+        step_profile(h800).kernels, gemm=[dataclasses.replace(g, s=[2 * x for x in g.s]) for g in step_profile(h800).kernels.gemm]))
+    assert step_profile(slow).kernels.gemm[0].s[0] == 2 * step_profile(h800).kernels.gemm[0].s[0]
+
+
+def test_a_profile_carried_from_itself_is_one_line():
+    from impl.common.megatron.derive import step_profile
+
+    with pytest.raises(ConfigError, match="step_model_from must name a fitted profile"):
+        step_profile(dataclasses.replace(load_hardware("h800"), name="loop-a", step_model_from="loop-a"))
+
+
 def test_sequence_parallel_and_recompute_trade_memory_for_time(hw):
     lay = MegatronLayout(dp=1, tp=8, pp=1, mbs=1, gbs=16, context=8192)
     plain = price(GPT7B, lay, hw)

@@ -11,7 +11,7 @@ from impl.common.schedule.generators import generate, zb_warmup
 from impl.common.schedule.ir import Op, parse_schedule
 from impl.common.sim import (
     CommModel,
-    Engine,
+    EventLoop,
     simulate_iteration,
     simulate_iterations,
 )
@@ -326,7 +326,7 @@ def test_simulate_iterations_with_changing_delays_and_schedules():
 
 
 def test_engine_orders_ties_by_insertion():
-    eng, seen = Engine(), []
+    eng, seen = EventLoop(), []
     for name, at in [("a", 1.0), ("b", 0.5), ("c", 1.0), ("d", 0.5)]:
         eng.schedule(at, seen.append, name)
     assert eng.run() == 4 and seen == ["b", "d", "a", "c"]

@@ -16,7 +16,7 @@ def comps():
 
 @pytest.fixture()
 def pipe(comps):
-    from impl.fisedit.engine import uninstall
+    from impl.fisedit.sparse_modules import uninstall
     from impl.fisedit.pipeline import FISEditPipeline
 
     p = FISEditPipeline(comps, guidance_scale=7.5)

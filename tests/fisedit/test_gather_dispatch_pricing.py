@@ -11,8 +11,8 @@ from impl.common.diffusion.cost import TorchCallCounter, forward_torch_calls, tr
 from impl.common.diffusion.pipelines import UNetShape
 from impl.common.diffusion.windows import gather_cells, gather_tokens, scatter_cells, scatter_tokens
 from impl.common.hardware import HardwareProfile
-from impl.fisedit import costmodel
-from impl.fisedit.costmodel import (REFERENCE_BLOCK_EXTRA_CALLS, REFERENCE_SPARSE_CALLS, MaskFractions, Thresholds,
+from impl.fisedit import cost as costmodel
+from impl.fisedit.cost import (REFERENCE_BLOCK_EXTRA_CALLS, REFERENCE_SPARSE_CALLS, MaskFractions, Thresholds,
                                     extra_calls, op_fraction, step_cost)
 from impl.fisedit.mask import synthetic_mask
 
@@ -91,7 +91,7 @@ def test_call_counts_are_the_engines(comps):
     """The sim's per-op counts = the torch calls of the engine's wrappers on a sparse step, at
     steady state (second forward), and its dense forward count = the real forward's."""
     from impl.fisedit.cache import ActivationCache
-    from impl.fisedit.engine import EngineState, install, uninstall, wrappers
+    from impl.fisedit.sparse_modules import EngineState, install, uninstall, wrappers
     from impl.fisedit.sparse import sparse_token_linear
 
     unet = comps.unet

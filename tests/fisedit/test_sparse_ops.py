@@ -3,7 +3,7 @@ import pytest
 import torch
 from diffusers.models.attention import BasicTransformerBlock
 
-from impl.fisedit.engine import CachedTransformerBlock, EngineState
+from impl.fisedit.sparse_modules import CachedTransformerBlock, EngineState
 from impl.fisedit.sparse import block_mask, conv_geometry, expand_blocks, sparse_conv2d, sparse_token_linear
 
 

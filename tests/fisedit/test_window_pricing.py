@@ -10,7 +10,7 @@ from impl.common.diffusion.cost import BYTES, op_time_s, trace_unet_ops
 from impl.common.diffusion.pipelines import UNetShape
 from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks
 from impl.common.hardware import HardwareProfile
-from impl.fisedit.costmodel import MaskFractions, Thresholds, is_windowed, step_cost, window_elems
+from impl.fisedit.cost import MaskFractions, Thresholds, is_windowed, step_cost, window_elems
 from impl.fisedit.mask import synthetic_mask
 
 SHAPE = UNetShape(sample_size=16)

@@ -17,7 +17,7 @@ from impl.common.varlen.lengths import LengthDist
 from impl.common.varlen.packing import check_packing
 from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
-from impl.hotspa.engine import plan_step, schedule_order
+from impl.hotspa.rank_trainer import plan_step, schedule_order
 from impl.hotspa.real import RealJob, run_job, summarise
 from impl.hotspa.strategy import GroupPlan, Strategy
 from impl.hotspa.switching import HOME, Layouts, Piece, SwitchCache, check_switch, plan_switch

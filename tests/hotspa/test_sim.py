@@ -16,7 +16,7 @@ from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.varlen import VarlenWorkload
 from impl.hotspa.planner import plan_groups
 from impl.hotspa.presets import load_presets
-from impl.hotspa.pricing import GRAD_BYTES, PARAM_BYTES, Env, price_grouped_step
+from impl.hotspa.cost import GRAD_BYTES, PARAM_BYTES, PricingEnv, price_grouped_step
 from impl.hotspa.sim import at_context, simulate
 from impl.hotspa.sim_config import SimKnobs
 from impl.hotspa.strategy import GroupPlan, Strategy, make_group_plan
@@ -86,7 +86,7 @@ def test_bad_input_one_liners():
     with pytest.raises(ConfigError, match=r"strategies\[1\]: dp\*tp\*pp = 4\*1\*1 = 4 != workload.num_gpus 8"):
         make_group_plan([8192, 4096, 0], [[4, 2, 1], [4, 1, 1]], 8)
     wl = at_context(_wl("hotspa_7b_8gpu_cc"), 262144)
-    env = Env(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), SimKnobs())
     batch = LengthStream(wl.lengths, 0).by_count(8)
     with pytest.raises(ConfigError, match=r"workload.context: a sequence of 262144 tokens is longer than every "
                                           r"strategy's maxlen \(best \d+ at"):
@@ -117,7 +117,7 @@ def test_grouping_packing_and_dp_invariants():
 
 def test_empty_group_contributes_nothing():
     wl = _wl("hotspa_7b_8gpu_cc")
-    env = Env(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), SimKnobs())
     gp = load_presets().group_plan("c1", wl.model.name, wl.num_gpus, wl.context)
     ids, lens = np.arange(6), np.array([100, 200, 300, 1000, 2000, 3000])  # all in the <=4K group
     p = price_grouped_step(env, ids, lens, gp, pad="align", align=128, policy="bandwidth_greedy")
@@ -132,7 +132,7 @@ def test_empty_group_contributes_nothing():
 @pytest.mark.parametrize("policy", POLICIES)
 def test_switch_plan_covers_every_needer_slice_once_from_an_owner(policy):
     wl = _wl("hotspa_32b_32gpu_cc")
-    env = Env(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), SimKnobs())
     src, dst = Strategy(4, 2, 4), Strategy(1, 16, 2)
     trs = env.transfers(src, dst, policy)
     have, need = held_units(env.plan(src)), held_units(env.plan(dst))
@@ -159,7 +159,7 @@ def test_switch_plan_covers_every_needer_slice_once_from_an_owner(policy):
 
 def test_default_policy_is_unchanged_greedy():
     wl = _wl("hotspa_13b_16gpu_cc")
-    env = Env(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), SimKnobs())
     a, b = env.plan(Strategy(8, 2, 1)), env.plan(Strategy(2, 8, 1))
     assert plan_migration(a, b, env.unit_params) == plan_migration(a, b, env.unit_params, "bandwidth_greedy")
 
@@ -168,7 +168,7 @@ def test_default_policy_is_unchanged_greedy():
                                            ("hotspa_13b_16gpu_gh", "c2"), ("hotspa_7b_16gpu_gh", "c1")])
 def test_switch_time_orders_greedy_rr_fcfs_on_preset_switches(name, grouping):
     wl = _wl(name)
-    env = Env(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), SimKnobs())
     gp = load_presets().group_plan(grouping, wl.model.name, wl.num_gpus, wl.context)
     layouts = [gp.home, *reversed(gp.strategies[1:]), gp.home]
     for x, y in zip(layouts, layouts[1:]):
@@ -181,7 +181,7 @@ def test_memory_within_capacity_for_every_preset_strategy_and_switch():
     names = {"llama2-7b": "7b", "llama2-13b": "13b", "llama-32b": "32b", "llama-3b": "3b"}
     for (model, n), table in p.strategies.items():
         hw = _hw("a100-40g" if model == "llama-3b" else "a800-80g")  # 3B: the artifact's A100-40G check
-        env = Env(_wl(f"hotspa_{names[model]}_{n}gpu_cc"), hw, SimKnobs())
+        env = PricingEnv(_wl(f"hotspa_{names[model]}_{n}gpu_cc"), hw, SimKnobs())
         for (lo, hi), s in table.items():
             assert env.memory_bytes(s, hi) <= env.mem.capacity_bytes, (model, n, s, hi)
         for x in table.values():

@@ -6,7 +6,7 @@ import pytest
 
 from impl.common.hardware import HardwareProfile, load_hardware
 from impl.common.workloads.varlen import VarlenModelShape
-from impl.hydraulis.cost import CostSpec, StrategyMemory, strategy_costs
+from impl.hydraulis.cost.strategy import CostSpec, StrategyMemory, strategy_costs
 
 LLAMA_7B = dict(name="llama-7b", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=30592, seq_len=16384)
 

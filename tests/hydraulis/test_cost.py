@@ -11,7 +11,7 @@ import pytest
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import fit_seq_cost
 from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
-from impl.hydraulis.cost import (CAP_ROUND, CostSpec, ReplicaCost, StrategyMemory, strategy_cost,
+from impl.hydraulis.cost.strategy import (CAP_ROUND, CostSpec, ReplicaCost, StrategyMemory, strategy_cost,
                                  strategy_costs)
 
 from .conftest import hardware

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from impl.hydraulis.cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.hydraulis.dispatch import dispatch, token_balanced
 
 BIG = ReplicaCost(8, 1, 5e-7, 0.036, 44.0, 8192, 1024)

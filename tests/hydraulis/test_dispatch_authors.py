@@ -20,7 +20,7 @@ def test_tp_that_does_not_divide_the_heads_is_priced():
     (impl/common/cost/varlen_model._splittable_heads: 64 heads of 80), so the case is in FAST.
     The attention work is heads x head_dim = hidden either way: tp 16 halves tp 8's quadratic term."""
     from impl.common.hardware import load_hardware
-    from impl.hydraulis.cost import CostSpec, StrategyMemory, strategy_cost
+    from impl.hydraulis.cost.strategy import CostSpec, StrategyMemory, strategy_cost
 
     from .test_sim import _wl
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from impl.common.api import ConfigError
-from impl.hydraulis.cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.hydraulis.generator import Histogram, brute_force, dp_table, generate_pool
 
 SMALL = [ReplicaCost(1, 1, 1e-6, 0.05, 10, 256, 1), ReplicaCost(2, 1, 5e-7, 0.03, 20, 512, 1),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from impl.common.api import ConfigError
-from impl.hydraulis.cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.hydraulis.packing import pack_replica, packing_score, v_range
 
 R = ReplicaCost(2, 2, 1.0e-6, 0.049, 31.9, 2048, 1024)

@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from impl.common.workloads.varlen import VarlenWorkload
 from impl.hydraulis.batches import step_batches
-from impl.hydraulis.cost import OptLayout, load_cost_data
-from impl.hydraulis.sim import Env, build_pool, cost_spec
+from impl.hydraulis.cost.strategy import OptLayout, load_cost_data
+from impl.hydraulis.sim import SimEnv, build_pool, cost_spec
 from impl.hydraulis.step_plan import check_plan, plan_step
 from impl.hydraulis.system import Hydraulis
 
@@ -21,7 +21,7 @@ def _setup(workload: str, opt: OptLayout):
     d = OmegaConf.load(f"conf/workload/{workload}.yaml")
     wl = dataclasses.replace(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(VarlenWorkload), d)), steps=1)
     system = Hydraulis(Hydraulis.Config(), "hydraulis")
-    env = Env(wl, hardware("a800-80g"), system, cost_spec(system), load_cost_data())
+    env = SimEnv(wl, hardware("a800-80g"), system, cost_spec(system), load_cost_data())
     pool, _, mem = build_pool(env, step_batches(wl, 1, 2), opt)
     lengths = step_batches(wl, 0, 1)[0].lengths.tolist()
     return env, pool, mem, lengths

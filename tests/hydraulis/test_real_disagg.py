@@ -18,8 +18,8 @@ from impl.common.runtime.launch import launch
 from impl.common.varlen.packing import MicroBatch
 from impl.common.workloads.pipeline import ModelShape
 from impl.hydraulis.disagg import OptimizerLayout, Strategy, compute_copy, reduce_pieces, to_optimizer_layout
-from impl.hydraulis.real_config import ReplicaKind
-from impl.hydraulis.real_replica import CapExceeded, ReplicaModel, check_cap
+from impl.hydraulis.real.config import ReplicaKind
+from impl.hydraulis.real.replica import CapExceeded, ReplicaModel, check_cap
 
 SHAPE = ModelShape(name="hyd-test", num_layers=2, hidden=32, heads=4, ffn_hidden=48, vocab=64, seq_len=128)
 SEED = 5

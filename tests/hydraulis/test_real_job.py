@@ -12,8 +12,8 @@ import pytest
 from impl.common.varlen.lengths import LengthDist
 from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
-from impl.hydraulis.real import RealJob, run_job, summarise
-from impl.hydraulis.real_config import RealKnobs, RealRun, ReplicaKind
+from impl.hydraulis.real.run import RealJob, run_job, summarise
+from impl.hydraulis.real.config import RealKnobs, RealRun, ReplicaKind
 
 SHAPE = ModelShape(name="hyd-job", num_layers=2, hidden=32, heads=4, ffn_hidden=48, vocab=64, seq_len=256)
 KINDS = (ReplicaKind("A", True, 256, 1, 16), ReplicaKind("B", False, 128, 1, 16), ReplicaKind("T", False, 256, 2, 16))

@@ -8,8 +8,8 @@ import pytest
 from impl.common.api import ConfigError
 from impl.common.varlen.lengths import LengthDist
 from impl.common.workloads.varlen import VarlenModelShape, VarlenWorkload
-from impl.hydraulis.real import job_runs
-from impl.hydraulis.real_config import RealKnobs, RealRun, ReplicaKind
+from impl.hydraulis.real.run import job_runs
+from impl.hydraulis.real.config import RealKnobs, RealRun, ReplicaKind
 from impl.hydraulis.system import Hydraulis
 
 NO_FAULT = SimpleNamespace(kind="none")

@@ -122,12 +122,12 @@ def test_sim_strategies_are_the_step_models_time_and_memory(runs):
 
 def test_deepspeed_like_prices_ulysses_on_the_step_model(runs):
     from impl.common.cost.varlen_model import Layout, seq_cost
-    from impl.hydraulis.cost import load_cost_data
-    from impl.hydraulis.sim import Env, _ulysses, cost_spec
+    from impl.hydraulis.cost.strategy import load_cost_data
+    from impl.hydraulis.sim import SimEnv, _ulysses, cost_spec
 
     wl, hw = _wl("hydraulis_7b_16gpu_cc", steps=2), hardware("a800-80g")
     system = _system(policy="deepspeed_like")
-    env = Env(wl, hw, system, cost_spec(system), load_cost_data())
+    env = SimEnv(wl, hw, system, cost_spec(system), load_cost_data())
     for sp in (2, 8):
         r1, g1 = _ulysses(env, sp, 1)
         r3, g3 = _ulysses(env, sp, 3)

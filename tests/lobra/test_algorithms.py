@@ -8,9 +8,9 @@ import pytest
 from impl.common.api import ConfigError
 from impl.common.llm.lora_train import Sample
 from impl.lobra import bucketing
-from impl.lobra.cost import Scheme, TpCost, fit_tp_cost, replica_time
+from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
 from impl.lobra.dispatch import Group, balanced, even, group_time, length_based, split_samples
-from impl.lobra.engine import plan_step
+from impl.lobra.joint_step import plan_step
 from impl.lobra.plan import multisets, plan, scheme_pool
 
 
@@ -73,7 +73,7 @@ def test_dynamic_buckets_with_cuts_equal_brute_force(seed):
 
 
 def test_bucket_cuts_let_the_small_replica_take_what_fits_and_auto_keeps_the_better_plan():
-    from impl.lobra.engine import plan_bucketed
+    from impl.lobra.joint_step import plan_bucketed
 
     rng = np.random.default_rng(5)
     samples = [Sample("a", i, int(x)) for i, x in enumerate(rng.integers(16, 2048, size=40))]

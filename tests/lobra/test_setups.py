@@ -12,7 +12,7 @@ from impl.common.cost.varlen_model import Layout, seq_cost
 from impl.common.varlen.lengths import LengthDist
 from impl.lobra import datasets
 from impl.lobra.sim import simulate
-from impl.lobra.sim_cost import SimCostKnobs, max_tokens, peak_bytes, memory_model, pp_degrees, tp_cost
+from impl.lobra.cost.step_model import SimCostKnobs, max_tokens, peak_bytes, memory_model, pp_degrees, tp_cost
 from impl.lobra.system import LobRA, ReplicaRow
 
 

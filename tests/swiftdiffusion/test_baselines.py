@@ -13,8 +13,8 @@ from impl.swiftdiffusion.denoise import denoise, new_scheduler, to_channels_last
 from impl.swiftdiffusion.models import build_bundle, request_inputs
 from impl.swiftdiffusion.profile import SimProfile
 from impl.swiftdiffusion.real import EQUAL_RTOL
-from impl.swiftdiffusion.sim import simulate_diffusers, simulate_katz
-from impl.swiftdiffusion.sim_run import _sequential
+from impl.swiftdiffusion.sim.serving import simulate_diffusers, simulate_katz
+from impl.swiftdiffusion.sim.run import _sequential
 from impl.swiftdiffusion.system import SwiftDiffusionSystem
 
 from .conftest import tiny_workload
@@ -116,7 +116,7 @@ def test_baseline_variants_preflight():
 
 
 def test_sim_distrifusion_matches_artifact_rows_and_is_e1_only():
-    from impl.swiftdiffusion.sim_run import ARTIFACT_DISTRIFUSION
+    from impl.swiftdiffusion.sim.run import ARTIFACT_DISTRIFUSION
     from impl.common.workloads.diffusion_serving import DiffusionServingWorkload
 
     p = SimProfile()

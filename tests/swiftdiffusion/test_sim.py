@@ -7,8 +7,8 @@ from impl.common.traces.addons import generate_addon_trace, load_addon_trace, sa
 from impl.common.workloads.diffusion_serving import AddonTraceSpec
 from impl.swiftdiffusion.cache import LRUCache
 from impl.swiftdiffusion.profile import SimProfile
-from impl.swiftdiffusion.sim import scale_arrivals, simulate_diffusers, simulate_katz
-from impl.swiftdiffusion.sim_run import ARTIFACT, _sequential
+from impl.swiftdiffusion.sim.serving import scale_arrivals, simulate_diffusers, simulate_katz
+from impl.swiftdiffusion.sim.run import ARTIFACT, _sequential
 
 
 @pytest.fixture(scope="module")

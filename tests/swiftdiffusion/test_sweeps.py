@@ -5,7 +5,7 @@ from impl.common.traces.addons import AddonRequest, generate_addon_trace
 from impl.common.workloads.diffusion_serving import AddonTraceSpec
 from impl.swiftdiffusion.cache import LFUCache
 from impl.swiftdiffusion.profile import SimProfile
-from impl.swiftdiffusion.sim_sweeps import switches
+from impl.swiftdiffusion.sim.sweeps import switches
 
 
 def test_lfu_keeps_the_frequent_entry_and_capacity():

@@ -28,10 +28,9 @@ from typing import Optional
 from impl.common.api import ConfigError
 from impl.common.hardware import HardwareProfile
 
-from .comm import same_node
-from .seqlen import SeqCost
-from .transformer import layer_matrix_params, layer_split, model_params
 from impl.common.megatron.derive import step_knobs
+
+from .seqlen import SeqCost
 
 PARALLEL = ("tp", "ulysses")
 
@@ -62,18 +61,27 @@ class Layout:
         return self.tp * self.pp if self.parallel == "tp" else self.pp
 
 
+def split_heads(heads: int, kv_heads: int, hidden: int, degree: int) -> tuple[int, int] | None:
+    """The nearest (heads, key/value heads) at or above the model's that ``degree`` splits and
+    whose head count divides ``hidden``; None when there is none."""
+    h = next((h for h in range(heads, hidden + 1) if h % degree == 0 and hidden % h == 0), None)
+    if h is None:
+        return None
+    kv = 0
+    if kv_heads:  # the nearest count (at or above the scaled one) that divides h and meets the degree
+        kv = max(1, round(kv_heads * h / heads))
+        while h % kv or (kv % degree and degree % kv):
+            kv += 1
+    return h, kv
+
+
 def _splittable_heads(m, degree: int):
     import dataclasses as _dc
 
-    heads = next((h for h in range(m.heads, m.hidden + 1) if h % degree == 0 and m.hidden % h == 0), None)
-    if heads is None:
-        raise ConfigError(f"layout.tp: {degree} cannot split the heads of hidden {m.hidden} ({m.heads} heads)")
-    kv = 0
-    if m.kv_heads:
-        kv = max(1, round(m.kv_heads * heads / m.heads))
-        while heads % kv or (kv % degree and degree % kv):
-            kv += 1
-    return _dc.replace(m, heads=heads, kv_heads=kv)
+    split = split_heads(m.heads, m.kv_heads, m.hidden, degree)
+    if split is None:
+        raise ConfigError(f"layout: a degree of {degree} cannot split the heads of hidden {m.hidden} ({m.heads} heads)")
+    return _dc.replace(m, heads=split[0], kv_heads=split[1])
 
 
 def _step_shape(model, layout: Layout, hw: HardwareProfile):
@@ -90,7 +98,7 @@ def _step_shape(model, layout: Layout, hw: HardwareProfile):
     if m.heads % layout.tp:
         # Some planners' pools list a tp that does not divide the heads (Megatron would refuse
         # it); the attention work is heads x head_dim = hidden either way, so price the nearest
-        # head count that splits and divides hidden, with the key/value width kept.
+        # head count that splits and divides hidden (the key/value count scaled to it).
         m = _splittable_heads(m, layout.tp)
     uly = layout.parallel == "ulysses"
     lay = MegatronLayout(dp=layout.dp, tp=1 if uly else layout.tp, ulysses=layout.tp if uly else 1, pp=layout.pp,

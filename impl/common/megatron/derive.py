@@ -25,7 +25,6 @@ those tables and factors of 1 (the fit's starting point).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 from impl.common.api import ConfigError
 from impl.common.hardware import HardwareProfile, KernelTables, MegatronKnobs
@@ -33,6 +32,7 @@ from impl.common.hardware import HardwareProfile, KernelTables, MegatronKnobs
 from .kernels import carried, flat_tables
 
 _STEP_PROFILES: dict = {}
+_CARRYING: set = set()  # profiles whose step model is being carried (a step_model_from loop is an error)
 
 
 def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = "") -> HardwareProfile:
@@ -67,9 +67,11 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
 
 
 def _key(hw: HardwareProfile) -> str:
+    # every field _carried / _neutral read: an override of any of them is another step profile
     return repr((hw.name, hw.step_model_from, hw.measured, sorted((hw.peak_flops or {}).items()), hw.memory_bytes,
                  hw.memory_bw_bytes_per_s, hw.gpus_per_node, hw.intra_node_bw_bytes_per_s, hw.inter_node_bw_bytes_per_s,
-                 hw.intra_node_latency_s, hw.inter_node_latency_s, hw.comm_efficiency))
+                 hw.intra_node_latency_s, hw.inter_node_latency_s, hw.comm_efficiency, hw.allreduce_bw_bytes_per_s,
+                 hw.megatron, hw.kernels))
 
 
 def step_profile(hw: HardwareProfile) -> HardwareProfile:
@@ -105,9 +107,14 @@ def _carried(hw: HardwareProfile) -> HardwareProfile:
     from impl.common.hardware import load_hardware
 
     base_name = hw.step_model_from
-    if not base_name or base_name == hw.name:
-        raise ConfigError(f"hardware {hw.name}: step_model_from must name a fitted profile (got {base_name!r})")
-    base = step_profile(load_hardware(base_name))
+    if not base_name or base_name == hw.name or base_name in _CARRYING:
+        raise ConfigError(f"hardware {hw.name}: step_model_from must name a fitted profile (got {base_name!r}"
+                          + (f", a loop through {', '.join(sorted(_CARRYING))})" if base_name in _CARRYING else ")"))
+    _CARRYING.add(hw.name)
+    try:
+        base = step_profile(load_hardware(base_name))
+    finally:
+        _CARRYING.discard(hw.name)
     derived = derived_profile(base, hw, name=hw.name)
     if hw.megatron is not None:  # fitted knobs without tables: keep the knobs, carry the tables
         derived = dataclasses.replace(derived, megatron=hw.megatron)
@@ -126,6 +133,3 @@ def _neutral(hw: HardwareProfile) -> HardwareProfile:
     return dataclasses.replace(hw, megatron=knobs, kernels=hw.kernels if hw.kernels and hw.kernels.gemm
                                else flat_tables(hw, rate_dtype))
 
-
-def step_knobs(hw: HardwareProfile, knobs: Optional[MegatronKnobs] = None) -> MegatronKnobs:
-    return knobs or step_profile(hw).megatron

@@ -30,7 +30,6 @@ from impl.common.hardware import HardwareProfile, MegatronKnobs
 
 from .model import MegatronModel
 from .runs import DocLengths, Launch, work_of
-from . import activations as act
 from .step import (F_ATTN, F_ELEM, F_GEMM, F_INTER, F_INTRA, F_ITER, F_LAYERS, M_ACT, M_LOGITS, M_ONE,
                    StepFeatures, features, iteration_times_s, phi_of, theta_of)
 from .derive import step_knobs

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import pathlib
-from typing import Optional
 
 import numpy as np
 

@@ -20,7 +20,7 @@ from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
 from impl.common.servesim.cost import ServingCost
-from impl.common.sim.engine import Engine
+from impl.common.sim.events import EventLoop
 
 
 @dataclass
@@ -58,7 +58,7 @@ class MigrationEvent:
 
 
 class SimServer:
-    def __init__(self, sid: int, cfg: SchedulerConfig, cost: ServingCost, engine: Engine, on_done: Callable,
+    def __init__(self, sid: int, cfg: SchedulerConfig, cost: ServingCost, engine: EventLoop, on_done: Callable,
                  slo_of: Callable[[SReq], float], cpu_assist: bool = True, lora: bool = True):
         self.sid = sid
         self.cfg = cfg
@@ -334,7 +334,7 @@ class Migrator:
       which they make no progress. Only as many as the destination's batch has room for.
     """
 
-    def __init__(self, servers: list, cost: ServingCost, eng: Engine, interval_s: float, threshold: int):
+    def __init__(self, servers: list, cost: ServingCost, eng: EventLoop, interval_s: float, threshold: int):
         self.servers, self.cost, self.eng = servers, cost, eng
         self.interval_s, self.threshold = interval_s, threshold
         self.ticks = 0
@@ -474,7 +474,7 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
              progress=None, isolated_of: Optional[Callable[[SReq], float]] = None, lora: bool = True) -> SimResult:
     """``lora=False``: serve the trace on the base model alone (every adapter counted resident,
     no load, no LoRA compute; the SLO reference run, spec caraserve.md 10)."""
-    eng = Engine()
+    eng = EventLoop()
     records: list = []
 
     def done(server, r, now):

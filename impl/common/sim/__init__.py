@@ -1,7 +1,7 @@
 """Discrete-event simulation: a deterministic event core and the pipeline-parallel simulator."""
-from .delays import normalize_delays
-from .engine import Engine
-from .pipeline import (
+from impl.common.sim.delays import normalize_delays
+from impl.common.sim.events import EventLoop
+from impl.common.sim.pipeline import (
     CommModel,
     Message,
     OpSpan,
@@ -12,6 +12,6 @@ from .pipeline import (
 )
 
 __all__ = [
-    "CommModel", "Engine", "Message", "OpSpan", "SimResult", "StageBreakdown",
+    "CommModel", "EventLoop", "Message", "OpSpan", "SimResult", "StageBreakdown",
     "normalize_delays", "simulate_iteration", "simulate_iterations",
 ]

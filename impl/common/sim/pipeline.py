@@ -25,7 +25,7 @@ Comm models (:class:`CommModel`):
   consuming op the receiver's stream waits for arrival and then pays an H2D copy.
 
 Per-link delays ``{(i, i+1): seconds}`` apply to every message on that link, both directions.
-The run is a dataflow over the stages, resumed off a heap in the Engine's (time, insertion)
+The run is a dataflow over the stages, resumed off a heap in the EventLoop's (time, insertion)
 order: a stage runs ahead until a RECV whose message has not been produced yet, and is resumed
 at that message's arrival time.
 Since every input to an action's timing is known when it is computed, the result does not
@@ -55,7 +55,7 @@ from impl.common.cost.transformer import StageCosts
 from impl.common.schedule.ir import Action, Op, Schedule
 from impl.common.schedule.table import RECV_B, RECV_F, ScheduleTable
 
-from .delays import normalize_delays
+from impl.common.sim.delays import normalize_delays
 
 COMM_KINDS = ("latency", "in_stream", "delegated", "blocking")
 # A time-varying delay: (link index i of link (i, i+1), absolute time in s) -> seconds.
@@ -447,7 +447,7 @@ def _deadlock(at: dict, action_at: Callable[[int, int], Action]) -> None:
 def _simulate_compiled(schedule, costs: StageCosts, link: LinkCosts, comm: CommModel, link_cost_s, dp,
                        copy_s: float) -> SimResult:
     try:
-        from . import compiled
+        from impl.common.sim import compiled
     except ImportError as exc:  # numba is a dependency; say so instead of silently running slower
         raise ConfigError(f"engine='compiled' needs numba ({exc}); install the project's dependencies "
                           "or pass engine='python'") from exc
@@ -505,7 +505,7 @@ def _run(prog: _Program, comm: CommModel, base_s, link_cost_s, delay_fn, origin_
     and arrival times that are final when set, so the resumption order does not change any
     result: without a delay function the woken stages go on a plain stack (the heap keyed by
     time cost ~0.05 s of 0.28 at S=128, N=1024); a delay function, which may keep state, is
-    called in the Engine's (time, insertion) order, from a heap as before."""
+    called in the EventLoop's (time, insertion) order, from a heap as before."""
     S = len(prog.codes)
     L = max(S - 1, 1)
     kind = comm.kind

@@ -9,7 +9,7 @@ base; ``lora_rank`` / ``lora_alpha`` the adapters of every task (spec 2.6: r = 1
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List
 
 from impl.common.api import ConfigError
 from impl.common.varlen.lengths import LengthDist

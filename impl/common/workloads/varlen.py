@@ -8,7 +8,6 @@ length above it is an error unless the distribution clips to it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from impl.common.api import ConfigError
 from impl.common.varlen.lengths import LengthDist

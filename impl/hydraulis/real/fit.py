@@ -7,7 +7,7 @@ plus packed rows ``count x length`` (which separate the quadratic term, Σ s², 
 one, Σ s), each timed ``fit_repeats`` times after one untimed warm-up pass over all rows (a row's
 first run pays the allocator's first touch of its activations, which no training step sees). The least-squares
 fit is :func:`~impl.common.cost.seqlen.fit_seq_cost` over (Σ s, Σ s², seconds) of every rank's
-rows; the planner consumes it as a :class:`~impl.hydraulis.cost.ReplicaCost` in ms.
+rows; the planner consumes it as a :class:`~impl.hydraulis.cost.strategy.ReplicaCost` in ms.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import torch.distributed as dist
 from impl.common.cost.seqlen import SeqCost, fit_seq_cost
 from impl.common.varlen.packing import MicroBatch
 
-from .real_config import RealKnobs, ReplicaKind
-from .real_replica import ReplicaModel
+from impl.hydraulis.real.config import RealKnobs, ReplicaKind
+from impl.hydraulis.real.replica import ReplicaModel
 
 FIT_IDS = 1 << 40  # sequence ids of profiling rows, far from the training stream's
 

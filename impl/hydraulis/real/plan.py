@@ -4,7 +4,7 @@
   candidate, micro-batch i to replica ``i mod R`` (equal micro-batch counts, a short replica
   padded with nothing: Megatron's DP split of packed samples).
 - ``two_stage`` (B1, H): :func:`impl.hydraulis.step_plan.plan_step` over the run's pool with the
-  fitted :class:`~impl.hydraulis.cost.ReplicaCost` of each kind (dispatch, then ILP packing).
+  fitted :class:`~impl.hydraulis.cost.strategy.ReplicaCost` of each kind (dispatch, then ILP packing).
 Either way the micro-batches run largest-first (spec 2.4) and the plan carries the cost
 model's prediction of every replica's compute time (:meth:`ReplicaCost.replica_time`), so the
 record compares it with the measured time. :class:`PlanAhead` runs the planner in a thread of
@@ -22,10 +22,10 @@ import numpy as np
 from impl.common.api import ConfigError
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, largest_first
 
-from .cost import ReplicaCost
-from .dispatch import DEFAULT_BUDGET
-from .real_config import BATCHING, RealRun
-from .step_plan import plan_step
+from impl.hydraulis.cost.strategy import ReplicaCost
+from impl.hydraulis.dispatch import DEFAULT_BUDGET
+from impl.hydraulis.real.config import BATCHING, RealRun
+from impl.hydraulis.step_plan import plan_step
 
 
 @dataclass(frozen=True)

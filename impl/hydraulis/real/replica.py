@@ -20,7 +20,7 @@ from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors
 from impl.common.parallel.tensor_parallel import tensor_parallel
 from impl.common.varlen.packing import MicroBatch
 
-from .real_config import ReplicaKind
+from impl.hydraulis.real.config import ReplicaKind
 
 
 class CapExceeded(ConfigError):

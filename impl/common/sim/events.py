@@ -10,7 +10,7 @@ import heapq
 from typing import Any, Callable, Optional
 
 
-class Engine:
+class EventLoop:
     __slots__ = ("now_s", "events_run", "_heap", "_seq")
 
     def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """Sim mode: E1 (per-config latency against the artifact's table) and E2 (16-GPU throughput at
-equal p99), from :class:`~.profile.SimProfile` (H800, SDXL); E3/E4 in :mod:`.sim_sweeps`."""
+equal p99), from :class:`impl.swiftdiffusion.profile.SimProfile` (H800, SDXL); E3/E4 in :mod:`.sweeps`."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,9 +7,9 @@ import numpy as np
 from impl.common.api import JobContext, Metric, RunResult
 from impl.common.traces.addons import AddonRequest
 
-from .sim import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
-from .sim_common import _plt, best_split, diffusers_slo, trace_for
-from .sim_sweeps import e3, e4
+from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
+from impl.swiftdiffusion.sim.common import _plt, best_split, diffusers_slo, trace_for
+from impl.swiftdiffusion.sim.sweeps import e3, e4
 
 # The artifact's measured s/request (spec 4), for comparison only: (ControlNets, LoRAs) -> (Diffusers, Katz)
 ARTIFACT = {(0, 0): (2.88, 1.71), (0, 1): (6.19, 1.84), (1, 0): (4.26, 1.74), (1, 1): (7.29, 1.89),

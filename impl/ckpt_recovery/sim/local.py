@@ -22,8 +22,8 @@ from typing import AbstractSet
 from impl.common.parallel.plan import Plan
 from impl.common.storage.emulator import PAPER_PROFILES, StorageProfile
 
-from .sim_cost import _per_node_counts, _rank_nodes, read_time_s
-from .sim_io import CheckpointIO, LoadIO, RankIO
+from impl.ckpt_recovery.sim.cost import _per_node_counts, _rank_nodes, read_time_s
+from impl.ckpt_recovery.sim.checkpoint_io import CheckpointIO, LoadIO, RankIO
 
 NVME = PAPER_PROFILES["nvme"]
 NET = PAPER_PROFILES["network"]

@@ -31,7 +31,7 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
-from impl.caraserve.cost_model import features_dec, nnls_fit
+from impl.caraserve.cost import features_dec, nnls_fit
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.llm.kernels import RANK_CHUNK
 

@@ -5,7 +5,7 @@ home layout (rank r of W holds fraction ``[r/W, (r+1)/W)`` of every tensor, see
 :mod:`impl.hotspa.switching`); one compute model per strategy (a whole replica for DP, a
 Megatron TP shard for TP) is a *view* filled by a parameter switch and never stepped.
 
-A step (:meth:`Engine.step`):
+A step (:meth:`RankTrainer.step`):
 1. group the step's sequences by the boundaries, pack each group (:func:`hotspa_pack` to its
    bound), and deal micro-batches to DP ranks (short ranks padded with empty micro-batches);
 2. for the groups from shortest to longest, then the home (longest) group last: switch the
@@ -29,8 +29,8 @@ from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors, step_t
 from impl.common.parallel.tensor_parallel import cut_state_dict, tensor_parallel
 from impl.common.varlen.packing import MicroBatch, assign_dp, group_by_boundaries, hotspa_pack
 
-from .strategy import GroupPlan, Strategy
-from .switching import HOME, SwitchCache, layout_name
+from impl.hotspa.strategy import GroupPlan, Strategy
+from impl.hotspa.switching import HOME, SwitchCache, layout_name
 
 
 @dataclass
@@ -70,7 +70,7 @@ def schedule_order(n_groups: int) -> list[int]:
     return list(range(n_groups - 1, 0, -1)) + [0]
 
 
-class Engine:
+class RankTrainer:
     def __init__(self, shape, seed: int, rank: int, world: int, plan: GroupPlan, lr: float,
                  cache: SwitchCache, vocab_seed: int) -> None:
         self.shape, self.rank, self.world, self.plan = shape, rank, world, plan

@@ -10,7 +10,7 @@ a node-local store keeps) + requests x latency; ``commit`` = the commit's reques
 Interval: Young/Daly I* = sqrt(2 C MTBF) with C the system's own stall, no shorter than its
 commit lag (skip-not-wait) or ``min_interval_s``. Expected rework after a failure at a uniform
 phase = I/2 + commit lag (a failure during an in-flight save falls back one interval);
-``mid_save``: I + lag/2. With local copies (sim_local) the lag runs until the copies are
+``mid_save``: I + lag/2. With local copies (sim/local.py) the lag runs until the copies are
 written, and recovery counts from the last copied save.
 Load: the slowest reader's requests x latency + its bytes at its bandwidth share.
 """
@@ -23,7 +23,7 @@ from typing import Mapping
 from impl.common.parallel.plan import Plan
 from impl.common.storage.emulator import StorageProfile
 
-from .sim_io import LoadIO, SaveIO
+from impl.ckpt_recovery.sim.checkpoint_io import LoadIO, SaveIO
 
 
 def young_daly_s(stall_s: float, mtbf_s: float) -> float:
@@ -95,7 +95,7 @@ class SaveCost:
 def save_cost(mode: str, staging_s: float, write_s: float, commit_s: float, step_s: float, mtbf_s: float,
               min_interval_s: float, fixed_interval_s: float = 0.0, after_commit_s: float = 0.0) -> SaveCost:
     """``after_commit_s``: background work after the commit a save must finish before the next
-    one starts and before it counts for recovery (the local copies, sim_local); part of the lag."""
+    one starts and before it counts for recovery (the local copies, sim/local.py); part of the lag."""
     if mode == "overlapped":
         stall, lag = max(0.0, staging_s - step_s), staging_s + write_s + commit_s
     elif mode == "staged":

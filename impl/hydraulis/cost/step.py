@@ -28,7 +28,7 @@ from typing import Sequence
 from impl.common.cost.transformer import model_params
 from impl.common.varlen.packing import MicroBatch
 
-from .cost import ReplicaCost
+from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.common.megatron.derive import bus_bw
 
 

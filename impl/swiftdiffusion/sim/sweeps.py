@@ -13,9 +13,9 @@ import numpy as np
 
 from impl.common.api import ConfigError, Metric, RunResult
 
-from .cache import LFUCache, LRUCache
-from .sim import max_rate_at_slo, scale_arrivals, simulate_diffusers
-from .sim_common import _plt, best_split, diffusers_slo, katz_runner, trace_for
+from impl.swiftdiffusion.cache import LFUCache, LRUCache
+from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, simulate_diffusers
+from impl.swiftdiffusion.sim.common import _plt, best_split, diffusers_slo, katz_runner, trace_for
 
 POLICIES = {"lru": LRUCache, "lfu": LFUCache}
 

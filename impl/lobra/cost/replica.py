@@ -4,7 +4,7 @@ padded to ``s``::
     f(mbs, s) = (c1·mbs + c2)·s² + (c3·mbs + c4)·s + (c5·mbs + c6)
 
 fitted by least squares from timed micro-batches (real mode) or derived from FLOPs, the TP
-collectives and the Table-3 per-GPU throughputs (sim, :mod:`impl.lobra.sim_cost`). A micro-batch
+collectives and the Table-3 per-GPU throughputs (sim, :mod:`impl.lobra.cost.step_model`). A micro-batch
 on a stage takes ``t(mbs, s) = f(mbs, s)·L/pp``; f is linear in mbs, so ``t(r, s) = α(s)·r + β(s)``
 (the dispatcher's ILP relies on it). A replica's step is ``Σ_micro-batches t + (pp−1)·max t``.
 """

@@ -30,17 +30,18 @@ from impl.common.parallel.plan import Plan
 from impl.common.parallel.planner import PlannerConfig, check_uniform_fits
 from impl.common.storage.emulator import PAPER_PROFILES, StorageProfile, paper_profile
 
-from .sim_cost import SaveCost, read_time_s, save_cost, write_time_s
-from .sim_io import CheckpointIO, LoadIO
-from .sim_layouts import after_loss, describe, rectangular, step_time_s
-from . import sim_local, sim_peer
+from impl.ckpt_recovery.sim.cost import SaveCost, read_time_s, save_cost, write_time_s
+from impl.ckpt_recovery.sim.checkpoint_io import CheckpointIO, LoadIO
+from impl.ckpt_recovery.sim.layouts import after_loss, describe, rectangular, step_time_s
+from impl.ckpt_recovery.sim import local as sim_local
+from impl.ckpt_recovery.sim import peer as sim_peer
 
 
 @dataclass(frozen=True)
 class PolicyModel:
-    granularity: str  # sim_layouts.GRANULARITIES
-    save: str  # overlapped | staged | sync (sim_cost)
-    fmt: str  # splits | dcp | legacy | ucp (sim_io)
+    granularity: str  # layouts.GRANULARITIES (sim/layouts.py)
+    save: str  # overlapped | staged | sync (sim/cost.py)
+    fmt: str  # splits | dcp | legacy | ucp (sim/checkpoint_io.py)
     ram_tier: bool = False  # Gemini-like: every-iteration copy in a buddy node's CPU memory
     plan_knob: str = "mesh_plan_s"
 
@@ -213,7 +214,7 @@ class Scenario:
                          fixed_interval_s=self.base_step_s)
 
     def peer_save(self) -> SaveCost:
-        """The peer tier: every snapshot's files copied into k other hosts' memory (sim_peer)."""
+        """The peer tier: every snapshot's files copied into k other hosts' memory (sim/peer.py)."""
         if "peer_save" not in self._memo:
             staging = self.rank_state / self.k.d2h_bytes_per_s
             self._memo["peer_save"] = sim_peer.peer_save(self.io, self.base, self.cm, self.peer, self.num_nodes,

@@ -17,7 +17,7 @@ Two tiers from one snapshot (the D2H copy overlapped with the next step, as ours
   stall, no shorter than the lag or a step (skip-not-wait); a peer commit is "done" when its
   last holder committed: lag = snapshot + copy.
   A loss at a uniform phase falls back to the newest *copied* commit: the window in which a
-  fresh commit has no peer copy yet is the lag (rework = interval / 2 + lag, sim_cost).
+  fresh commit has no peer copy yet is the lag (rework = interval / 2 + lag, sim/cost.py).
   The owner's node keeps its own files too (its own holder; written from the snapshot by a
   host memcpy that overlaps the wire copy and is shorter: not priced).
 - **storage tier**: ours unchanged (async, Young/Daly, written from its own snapshot buffer),
@@ -46,8 +46,8 @@ from impl.common.parallel.cost import HybridCostModel, iteration_cost
 from impl.common.parallel.plan import Plan
 from impl.common.storage.emulator import PAPER_PROFILES
 
-from .sim_cost import SaveCost, _per_node_counts, _rank_nodes, young_daly_s
-from .sim_io import CheckpointIO
+from impl.ckpt_recovery.sim.cost import SaveCost, _per_node_counts, _rank_nodes, young_daly_s
+from impl.ckpt_recovery.sim.checkpoint_io import CheckpointIO
 
 NET = PAPER_PROFILES["network"]
 IB_MTU_BYTES = 4096  # InfiniBand's largest MTU: what a higher-priority packet can wait behind

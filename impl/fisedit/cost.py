@@ -37,12 +37,12 @@ from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, glue_time_
 from impl.common.diffusion.windows import window_size
 from impl.common.hardware import HardwareProfile
 
-from .mask import layer_mask
-from .sparse import block_mask
+from impl.fisedit.mask import layer_mask
+from impl.fisedit.sparse import block_mask
 
 DENSE_ROLES_IN_SPARSE_BLOCK = ("attn1.kv", "attn2.kv")
 
-# Torch calls the reference engine (impl/fisedit/engine.py + sparse.py) issues for one sparse op
+# Torch calls the reference engine (impl/fisedit/sparse_modules.py + sparse.py) issues for one sparse op
 # beyond the dense op's one call, per op class, at steady state (masks and block masks memoised):
 # a block-sparse conv 17 (clone, nonzero, pad, 2 unfolds, index, permute/reshape, conv, the
 # scatter's reshape/permute/view/index_put ...), a 1x1 conv 12, a token linear 4, a GroupNorm's
@@ -231,7 +231,7 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
               engine: str = "fused", torch_calls: int = 0, glue=()) -> StepCost:
     """``engine``: ``fused`` = the paper's engine (GroupNorm and the activation/residual passes
     charged to it fused into the sparse conv, at the active fraction); ``reference`` = this
-    repo's engine (``impl/fisedit/engine.py``), which applies the cached GroupNorm scale/shift
+    repo's engine (``impl/fisedit/sparse_modules.py``), which applies the cached GroupNorm scale/shift
     and the activations over the full map, clones each sparse op's full cached output and pads
     each block-sparse conv's full input (all timed; FLOP fractions and caps are the same).
     ``torch_calls``: the dense forward's torch calls, charged with the sparse step's extra ones

@@ -29,7 +29,7 @@ class SimKnobs:
     # NVMe of this many other nodes; a load reads a file from a surviving copy, else from storage.
     local_copies: int = 0
     # Issue 27 (ours only, system ckpt_recovery_peer): after each snapshot, every rank file is
-    # also copied into the host memory of this many other nodes (sim_peer).
+    # also copied into the host memory of this many other nodes (sim/peer.py).
     peer_copies: int = 0
     host_mem_bytes_per_node: float = 2.0e12  # [R] DGX H100: 2 TB of system memory
     train_host_bytes_per_gpu: float = 100.0e9  # [R] training's own host memory per GPU (loader, pinned buffers, CUDA/NCCL)

@@ -1,5 +1,5 @@
 """Request-level diffusion serving simulator (spec 6): GPUs as servers, ControlNet pool, caches,
-add-on loads, costs from :class:`~.profile.SimProfile`.
+add-on loads, costs from :class:`impl.swiftdiffusion.profile.SimProfile`.
 
 Requests are planned in arrival order, strict FIFO (a request starts no earlier than the one
 before it), so every cache decision happens in time order:
@@ -25,8 +25,8 @@ import numpy as np
 
 from impl.common.api import ConfigError
 
-from .cache import LRUCache
-from .profile import SimProfile
+from impl.swiftdiffusion.cache import LRUCache
+from impl.swiftdiffusion.profile import SimProfile
 
 
 @dataclass

@@ -13,8 +13,8 @@ from impl.common.api import ConfigError
 from impl.common.llm.lora_train import Sample
 from impl.common.varlen.sampling import LengthStream
 
-from . import bucketing
-from .dispatch import Dispatch, Group, dispatch, micro_batches, split_samples
+from impl.lobra import bucketing
+from impl.lobra.dispatch import Dispatch, Group, dispatch, micro_batches, split_samples
 
 BUCKETINGS = ("dynamic", "fixed")
 BUCKET_CUTS = ("auto", "on", "off")
@@ -36,7 +36,7 @@ class TaskStreams:
 
 
 @dataclass
-class StepPlan:
+class JointStepPlan:
     boundaries: list[int]
     dispatch: Dispatch
     # replicas[j][k]: [(bucket length, [Sample, ...]), ...] of replica k of group j
@@ -65,7 +65,7 @@ def boundaries_for(samples: Sequence[Sample], kind: str, *, num_buckets: int, fi
 
 
 def plan_step(groups: Sequence[Group], samples: Sequence[Sample], boundaries: Sequence[int], dispatcher: str, *,
-              exec_mode: str = "fused", min_len: int = 0, task_order: Sequence[str] = (), **solver) -> StepPlan:
+              exec_mode: str = "fused", min_len: int = 0, task_order: Sequence[str] = (), **solver) -> JointStepPlan:
     if not samples:
         raise ConfigError("workload.tasks: the step has no sequences")
     bs = sorted(int(b) for b in boundaries)
@@ -84,12 +84,12 @@ def plan_step(groups: Sequence[Group], samples: Sequence[Sample], boundaries: Se
                 for j, g in enumerate(groups)]
     real = sum(s.length for s in samples)
     padded = sum(bucket_of[s.task, s.seq_id] for s in samples)
-    return StepPlan(bs, d, replicas, real, padded)
+    return JointStepPlan(bs, d, replicas, real, padded)
 
 
 def plan_bucketed(groups: Sequence[Group], samples: Sequence[Sample], kind: str, dispatcher: str, *,
                   num_buckets: int, fixed: Sequence[int], cuts: str = "auto", min_len: int = 0,
-                  exec_mode: str = "fused", task_order: Sequence[str] = (), **solver) -> StepPlan:
+                  exec_mode: str = "fused", task_order: Sequence[str] = (), **solver) -> JointStepPlan:
     """Bucket one step (:func:`boundaries_for`) and plan it (:func:`plan_step`).
 
     ``cuts`` (dynamic buckets only): ``on`` keeps every bucket on one side of each deployed

@@ -34,11 +34,11 @@ from torch import nn
 
 from impl.common.diffusion.windows import gather_tokens, scatter_tokens
 
-from . import fast
-from .cache import ActivationCache
-from .mask import layer_mask
-from .plan import PlanSet
-from .sparse import block_mask, conv_geometry, expand_blocks, sparse_conv2d, sparse_token_linear
+from impl.fisedit import fast
+from impl.fisedit.cache import ActivationCache
+from impl.fisedit.mask import layer_mask
+from impl.fisedit.plan import PlanSet
+from impl.fisedit.sparse import block_mask, conv_geometry, expand_blocks, sparse_conv2d, sparse_token_linear
 
 
 @dataclass

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
-from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost, split_heads
 from impl.common.parallel.dims import ParallelDims
 
 GIB = 2.0 ** 30
@@ -266,15 +266,10 @@ def strategy_cost(model, hw, mem: StrategyMemory, spec: CostSpec, tp: int, pp: i
             return None
     if pp > model.num_layers:
         return None
-    try:
-        cap = mem.cap(tp, pp)
-        sc = seq_cost(model, Layout(1, tp, pp), hw) if table is None and cap >= CAP_ROUND else None
-    except ConfigError:
-        if model.heads % tp == 0:
-            raise
-        # A TP degree for which no head count both splits over tp and divides the hidden size
-        # (impl/common/cost/varlen_model._splittable_heads refuses it): not a strategy.
-        return None
+    if split_heads(model.heads, model.kv_heads, model.hidden, tp) is None:
+        return None  # no head count both splits over tp and divides the hidden size: not a strategy
+    cap = mem.cap(tp, pp)
+    sc = seq_cost(model, Layout(1, tp, pp), hw) if table is None and cap >= CAP_ROUND else None
     if cap < CAP_ROUND:
         return None
     util = data.util(tp, hw.memory_bytes)

@@ -17,14 +17,14 @@ from impl.common.parallel.migration import Transfer, migration_time_s, plan_migr
 from impl.common.parallel.plan import Plan, uniform_plan
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, group_by_boundaries, hotspa_pack
 
-from .strategy import GroupPlan, Strategy
+from impl.hotspa.strategy import GroupPlan, Strategy
 from impl.common.megatron.derive import step_knobs, bus_bw
 
 PARAM_BYTES = 2.0  # bf16 compute copy: what a parameter switch moves
 GRAD_BYTES = 4.0  # fp32 accumulated gradient: what a gradient switch moves
 
 
-class Env:
+class PricingEnv:
     """Model, hardware and GPUs of one job, with per-strategy caches."""
 
     def __init__(self, wl, hw, knobs) -> None:
@@ -152,7 +152,7 @@ def pipeline_time_s(cost: SeqCost, ranks: Sequence[Sequence[MicroBatch]], pp: in
 
 
 @dataclass
-class StepPrice:
+class GroupedStepPrice:
     compute_s: float = 0.0
     switch_s: float = 0.0
     dp_sync_s: float = 0.0  # gradient reductions over DP (and ZeRO-1 parameter all-gather)
@@ -176,7 +176,7 @@ def _schedule(gp: GroupPlan, nonempty: Sequence[bool]) -> list[Strategy]:
     return [gp.home] + rest + [gp.home]
 
 
-def switches_s(env: Env, layouts: Sequence[Strategy], policy: str, fused: bool, replicas: bool) -> float:
+def switches_s(env: PricingEnv, layouts: Sequence[Strategy], policy: str, fused: bool, replicas: bool) -> float:
     """Parameter (2 B) and gradient (4 B) switches along ``layouts`` (home first and last)."""
     total = 0.0
     for i, (x, y) in enumerate(zip(layouts, layouts[1:])):
@@ -192,13 +192,13 @@ def switches_s(env: Env, layouts: Sequence[Strategy], policy: str, fused: bool, 
     return total
 
 
-def price_grouped_step(env: Env, ids, lengths, gp: GroupPlan, *, pad: str, align: int, policy: str,
+def price_grouped_step(env: PricingEnv, ids, lengths, gp: GroupPlan, *, pad: str, align: int, policy: str,
                        fused: bool = True, replicas: bool = False,
-                       report_policies: Sequence[str] = ()) -> StepPrice:
+                       report_policies: Sequence[str] = ()) -> GroupedStepPrice:
     """HotSPa's engine: group, pack (2.3), assign to DP ranks, price each group under its
     strategy, add switches, the per-strategy DP gradient reductions, ZeRO-1 and the update."""
     groups = group_by_boundaries(ids, lengths, gp.boundaries, field="system.boundaries")
-    out = StepPrice(tokens=int(sum(int(x) for x in lengths)))
+    out = GroupedStepPrice(tokens=int(sum(int(x) for x in lengths)))
     for g, grp in zip(gp.strategies, groups):
         if grp.is_empty:  # spec 7: an empty group runs no compute and contributes nothing
             out.group_compute_s.append(0.0)
@@ -229,12 +229,12 @@ def price_grouped_step(env: Env, ids, lengths, gp: GroupPlan, *, pad: str, align
     return out
 
 
-def price_static_step(env: Env, ids, lengths, s: Strategy, capacity: int, *, pad: str, align: int,
-                      parallel: str = "tp") -> StepPrice:
+def price_static_step(env: PricingEnv, ids, lengths, s: Strategy, capacity: int, *, pad: str, align: int,
+                      parallel: str = "tp") -> GroupedStepPrice:
     """Megatron/DeepSpeed-like static: greedy packing to ``capacity``, micro-batch i on DP rank
     i mod dp (equal counts, short ranks padded with empty ones), 1F1B, ZeRO-1."""
     mbs = greedy_pack(ids, lengths, capacity, pad=pad, align=align, field="static packing")
-    out = StepPrice(tokens=int(sum(int(x) for x in lengths)))
+    out = GroupedStepPrice(tokens=int(sum(int(x) for x in lengths)))
     out.compute_s = pipeline_time_s(env.cost(s, parallel), assign_dp(mbs, s.dp), s.pp)
     out.group_compute_s = [out.compute_s]
     out.group_micro_batches = [len(mbs)]
@@ -262,7 +262,7 @@ def enumerate_strategies(num_gpus: int, gpus_per_node: int, num_layers: int, hea
     return sorted(out)
 
 
-def best_static(env: Env, batches, context: int, *, parallel: str, max_tp: int, pad: str, align: int
+def best_static(env: PricingEnv, batches, context: int, *, parallel: str, max_tp: int, pad: str, align: int
                 ) -> tuple[Strategy, dict]:
     """Grid search (spec 3): the feasible strategy (maxlen >= context) with the lowest mean
     priced step over ``batches``; ties to the smaller (dp, tp, pp)."""
@@ -281,7 +281,7 @@ def best_static(env: Env, batches, context: int, *, parallel: str, max_tp: int, 
     return best, {str(s): round(v, 6) for s, v in sorted(scores.items())}
 
 
-def check_fits(env: Env, gp: GroupPlan, field: str = "system.strategies") -> None:
+def check_fits(env: PricingEnv, gp: GroupPlan, field: str = "system.strategies") -> None:
     """Every group's strategy must fit micro-batches of its upper bound (memory model)."""
     for g, (s, hi) in enumerate(zip(gp.strategies, gp.boundaries)):
         m = env.maxlen(s)
@@ -290,6 +290,6 @@ def check_fits(env: Env, gp: GroupPlan, field: str = "system.strategies") -> Non
                               f"{env.mem.capacity_bytes / 2**30:.1f} GiB, below its group bound {hi}")
 
 
-def longest_fit(env: Env, context: int, max_tp: int) -> Optional[tuple[Strategy, int]]:
+def longest_fit(env: PricingEnv, context: int, max_tp: int) -> Optional[tuple[Strategy, int]]:
     cands = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
     return max(((s, env.maxlen(s)) for s in cands), key=lambda x: x[1], default=None)

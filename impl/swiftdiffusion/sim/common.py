@@ -1,11 +1,11 @@
-"""What the SwiftDiffusion sim scenarios share (:mod:`.sim_run`'s E1/E2 and
-:mod:`.sim_sweeps`' E3/E4): the trace, the Katz runner at a GPU split, the best split, E2's SLO."""
+"""What the SwiftDiffusion sim scenarios share (:mod:`.run`'s E1/E2 and
+:mod:`.sweeps`' E3/E4): the trace, the Katz runner at a GPU split, the best split, E2's SLO."""
 from __future__ import annotations
 
 from impl.common.api import ConfigError
 from impl.common.traces.addons import generate_addon_trace, load_addon_trace
 
-from .sim import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
+from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
 
 
 def trace_for(job):

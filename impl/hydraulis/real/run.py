@@ -7,9 +7,9 @@ one batch and runs one step of every run on it, the order rotating every round; 
 trains its own copy of the model from the same initialisation. Per job:
 Batches: :func:`impl.hydraulis.batches.step_batches` (Σ = G exactly, as in sim).
 1. Profile: every replica kind used is timed on micro-batches of 64…2048 tokens on every rank
-   and (a, b, c) fitted (:mod:`impl.hydraulis.real_fit`), before any training step; the
+   and (a, b, c) fitted (:mod:`impl.hydraulis.real.fit`), before any training step; the
    planner prices with these fits.
-2. Per round and run: rank 0 plans (:mod:`impl.hydraulis.real_plan`; with
+2. Per round and run: rank 0 plans (:mod:`impl.hydraulis.real.plan`; with
    ``system.real.plan_ahead`` the plans of round t+1 are computed in a thread while round t
    trains, and the time a step still waits for its plan is added to its step time) and
    broadcasts the plan; then the step of :mod:`impl.hydraulis.disagg`: all-gather the master
@@ -43,14 +43,14 @@ from impl.common.runtime.launch import launch
 from impl.common.varlen.packing import greedy_pack
 from impl.common.workloads.pipeline import ModelShape
 
-from .batches import check_budget, step_batches
-from .cost import ReplicaCost
-from .disagg import OptimizerLayout, Strategy, compute_copy
-from .dispatch import DEFAULT_BUDGET
-from .real_config import RealKnobs, RealRun, ReplicaKind
-from .real_fit import fit_kind, fit_rows, profile, row_medians
-from .real_plan import PlanAhead, Planner, RunPlan, check_run
-from .real_replica import ReplicaModel
+from impl.hydraulis.batches import check_budget, step_batches
+from impl.hydraulis.cost.strategy import ReplicaCost
+from impl.hydraulis.disagg import OptimizerLayout, Strategy, compute_copy
+from impl.hydraulis.dispatch import DEFAULT_BUDGET
+from impl.hydraulis.real.config import RealKnobs, RealRun, ReplicaKind
+from impl.hydraulis.real.fit import fit_kind, fit_rows, profile, row_medians
+from impl.hydraulis.real.plan import PlanAhead, Planner, RunPlan, check_run
+from impl.hydraulis.real.replica import ReplicaModel
 
 # The spec 5 runs as systems: policy -> (batching, candidate pool of replica kinds).
 REAL_POLICIES = {"hydraulis_h": ("two_stage", [["A", "B"]]), "hydraulis_b0": ("greedy", [["A", "A"]]),

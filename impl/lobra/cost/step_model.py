@@ -24,11 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from impl.common.api import ConfigError
 from impl.common.cost.transformer import model_params
 from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
 
-from .cost import Scheme, TpCost
+from impl.lobra.cost.replica import Scheme, TpCost
 
 TP_DEGREES = (1, 2, 4, 8, 16)
 MAX_PP = 8
