@@ -158,6 +158,8 @@ def test_hybrid_cost_model_layer_time_is_the_step_models_on_every_profile():
     hd = HybridCostModel.build(wl, ds)
     assert hd.layer_time_s(4) == pytest.approx(hc.layer_time_s(4), rel=1e-12)
     assert hd.intra_bw_bytes_per_s == pytest.approx(cal.megatron.intra_node_bus_bw_bytes_per_s)
+    with pytest.raises(ConfigError, match="workload.dtype: fp32"):  # the step model prices bf16 steps only
+        HybridCostModel.build(SimpleNamespace(**{**vars(wl), "dtype": "fp32"}), ds)
 
 
 def test_pipeline_stage_costs_take_the_step_models_layer():

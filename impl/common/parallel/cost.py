@@ -53,6 +53,9 @@ class HybridCostModel:
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
         bytes_per_elem(wl.dtype)
+        if wl.dtype not in ("bf16", "fp16") and not getattr(wl, "sim_layer_time_s", None) and not hw.measured:
+            raise ConfigError(f"workload.dtype: {wl.dtype} on datasheet profile {hw.name}: the Megatron step model "
+                              f"prices bf16/fp16 steps (give workload.sim_layer_time_s, or a measured profile)")
         bubble = getattr(wl, "pipeline_bubble", "spec")
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")

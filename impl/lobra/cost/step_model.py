@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from impl.common.cost.transformer import model_params
 from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+from impl.common.megatron.derive import step_knobs
 
 from impl.lobra.cost.replica import Scheme, TpCost
 
@@ -92,7 +93,8 @@ def peak_bytes(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, ran
     weights = 2.0 * model_params(model) / shard
     lora = lora_params_per_layer(model, rank) * model.num_layers * num_tasks / shard
     mem = memory_model(hw, k)
-    return weights + lora * (2.0 + 4.0 + 12.0) + tokens * mem.per_token_bytes(model, Layout(1, tp, pp))
+    fixed = weights + lora * (2.0 + 4.0 + 12.0) + step_knobs(hw).memory_overhead_bytes  # as the step model's fixed part
+    return fixed + tokens * mem.per_token_bytes(model, Layout(1, tp, pp))
 
 
 def max_tokens(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, cap: int) -> int:
