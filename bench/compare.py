@@ -51,7 +51,7 @@ class GroupKey:
 
 
 @dataclass
-class Cell:
+class CompareCell:
     """One system's value of one metric, and its ratio to the baseline (>1 = better)."""
 
     value: float
@@ -64,11 +64,11 @@ class Cell:
 
 
 @dataclass
-class Row:
+class CompareRow:
     system: str
     run_id: str
     created: str
-    cells: dict[str, Cell]
+    cells: dict[str, CompareCell]
     superseded: int = 0  # older ok records of this system in the group, not shown
 
 
@@ -79,7 +79,7 @@ class GroupTable:
     baseline_source: str  # "--baseline" or the default rule
     baseline_present: bool
     metrics: list[str]
-    rows: list[Row]
+    rows: list[CompareRow]
     excluded: dict[str, int] = field(default_factory=lambda: {"failed": 0, "invalid": 0})
     notes: list[str] = field(default_factory=list)
     # One line per invalid record left out: "system (run_id): why" (e.g. a contended host).
@@ -166,7 +166,7 @@ def compare_records(records: Iterable[dict], baseline: Optional[str] = None, *,
 
 def _table(key: GroupKey, by_system: dict[str, list[dict]], excluded: dict[str, int],
            baseline: Optional[str], metric_filter: Optional[Sequence[str]]) -> GroupTable:
-    rows: list[Row] = []
+    rows: list[CompareRow] = []
     for system in sorted(by_system):
         recs = sorted(by_system[system], key=created_key)
         newest = recs[-1]
@@ -174,10 +174,10 @@ def _table(key: GroupKey, by_system: dict[str, list[dict]], excluded: dict[str, 
         for name, m in newest["metrics"].items():
             if metric_filter and name not in metric_filter:
                 continue
-            cells[name] = Cell(value=float(m["value"]), unit=str(m.get("unit", "")),
+            cells[name] = CompareCell(value=float(m["value"]), unit=str(m.get("unit", "")),
                                better=m.get("better", "lower"), n=int(m.get("n", 1)),
                                p10=m.get("p10"), p90=m.get("p90"))
-        rows.append(Row(system, newest.get("run_id", "?"), newest.get("created", ""), cells,
+        rows.append(CompareRow(system, newest.get("run_id", "?"), newest.get("created", ""), cells,
                         superseded=len(recs) - 1))
     source = "--baseline" if baseline else BASELINE_DEFAULT_NOTE
     chosen = baseline or (rows[0].system if rows else None)
@@ -228,7 +228,7 @@ def _num(x: float) -> str:
     return f"{x:.4g}"
 
 
-def format_cell(cell: Optional[Cell]) -> str:
+def format_cell(cell: Optional[CompareCell]) -> str:
     if cell is None:
         return "-"
     text = _num(cell.value)
@@ -238,7 +238,7 @@ def format_cell(cell: Optional[Cell]) -> str:
     return text
 
 
-def format_ratio(cell: Optional[Cell]) -> str:
+def format_ratio(cell: Optional[CompareCell]) -> str:
     if cell is None or cell.ratio is None:
         return "-"
     return "inf" if math.isinf(cell.ratio) else f"{cell.ratio:.2f}x"

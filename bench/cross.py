@@ -46,7 +46,7 @@ MODE_WORD = {"sim": "simulated", "real": "measured"}
 
 
 @dataclass
-class Cell:
+class CrossCell:
     system: str
     status: str  # ok | not applicable | failed | invalid
     value: Optional[float] = None
@@ -65,7 +65,7 @@ class Cell:
 class CrossTable:
     question: Question
     systems: list[str]
-    rows: dict[str, dict[str, Cell]]  # situation -> system -> cell
+    rows: dict[str, dict[str, CrossCell]]  # situation -> system -> cell
 
     def winner(self, situation: str) -> tuple[Optional[str], Optional[float], Optional[str]]:
         """(best system, its margin over the runner-up as x better, runner-up) of a row."""
@@ -101,18 +101,18 @@ def cross_table(records: list[dict], experiment: str) -> Optional[CrossTable]:
     for rec in sorted((r for r in records if r.get("experiment") == experiment), key=created_key):
         newest[(str(rec.get(q.row)), str(rec.get("system")))] = rec
     systems = list(dict.fromkeys(s for _, s in newest))
-    rows: dict[str, dict[str, Cell]] = {}
+    rows: dict[str, dict[str, CrossCell]] = {}
     for (sit, system), rec in newest.items():
         m = (rec.get("metrics") or {}).get(q.metric)
         if rec.get("not_applicable"):
-            cell = Cell(system, "not applicable", why=str(rec.get("error") or ""))
+            cell = CrossCell(system, "not applicable", why=str(rec.get("error") or ""))
         elif rec.get("status") == "failed" or m is None:
-            cell = Cell(system, "failed", why=str(rec.get("error") or f"no metric {q.metric}"))
+            cell = CrossCell(system, "failed", why=str(rec.get("error") or f"no metric {q.metric}"))
         elif rec.get("status") != "ok":
-            cell = Cell(system, "invalid", why="; ".join(rec.get("invalid_reasons") or []))
+            cell = CrossCell(system, "invalid", why="; ".join(rec.get("invalid_reasons") or []))
         else:
             extra = {k: (rec["metrics"][k]["value"], rec["metrics"][k]["unit"]) for k in q.extra if k in rec["metrics"]}
-            cell = Cell(system, "ok", float(m["value"]), str(m.get("unit", "")), str(rec.get("mode")), extra)
+            cell = CrossCell(system, "ok", float(m["value"]), str(m.get("unit", "")), str(rec.get("mode")), extra)
         rows.setdefault(sit, {})[system] = cell
     return CrossTable(q, systems, dict(sorted(rows.items())))
 

@@ -56,7 +56,7 @@ KEEP = ("schema_version", "run_id", "created", "system", "status", "not_applicab
 # ------------------------------------------------------------------ the spec file
 
 @dataclass
-class Row:
+class TableRow:
     entry: str
     label: str
 
@@ -64,11 +64,11 @@ class Row:
 def load_spec(path: pathlib.Path | str = SPEC_PATH) -> dict:
     spec = yaml.safe_load(pathlib.Path(path).read_text(encoding="utf-8"))
     for sys_ in spec["systems"]:
-        sys_["rows"] = [Row(**r) for r in sys_["rows"]]
+        sys_["rows"] = [TableRow(**r) for r in sys_["rows"]]
     return spec
 
 
-def _entries(spec: dict, papers: dict[str, PaperFile]) -> list[tuple[dict, Row, PaperEntry]]:
+def _entries(spec: dict, papers: dict[str, PaperFile]) -> list[tuple[dict, TableRow, PaperEntry]]:
     out = []
     for sys_ in spec["systems"]:
         paper = papers.get(sys_["paper"])
@@ -206,31 +206,31 @@ def _skipped_reason(entry: PaperEntry, skipped: dict[str, str], mode: Optional[s
 
 
 @dataclass
-class Cell:
+class TableCell:
     ours: Optional[Ours]  # None: this mode cannot answer the entry
     state: str  # "" when no value
 
 
-def evaluate(entry: PaperEntry, records: list[dict], tol: float, skipped: dict[str, str]) -> dict[str, Cell]:
+def evaluate(entry: PaperEntry, records: list[dict], tol: float, skipped: dict[str, str]) -> dict[str, TableCell]:
     cells = {}
     for mode in MODES:
         e = _restricted(entry, mode)
         if e is None:
-            cells[mode] = Cell(None, "")
+            cells[mode] = TableCell(None, "")
             continue
         ours = find_ours(e, records)
-        cells[mode] = Cell(ours, state_of(ours.value, entry, tol) if ours.found else "")
+        cells[mode] = TableCell(ours, state_of(ours.value, entry, tol) if ours.found else "")
     return cells
 
 
-def _ours_text(cell: Cell, entry: PaperEntry) -> str:
+def _ours_text(cell: TableCell, entry: PaperEntry) -> str:
     if cell.ours is None or not cell.ours.found:
         return "-"
     note = f" ({cell.ours.note})" if cell.ours.note else ""
     return value_text(cell.ours.value, entry.unit) + note
 
 
-def _state_text(cells: dict[str, Cell], entry: PaperEntry, skipped: dict[str, str]) -> str:
+def _state_text(cells: dict[str, TableCell], entry: PaperEntry, skipped: dict[str, str]) -> str:
     got = [(m, c) for m, c in cells.items() if c.state]
     if len(got) == 1:
         return got[0][1].state

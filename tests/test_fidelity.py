@@ -182,10 +182,10 @@ def test_serving_profile_prices_prefill_at_the_isolated_prefill_rate():
 
 
 def test_conv_rate_prices_k3_convs_only_and_is_optional():
-    from impl.common.diffusion.cost import Op, op_time_s
+    from impl.common.diffusion.cost import UNetOp, op_time_s
 
-    k3 = Op("c", "conv", 64, 2e9, 0, 0, 0, kernel=3)
-    k1 = Op("p", "conv", 64, 2e9, 0, 0, 0, kernel=1)
+    k3 = UNetOp("c", "conv", 64, 2e9, 0, 0, 0, kernel=3)
+    k1 = UNetOp("p", "conv", 64, 2e9, 0, 0, 0, kernel=1)
     hw = _hw(conv_flops={"fp32": 200e9})
     assert op_time_s(k3, hw, "fp32", launch_s=0) == pytest.approx(0.01)
     assert op_time_s(k1, hw, "fp32", launch_s=0) == pytest.approx(0.02)  # a 1x1 conv is a matmul

@@ -13,13 +13,6 @@ PACKAGES = ("impl", "bench", "faults")
 # Role-less or role-duplicating module names: a pricing module is `cost.py` (or a `cost/` package),
 # and nothing is an `engine.py` (it meant five different things).
 BANNED_MODULES = {"engine", "cost_model", "costmodel", "pricing", "sim_cost"}
-# Classes still named alike in two packages: the ones below are left for issue 41's rename (each
-# system's own `SimKnobs` / `RealKnobs` / `RealJob`, and generic names). The list only shrinks:
-# the test fails on a new repeat and on an entry that no longer repeats.
-KNOWN_REPEATS = {
-    "Block", "Cell", "Dispatch", "Group", "Item", "Layout", "Op", "Plan", "RealJob", "RealKnobs", "Row",
-    "SimKnobs", "SimResult",
-}
 
 
 def _modules() -> list[str]:
@@ -43,8 +36,5 @@ def test_class_names_do_not_repeat_across_packages():
     for m in _modules():
         for name in _classes(m):
             where[name].add(m)
-    repeats = {name for name, mods in where.items() if len(mods) > 1}
-    new = sorted(repeats - KNOWN_REPEATS)
-    assert not new, "classes of the same name in two modules: " + "; ".join(f"{n}: {sorted(where[n])}" for n in new)
-    gone = sorted(KNOWN_REPEATS - repeats)
-    assert not gone, f"no longer repeated, drop from KNOWN_REPEATS: {gone}"
+    repeats = sorted(name for name, mods in where.items() if len(mods) > 1)
+    assert not repeats, "classes of the same name in two modules: " + "; ".join(f"{n}: {sorted(where[n])}" for n in repeats)

@@ -99,11 +99,11 @@ class DecodeBench:
     """The workload's Llama and one PEFT adapter per rank; :meth:`step_s` times one decode step."""
 
     def __init__(self, shape, ranks: Sequence[int], context_len: int, seed: int):
-        from impl.common.llm.forward import Item, KVCache, ragged_forward
+        from impl.common.llm.forward import RequestSlice, KVCache, ragged_forward
         from impl.common.llm.lora import AdapterSpec, adapters_from_peft, make_peft_model
         from impl.common.llm.model import build_llama, synthetic_prompt
 
-        self._item, self._cache, self._forward = Item, KVCache, ragged_forward
+        self._item, self._cache, self._forward = RequestSlice, KVCache, ragged_forward
         self.model = build_llama(shape, seed)
         specs = [AdapterSpec(f"r{r}", r) for r in ranks]
         self.adapters = adapters_from_peft(make_peft_model(copy.deepcopy(self.model), specs, seed=seed + 1))
@@ -112,7 +112,7 @@ class DecodeBench:
         # One prefix cache shared by every row: KVCache.append concatenates into new tensors, so
         # a step never writes into it and every step sees the same context.
         cache = KVCache()
-        ragged_forward(self.model, [Item(synthetic_prompt(context_len, np.random.default_rng(seed)), cache)])
+        ragged_forward(self.model, [RequestSlice(synthetic_prompt(context_len, np.random.default_rng(seed)), cache)])
         self.prefix = cache.layers
 
     def step_s(self, kernel: str, mix: Sequence[int]) -> float:

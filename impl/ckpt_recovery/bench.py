@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from impl.common.checkpoint.async_save import AsyncCheckpointer
-from impl.common.checkpoint.layout import Layout, StagePlan, cut_state, pipeline_layout
+from impl.common.checkpoint.layout import CheckpointLayout, StagePlan, cut_state, pipeline_layout
 from impl.common.checkpoint.model_state import flat_state, state_metas
 from impl.common.checkpoint.reshard import load_rank
 from impl.common.checkpoint.save import rng_to_json, save
@@ -67,7 +67,7 @@ def _compute(seconds: float) -> None:
         a = torch.tanh(a @ a)
 
 
-def _layout(metas, pipelines, L) -> Layout:
+def _layout(metas, pipelines, L) -> CheckpointLayout:
     return pipeline_layout(metas, [list(p) for p in pipelines], L)
 
 

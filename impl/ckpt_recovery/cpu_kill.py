@@ -17,7 +17,7 @@ from impl.common.api import JobContext
 from impl.common.workloads.hybrid import HybridWorkload
 
 from impl.ckpt_recovery.real import REAL_POLICIES, check_real, run_real
-from impl.ckpt_recovery.real_config import RealKnobs
+from impl.ckpt_recovery.real_config import CkptRealKnobs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ SYSTEMS = tuple(REAL_POLICIES) + ("ckpt_recovery_peer",)  # the preset's sweep
 def system_config(name: str, storage: str) -> SimpleNamespace:
     """``conf/system/<name>.yaml``'s policy and real knobs (the preset's storage and save interval)."""
     node = OmegaConf.load(ROOT / "conf" / "system" / f"{name}.yaml")
-    real = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RealKnobs), node.get("real") or {},
+    real = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CkptRealKnobs), node.get("real") or {},
                                                {"storage": storage, "ckpt_every": 3}))
     return SimpleNamespace(policy=str(node.policy), real=real)
 

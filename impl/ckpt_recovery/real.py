@@ -30,23 +30,23 @@ from impl.common.checkpoint.layout import check_layout, pipeline_layout
 from impl.common.parallel.tensor_parallel import check_tp_shape
 from impl.common.storage.emulator import profile
 
-from impl.ckpt_recovery.real_config import REAL_POLICIES, RELAYOUTS, SCENARIOS, STORAGES, RealKnobs
+from impl.ckpt_recovery.real_config import REAL_POLICIES, RELAYOUTS, SCENARIOS, STORAGES, CkptRealKnobs
 from impl.ckpt_recovery.recovery import replan as R
 from impl.ckpt_recovery.recovery.supervisor import run, timeline
 from impl.ckpt_recovery.recovery.trainer import KillAt, PeerSpec, TrainSpec, full_metas
 
 
 
-def knobs(system) -> RealKnobs:
+def knobs(system) -> CkptRealKnobs:
     k = getattr(system.cfg, "real", None)
-    return k if k is not None else RealKnobs()
+    return k if k is not None else CkptRealKnobs()
 
 
 def _shape(wl):
     return wl.model
 
 
-def cluster(wl, k: RealKnobs) -> R.Cluster:
+def cluster(wl, k: CkptRealKnobs) -> R.Cluster:
     alpha = tuple(wl.alpha) if wl.alpha else (1.0, 2.0, 4.0, 8.0)
     return R.Cluster(wl.num_gpus, wl.gpus_per_node, wl.tp, wl.pp, wl.model.num_layers, wl.num_microbatches,
                      alpha, k.mem_budget)
@@ -100,7 +100,7 @@ def check_real(system, wl, hardware, fault) -> None:
                               f"the last step {wl.iterations}")
 
 
-def check_peer(k: RealKnobs, wl, backend: str, state_bytes: float) -> None:
+def check_peer(k: CkptRealKnobs, wl, backend: str, state_bytes: float) -> None:
     """The peer tier's knobs, and its copies against the host's shared memory (one line)."""
     if k.peer_copies < 0:
         raise ConfigError(f"real.peer_copies: must be >= 0, got {k.peer_copies}")
@@ -125,7 +125,7 @@ def check_peer(k: RealKnobs, wl, backend: str, state_bytes: float) -> None:
                           f"= {need / 1e6:.0f} MB > {cap / 1e6:.0f} MB of shared memory")
 
 
-def _peer(wl, k: RealKnobs, root: str) -> Optional[PeerSpec]:
+def _peer(wl, k: CkptRealKnobs, root: str) -> Optional[PeerSpec]:
     if not k.peer_copies:
         return None
     base = tempfile.mkdtemp(prefix="ckpt-peer-", dir="/dev/shm" if os.path.isdir("/dev/shm") else root)
@@ -134,7 +134,7 @@ def _peer(wl, k: RealKnobs, root: str) -> Optional[PeerSpec]:
                     tuple(range(nodes)), profile(k.peer_net))
 
 
-def _kill(job: JobContext, wl, k: RealKnobs):
+def _kill(job: JobContext, wl, k: CkptRealKnobs):
     f = job.fault
     if getattr(f, "kind", "none") != "gpu_loss":
         return None

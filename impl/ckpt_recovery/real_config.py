@@ -17,7 +17,7 @@ REAL_POLICIES = {"ckpt_recovery": ("elastor", "replan"), "dcp_sync": ("dcp_sync"
 
 
 @dataclass
-class RealKnobs:
+class CkptRealKnobs:
     scenario: str = "recovery"  # recovery | one_gpu (SCENARIOS)
     storage: str = "nas"  # emulated NAS (5 ms per call, 200 MB/s per rank) or local disk
     splits: int = 32  # S: splits per sharded tensor (divisible by every TP degree used)

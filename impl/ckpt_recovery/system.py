@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from impl.ckpt_recovery.real_config import REAL_POLICIES, RealKnobs
-from impl.ckpt_recovery.sim.config import SimKnobs
+from impl.ckpt_recovery.real_config import REAL_POLICIES, CkptRealKnobs
+from impl.ckpt_recovery.sim.config import CkptSimKnobs
 
 POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async", "dcp_async_process", "restart_all", "ucp_like", "gemini_like")
 
@@ -32,8 +32,8 @@ class CkptRecovery(System):
     @dataclass
     class Config:
         policy: str = "ckpt_recovery"
-        real: RealKnobs = field(default_factory=RealKnobs)
-        sim: SimKnobs = field(default_factory=SimKnobs)
+        real: CkptRealKnobs = field(default_factory=CkptRealKnobs)
+        sim: CkptSimKnobs = field(default_factory=CkptSimKnobs)
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)

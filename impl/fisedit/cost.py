@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, Op, glue_time_s, op_time_s, stream_time_s
+from impl.common.diffusion.cost import BYTES, ELEMENTWISE_PASSES, UNetOp, glue_time_s, op_time_s, stream_time_s
 from impl.common.diffusion.windows import window_size
 from impl.common.hardware import HardwareProfile
 
@@ -93,12 +93,12 @@ class MaskFractions:
         return self._c[key]
 
 
-def is_windowed(op: Op, th: Thresholds) -> bool:
+def is_windowed(op: UNetOp, th: Thresholds) -> bool:
     """A block-sparse conv on a sparse step: gathered windows (k > 1 or strided)."""
     return op.kind == "conv" and op.cells >= th.conv_min and not (op.kernel == 1 and op.stride == 1)
 
 
-def window_elems(op: Op, mf: MaskFractions) -> tuple:
+def window_elems(op: UNetOp, mf: MaskFractions) -> tuple:
     """(compute fraction, window elements gathered, block elements scattered) of a block-sparse conv."""
     bo = max(1, mf.block // op.stride)
     f, nb = mf.blocks(op.hw, bo)
@@ -107,7 +107,7 @@ def window_elems(op: Op, mf: MaskFractions) -> tuple:
     return f, batch * nb * op.cin * win * win, batch * nb * op.cout * bo * bo
 
 
-def _reference_copies_s(op: Op, th: Thresholds, block_outputs: set, hw: HardwareProfile, b: int) -> float:
+def _reference_copies_s(op: UNetOp, th: Thresholds, block_outputs: set, hw: HardwareProfile, b: int) -> float:
     """The reference engine's full-tensor copies around a sparse op: every cached op clones its
     full cached output to scatter onto (read + write; a transformer block once, at its output),
     and a block-sparse conv's ``F.pad`` zero-fills the padded map and copies the input in."""
@@ -119,7 +119,7 @@ def _reference_copies_s(op: Op, th: Thresholds, block_outputs: set, hw: Hardware
     return elems * b / hw.memory_bw_bytes_per_s
 
 
-def gather_scatter_s(op: Op, f: float, gs: float, hw: HardwareProfile, dtype: str) -> float:
+def gather_scatter_s(op: UNetOp, f: float, gs: float, hw: HardwareProfile, dtype: str) -> float:
     """Seconds of a non-windowed sparse op's gather (``f`` of its input) and scatter (``f`` of
     its output), ``gs`` = their elements: a 1x1 conv's at the cell rates, a token op's at the
     token rates (each the memory bandwidth where the profile has none)."""
@@ -135,7 +135,7 @@ def gather_scatter_s(op: Op, f: float, gs: float, hw: HardwareProfile, dtype: st
     return f * b * (op.bytes_in / g_bw + op.bytes_out / s_bw)
 
 
-def extra_calls(op: Op, f: float, gs: float, th: Thresholds, engine: str) -> int:
+def extra_calls(op: UNetOp, f: float, gs: float, th: Thresholds, engine: str) -> int:
     """Torch calls a sparse step issues for ``op`` beyond the dense forward's (see REFERENCE_SPARSE_CALLS)."""
     if engine != "reference":
         return FUSED_EXTRA_CALLS if (f < 1.0 or gs) else 0
@@ -150,7 +150,7 @@ def extra_calls(op: Op, f: float, gs: float, th: Thresholds, engine: str) -> int
     return 0
 
 
-def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
+def op_fraction(op: UNetOp, mf: Optional[MaskFractions], th: Thresholds, latent_hw) -> tuple:
     """(compute fraction, gather/scatter elements) of an op on a sparse step; (1, 0) = dense."""
     if mf is None or op.cells == 0:
         return 1.0, 0.0
@@ -181,7 +181,7 @@ def op_fraction(op: Op, mf: Optional[MaskFractions], th: Thresholds, latent_hw) 
     return 1.0, 0.0
 
 
-def is_cached(op: Op, th: Thresholds) -> bool:
+def is_cached(op: UNetOp, th: Thresholds) -> bool:
     """Ops whose outputs the cache holds (spec 2.1)."""
     if op.cells == 0:
         return False

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
 from impl.common.cost.transformer import layer_params
-from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost
 from impl.common.megatron.step import OPT_BYTES_PER_PARAM
 from impl.common.parallel.migration import Transfer, migration_time_s, plan_migration
 from impl.common.parallel.plan import Plan, uniform_plan
@@ -39,8 +39,8 @@ class PricingEnv:
         self._transfers: dict = {}
 
     # ---- per strategy ---------------------------------------------------------------
-    def layout(self, s: Strategy, parallel: str = "tp") -> Layout:
-        return Layout(s.dp, s.tp, s.pp, parallel)
+    def layout(self, s: Strategy, parallel: str = "tp") -> StrategyLayout:
+        return StrategyLayout(s.dp, s.tp, s.pp, parallel)
 
     def cost(self, s: Strategy, parallel: str = "tp") -> SeqCost:
         key = (s, parallel)

@@ -106,7 +106,7 @@ def check_real(system, wl, hardware) -> None:
 
 
 @dataclass(frozen=True)
-class RealJob:
+class HotSPaRealJob:
     shape: ModelShape
     seed: int
     num_gpus: int
@@ -130,7 +130,7 @@ def _gather(d: dict) -> dict:
     return join_state_dicts(out)
 
 
-def _rank_main(ctx, job: RealJob) -> dict:
+def _rank_main(ctx, job: HotSPaRealJob) -> dict:
     torch.set_num_threads(job.threads)
     rank, W = ctx.rank, ctx.world_size
     layouts = Layouts(W, job.gpus_per_node, job.shape.num_layers)
@@ -189,7 +189,7 @@ def _fit(samples: list, field: str) -> dict:
         return {"refused": str(e), "samples": len(samples)}
 
 
-def summarise(results: list, job: RealJob, warmup: int, main: str, rtol: float) -> RunResult:
+def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: float) -> RunResult:
     res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each (spec hotspa 5)"])
     W = len(results)
     per: dict[str, dict] = {}
@@ -246,17 +246,17 @@ def summarise(results: list, job: RealJob, warmup: int, main: str, rtol: float) 
     return res
 
 
-def make_job(system, wl, seed: int) -> RealJob:
+def make_job(system, wl, seed: int) -> HotSPaRealJob:
     rk = system.cfg.real
     pols = tuple(policies(system))
     rounds = wl.warmup_steps + wl.steps
-    return RealJob(model_shape(wl.model), seed, wl.num_gpus, wl.gpus_per_node, pols,
+    return HotSPaRealJob(model_shape(wl.model), seed, wl.num_gpus, wl.gpus_per_node, pols,
                    tuple(policy_plan(system, p, wl.num_gpus) for p in pols), system.cfg.pad, system.cfg.align,
                    wl.lr, wl.lengths, wl.global_batch_seqs, rounds,
                    (rk.check_steps if rk.check_grads else -1), wl.torch_threads, system.cfg.switch_policy)
 
 
-def run_job(job: RealJob, timeout_s: float) -> list:
+def run_job(job: HotSPaRealJob, timeout_s: float) -> list:
     return launch(_rank_main, job.num_gpus, (job,), label="hotspa real", timeout_s=timeout_s).results
 
 

@@ -6,7 +6,7 @@ from typing import List
 
 
 @dataclass
-class RealKnobs:
+class HotSPaRealKnobs:
     # Run these policies interleaved in one job (one step each per round, the order rotating
     # every round) on the same mini-batches, and report each one's median: the fair comparison
     # on a shared machine. Empty = this policy only.

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 
 @dataclass
-class SimKnobs:
+class HotSPaSimKnobs:
     # ZeRO-1 optimizer sharding in every strategy (spec 2.2: on in every config).
     zero1: bool = True
     # Memory: the step model's (activations by module x the profile's activation_factor, its

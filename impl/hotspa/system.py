@@ -20,8 +20,8 @@ from typing import List
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from impl.hotspa.presets import PRESET_GROUPINGS
-from impl.hotspa.real_config import RealKnobs
-from impl.hotspa.sim_config import SimKnobs
+from impl.hotspa.real_config import HotSPaRealKnobs
+from impl.hotspa.sim_config import HotSPaSimKnobs
 
 POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static", "megatron_grid")
 SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
@@ -43,8 +43,8 @@ class HotSPa(System):
         # "bound" pads to the group's upper bound (static shapes).
         pad: str = "align"
         align: int = 128
-        real: RealKnobs = field(default_factory=RealKnobs)
-        sim: SimKnobs = field(default_factory=SimKnobs)
+        real: HotSPaRealKnobs = field(default_factory=HotSPaRealKnobs)
+        sim: HotSPaSimKnobs = field(default_factory=HotSPaSimKnobs)
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)

@@ -54,7 +54,7 @@ DEFAULT_BUDGET = 100
 
 
 @dataclass(frozen=True)
-class Dispatch:
+class SequenceDispatch:
     assign: list  # list[list[int]]: sequence indices per replica, in the caller's replica order
     makespan: float  # ms, the greedy's estimate max_r (acc_r + warm_r)
     feasible: bool
@@ -65,8 +65,8 @@ class Dispatch:
     shuffle_makespan: float = math.inf  # the best seeded shuffle's makespan (the authors' result)
 
 
-LONGEST_FIRST = -2  # Dispatch.shuffle: the longest-first order with the min-max rule
-EARLIEST_FINISH = -3  # Dispatch.shuffle: the longest-first order with the earliest-finish rule
+LONGEST_FIRST = -2  # SequenceDispatch.shuffle: the longest-first order with the min-max rule
+EARLIEST_FINISH = -3  # SequenceDispatch.shuffle: the longest-first order with the earliest-finish rule
 
 
 def _check(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: int, budget: int = 0) -> None:
@@ -231,14 +231,14 @@ def _lower_bound(cost: np.ndarray, warm: np.ndarray, forced: np.ndarray) -> floa
 
 
 def dispatch(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: int = 100, seed: int = 0,
-             includes_c: bool = True, refine: bool = True, budget: int = DEFAULT_BUDGET) -> Dispatch:
+             includes_c: bool = True, refine: bool = True, budget: int = DEFAULT_BUDGET) -> SequenceDispatch:
     lengths = [int(x) for x in lengths]
     _check(lengths, replicas, shuffles, budget)
     R, n = len(replicas), len(lengths)
     order = sorted(range(R), key=lambda r: -replicas[r].cap)  # stable: caller order among equal caps
     caps = [replicas[r].cap for r in order]
     if lengths and max(lengths) > caps[0]:
-        return Dispatch([[] for _ in range(R)], math.inf, False)
+        return SequenceDispatch([[] for _ in range(R)], math.inf, False)
     pp1 = [replicas[r].pp - 1 for r in order]
     # cost[x][k]: sequence x on the k-th replica of ``order`` (ms), inf where it does not fit
     L = np.asarray(lengths, dtype=float)[:, None]
@@ -268,7 +268,7 @@ def dispatch(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: 
         if best is None or span < best[0]:
             best = (span, sh, got)
             if min(count) == 0:  # the authors' rule: the best shuffle so far leaves a replica empty
-                return Dispatch([[] for _ in range(R)], math.inf, False, sh)
+                return SequenceDispatch([[] for _ in range(R)], math.inf, False, sh)
         if refine and min(count) > 0:
             starts.append((span, sh, got))
     assert best is not None
@@ -310,10 +310,10 @@ def dispatch(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: 
     assign: list[list[int]] = [[] for _ in range(R)]
     for k, r in enumerate(order):
         assign[r] = sorted(best[2][k])
-    return Dispatch(assign, best[0], True, best[1], greedy_span, moves, scans, shuffle_span)
+    return SequenceDispatch(assign, best[0], True, best[1], greedy_span, moves, scans, shuffle_span)
 
 
-def token_balanced(lengths: Sequence[int], replicas: Sequence[ReplicaCost]) -> Dispatch:
+def token_balanced(lengths: Sequence[int], replicas: Sequence[ReplicaCost]) -> SequenceDispatch:
     """[R] ablation (spec 3, hetero + token-balanced dispatch): longest first, each sequence to
     the fitting replica with the fewest tokens per GPU (ties: the first). Memory-balanced, not
     time-balanced; the makespan is reported by the same greedy estimate (includes_c=False)."""
@@ -326,15 +326,15 @@ def token_balanced(lengths: Sequence[int], replicas: Sequence[ReplicaCost]) -> D
         x = lengths[i]
         ok = [r for r in range(R) if replicas[r].cap >= x]
         if not ok:
-            return Dispatch([[] for _ in range(R)], math.inf, False)
+            return SequenceDispatch([[] for _ in range(R)], math.inf, False)
         r = min(ok, key=lambda r: (tokens[r] / replicas[r].gpus, r))
         tokens[r] += x
         got[r].append(i)
     if any(not g for g in got):
-        return Dispatch([[] for _ in range(R)], math.inf, False)
+        return SequenceDispatch([[] for _ in range(R)], math.inf, False)
     span = 0.0
     for r, g in enumerate(got):
         rc = replicas[r]
         costs = [rc.seq_cost(lengths[i]) for i in g]
         span = max(span, sum(costs) + (rc.pp - 1) * max(costs))
-    return Dispatch([sorted(g) for g in got], span, True)
+    return SequenceDispatch([sorted(g) for g in got], span, True)

@@ -29,7 +29,7 @@ from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.varlen.packing import assign_dp, equal_count, greedy_pack, pad_to_max
 
 from impl.hydraulis.batches import check_budget, step_batches
-from impl.common.cost.varlen_model import Layout, seq_cost
+from impl.common.cost.varlen_model import StrategyLayout, seq_cost
 
 from impl.hydraulis.cost.strategy import (CAP_ROUND, GIB, CostSpec, OptLayout, ReplicaCost, StrategyMemory, check_source, fmt_strategy,
                    load_cost_data, strategy_cost, strategy_costs)
@@ -117,14 +117,14 @@ def megatron_grid(env: SimEnv, sample) -> tuple[ReplicaCost, int, dict]:
 
 def _ulysses(env: SimEnv, sp: int, zero: int) -> Optional[tuple[ReplicaCost, float]]:
     """(cost with cap, ZeRO-3 per-micro-batch gather time in ms) of Ulysses SP degree ``sp``: the
-    step model's time (``seq_cost`` of ``Layout(1, sp, 1, "ulysses")``) and memory (the shared
+    step model's time (``seq_cost`` of ``StrategyLayout(1, sp, 1, "ulysses")``) and memory (the shared
     MemoryModel, ZeRO-1 or ZeRO-3 over all N GPUs)."""
     m = env.wl.model
     cap = env.mem.cap(sp, 1, parallel="ulysses", zero=zero)
     if cap < CAP_ROUND:
         return None
     util = env.data.util(min(sp, 16), env.hw.memory_bytes)
-    r = ReplicaCost.from_seq_cost(sp, 1, seq_cost(m, Layout(1, sp, 1, "ulysses"), env.hw), cap, util)
+    r = ReplicaCost.from_seq_cost(sp, 1, seq_cost(m, StrategyLayout(1, sp, 1, "ulysses"), env.hw), cap, util)
     from impl.common.cost.transformer import model_params
 
     gather_ms = 0.0

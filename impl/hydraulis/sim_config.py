@@ -15,7 +15,7 @@ class SimCost:
 
 
 @dataclass
-class SimKnobs:
+class HydraulisSimKnobs:
     cost: SimCost = field(default_factory=SimCost)
     # Deterministic ILPs in sim (harness contract: same config, same metrics): a HiGHS node
     # limit, with a generous wall-clock backstop that a sim run should never reach.

@@ -26,8 +26,8 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from impl.hydraulis.real.config import RealKnobs
-from impl.hydraulis.sim_config import SimKnobs
+from impl.hydraulis.real.config import HydraulisRealKnobs
+from impl.hydraulis.sim_config import HydraulisSimKnobs
 
 SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
                 "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
@@ -65,8 +65,8 @@ class Hydraulis(System):
         generator_step: int = 0
         generator_delta_n: int = 0
         align: int = 128  # micro-batches padded to a multiple of this (spec 2.4)
-        real: RealKnobs = field(default_factory=RealKnobs)
-        sim: SimKnobs = field(default_factory=SimKnobs)
+        real: HydraulisRealKnobs = field(default_factory=HydraulisRealKnobs)
+        sim: HydraulisSimKnobs = field(default_factory=HydraulisSimKnobs)
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)

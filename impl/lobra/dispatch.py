@@ -1,8 +1,8 @@
 """Per-step data dispatch over a heterogeneous deployment (spec 2.4), as data in, data out.
 
-A deployment is a list of :class:`Group` (a scheme and its replica count ``dp``). A step's
+A deployment is a list of :class:`ReplicaGroup` (a scheme and its replica count ``dp``). A step's
 work is ``counts``: per bucket length s_i, the number of sequences N_i (over all tasks).
-Dispatchers return a :class:`Dispatch`: ``n[i][j]`` sequences of bucket i to group j.
+Dispatchers return a :class:`BucketDispatch`: ``n[i][j]`` sequences of bucket i to group j.
 
 - :func:`balanced` (LobRA): the ILP of spec 2.4, minimising the slowest group's replica time
   ``T_j = Σ_i [t_j(mbs_ij, s_i)·m_ij + t_j(r_ij, s_i)·w_ij] + (pp_j−1)·B_j`` where each replica
@@ -36,7 +36,7 @@ DISPATCHERS = ("balanced", "length", "even")
 
 
 @dataclass(frozen=True)
-class Group:
+class ReplicaGroup:
     scheme: Scheme
     dp: int
 
@@ -46,7 +46,7 @@ class Group:
 
 
 @dataclass
-class Dispatch:
+class BucketDispatch:
     n: list[list[int]]  # [bucket][group]
     objective_s: float  # max_j T_j recomputed from the integers
     group_time_s: list[float]
@@ -61,7 +61,7 @@ def per_replica(n: int, dp: int) -> int:
     return -(-n // dp)
 
 
-def group_time(g: Group, buckets: Sequence[int], n_col: Sequence[int]) -> float:
+def group_time(g: ReplicaGroup, buckets: Sequence[int], n_col: Sequence[int]) -> float:
     """T_j of one replica of g (the busiest: each gets ⌈n_ij/dp⌉ sequences of bucket i)."""
     mbs = []
     for s, n in zip(buckets, n_col):
@@ -75,12 +75,12 @@ def group_time(g: Group, buckets: Sequence[int], n_col: Sequence[int]) -> float:
     return replica_time(g.scheme, mbs)
 
 
-def _result(groups, buckets, n, status, **kw) -> Dispatch:
+def _result(groups, buckets, n, status, **kw) -> BucketDispatch:
     times = [group_time(g, buckets, [n[i][j] for i in range(len(buckets))]) for j, g in enumerate(groups)]
-    return Dispatch(n=n, objective_s=max(times), group_time_s=times, status=status, **kw)
+    return BucketDispatch(n=n, objective_s=max(times), group_time_s=times, status=status, **kw)
 
 
-def check_counts(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[int]) -> None:
+def check_counts(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequence[int]) -> None:
     if len(buckets) != len(counts):
         raise ConfigError(f"dispatch: {len(buckets)} buckets but {len(counts)} counts")
     top = max(g.scheme.max_tokens for g in groups)
@@ -89,7 +89,7 @@ def check_counts(groups: Sequence[Group], buckets: Sequence[int], counts: Sequen
             raise ConfigError(f"dispatch: bucket length {s} is beyond every replica's max_tokens (largest {top})")
 
 
-def length_based(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[int]) -> Dispatch:
+def length_based(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequence[int]) -> BucketDispatch:
     check_counts(groups, buckets, counts)
     n = [[0] * len(groups) for _ in buckets]
     for i, (s, c) in enumerate(zip(buckets, counts)):
@@ -99,7 +99,7 @@ def length_based(groups: Sequence[Group], buckets: Sequence[int], counts: Sequen
     return _result(groups, buckets, n, "length")
 
 
-def even(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[int]) -> Dispatch:
+def even(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequence[int]) -> BucketDispatch:
     """Homogeneous replicas: group j gets its replica share of every bucket (largest remainder)."""
     check_counts(groups, buckets, counts)
     dp = [g.dp for g in groups]
@@ -119,8 +119,8 @@ def even(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[int])
     return _result(groups, buckets, n, "even")
 
 
-def balanced(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[int], *,
-             time_limit_s: float = 5.0, mip_gap: float = 0.005, every_group_works: bool = True) -> Dispatch:
+def balanced(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequence[int], *,
+             time_limit_s: float = 5.0, mip_gap: float = 0.005, every_group_works: bool = True) -> BucketDispatch:
     """The spec 2.4 ILP (see the module doc); falls back to :func:`length_based` without an incumbent."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -213,7 +213,7 @@ def balanced(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[i
     return d
 
 
-def dispatch(kind: str, groups, buckets, counts, **kw) -> Dispatch:
+def dispatch(kind: str, groups, buckets, counts, **kw) -> BucketDispatch:
     if kind == "balanced":
         return balanced(groups, buckets, counts, **kw)
     if kind == "length":
@@ -224,8 +224,8 @@ def dispatch(kind: str, groups, buckets, counts, **kw) -> Dispatch:
 
 
 # ---- from counts to sequences ----------------------------------------------------------------
-def split_samples(samples_by_bucket: Sequence[Sequence], groups: Sequence[Group],
-                  d: Dispatch) -> list[list[list]]:
+def split_samples(samples_by_bucket: Sequence[Sequence], groups: Sequence[ReplicaGroup],
+                  d: BucketDispatch) -> list[list[list]]:
     """``out[j][k]``: the samples of replica k of group j. ``samples_by_bucket[i]`` holds bucket
     i's samples in task order (fill rule of spec 2.4); counts are conserved exactly."""
     out = [[[] for _ in range(g.dp)] for g in groups]

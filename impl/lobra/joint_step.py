@@ -14,7 +14,7 @@ from impl.common.llm.lora_train import Sample
 from impl.common.varlen.sampling import LengthStream
 
 from impl.lobra import bucketing
-from impl.lobra.dispatch import Dispatch, Group, dispatch, micro_batches, split_samples
+from impl.lobra.dispatch import BucketDispatch, ReplicaGroup, dispatch, micro_batches, split_samples
 
 BUCKETINGS = ("dynamic", "fixed")
 BUCKET_CUTS = ("auto", "on", "off")
@@ -38,7 +38,7 @@ class TaskStreams:
 @dataclass
 class JointStepPlan:
     boundaries: list[int]
-    dispatch: Dispatch
+    dispatch: BucketDispatch
     # replicas[j][k]: [(bucket length, [Sample, ...]), ...] of replica k of group j
     replicas: list[list[list[tuple[int, list]]]]
     real_tokens: int
@@ -64,7 +64,7 @@ def boundaries_for(samples: Sequence[Sample], kind: str, *, num_buckets: int, fi
     raise ConfigError(f"system.bucketing: unknown {kind!r} (one of: {', '.join(BUCKETINGS)})")
 
 
-def plan_step(groups: Sequence[Group], samples: Sequence[Sample], boundaries: Sequence[int], dispatcher: str, *,
+def plan_step(groups: Sequence[ReplicaGroup], samples: Sequence[Sample], boundaries: Sequence[int], dispatcher: str, *,
               exec_mode: str = "fused", min_len: int = 0, task_order: Sequence[str] = (), **solver) -> JointStepPlan:
     if not samples:
         raise ConfigError("workload.tasks: the step has no sequences")
@@ -87,7 +87,7 @@ def plan_step(groups: Sequence[Group], samples: Sequence[Sample], boundaries: Se
     return JointStepPlan(bs, d, replicas, real, padded)
 
 
-def plan_bucketed(groups: Sequence[Group], samples: Sequence[Sample], kind: str, dispatcher: str, *,
+def plan_bucketed(groups: Sequence[ReplicaGroup], samples: Sequence[Sample], kind: str, dispatcher: str, *,
                   num_buckets: int, fixed: Sequence[int], cuts: str = "auto", min_len: int = 0,
                   exec_mode: str = "fused", task_order: Sequence[str] = (), **solver) -> JointStepPlan:
     """Bucket one step (:func:`boundaries_for`) and plan it (:func:`plan_step`).

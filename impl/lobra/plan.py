@@ -26,7 +26,7 @@ import numpy as np
 from impl.common.api import ConfigError
 
 from impl.lobra.cost.replica import Scheme, pow2_ceil
-from impl.lobra.dispatch import Group, balanced, length_based
+from impl.lobra.dispatch import ReplicaGroup, balanced, length_based
 
 PLANNERS = ("prune", "group", "balance")
 
@@ -66,13 +66,13 @@ def multisets(pool: Sequence[Scheme], n: int, limit: int = 200000) -> list[tuple
     return out
 
 
-def groups_of(pool: Sequence[Scheme], counts: Sequence[int]) -> list[Group]:
-    return [Group(s, c) for s, c in zip(pool, counts) if c]
+def groups_of(pool: Sequence[Scheme], counts: Sequence[int]) -> list[ReplicaGroup]:
+    return [ReplicaGroup(s, c) for s, c in zip(pool, counts) if c]
 
 
 @dataclass
-class Plan:
-    groups: list[Group]
+class DeploymentPlan:
+    groups: list[ReplicaGroup]
     expected_step_s: float
     planner: str
     planner_s: float
@@ -84,7 +84,7 @@ class Plan:
         return [f"{g.dp}x{g.scheme.label}" for g in self.groups]
 
 
-def lp_bound(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[int]) -> float:
+def lp_bound(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequence[int]) -> float:
     """min z s.t. Σ_j x_ij = N_i, z ≥ Σ_i x_ij·t_j(mbs_ij, s_i)/(mbs_ij·dp_j), x ≥ 0 (full micro-batches)."""
     from scipy.optimize import linprog
 
@@ -115,7 +115,7 @@ def lp_bound(groups: Sequence[Group], buckets: Sequence[int], counts: Sequence[i
     return float(res.fun) if res.status == 0 else float("inf")
 
 
-def weighted_estimate(groups: Sequence[Group], buckets, counts) -> float:
+def weighted_estimate(groups: Sequence[ReplicaGroup], buckets, counts) -> float:
     """The artifact's estimate: GPU-weighted average of length-based replica times."""
     d = length_based(groups, buckets, counts)
     n = sum(g.gpus for g in groups)
@@ -124,7 +124,7 @@ def weighted_estimate(groups: Sequence[Group], buckets, counts) -> float:
 
 def plan(schemes: Sequence[Scheme], num_gpus: int, buckets: Sequence[int], counts: Sequence[int], max_len: int, *,
          planner: str = "prune", keep_within: float = 0.15, keep_min: int = 8, keep_max: int = 12, time_limit_s: float = 5.0,
-         mip_gap: float = 0.005, use_pool: bool = True) -> Plan:
+         mip_gap: float = 0.005, use_pool: bool = True) -> DeploymentPlan:
     if planner not in PLANNERS:
         raise ConfigError(f"system.planner: unknown {planner!r} (one of: {', '.join(PLANNERS)})")
     t0 = time.perf_counter()
@@ -147,7 +147,7 @@ def plan(schemes: Sequence[Scheme], num_gpus: int, buckets: Sequence[int], count
     if planner == "group":
         scored = [(length_based(groups_of(pool, c), buckets, counts).objective_s, c) for c in eligible]
         best_t, best = min(scored)
-        return Plan(groups_of(pool, best), best_t, planner, time.perf_counter() - t0, len(eligible), len(eligible), info)
+        return DeploymentPlan(groups_of(pool, best), best_t, planner, time.perf_counter() - t0, len(eligible), len(eligible), info)
     if planner == "balance":
         kept = eligible
     else:
@@ -176,4 +176,4 @@ def plan(schemes: Sequence[Scheme], num_gpus: int, buckets: Sequence[int], count
         results.append((d.objective_s, sum(1 for n in c if n), c, d.status))
     best_t, _, best, status = min(results)
     info["solver_status"] = status
-    return Plan(groups_of(pool, best), best_t, planner, time.perf_counter() - t0, len(eligible), len(kept), info)
+    return DeploymentPlan(groups_of(pool, best), best_t, planner, time.perf_counter() - t0, len(eligible), len(kept), info)

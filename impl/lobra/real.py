@@ -40,7 +40,7 @@ from impl.common.llm.lora_train import MultiTaskLoRA, Sample, task_token_counts
 from impl.common.runtime.launch import launch
 
 from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
-from impl.lobra.dispatch import Group
+from impl.lobra.dispatch import ReplicaGroup
 from impl.lobra.joint_step import TaskStreams, plan_bucketed
 
 KINDS = ("R_L", "R_S")
@@ -106,7 +106,7 @@ def check_real(system, wl, hardware) -> None:
 
 
 @dataclass(frozen=True)
-class RealJob:
+class LobRARealJob:
     shape: object  # the base's ModelShape
     tasks: tuple  # TaskSpec per task
     seed: int
@@ -136,13 +136,13 @@ class RealJob:
 
 
 # ---- rank side --------------------------------------------------------------------------------
-def profile_grid(job: RealJob, kind: str) -> list[tuple[int, int]]:
+def profile_grid(job: LobRARealJob, kind: str) -> list[tuple[int, int]]:
     m = job.max_tokens[kind]
     return [(b, s) for s in sorted(set(job.profile_lengths)) if s <= m
             for b in sorted(set(job.profile_mbs)) if b * s <= m]
 
 
-def profile(model: MultiTaskLoRA, job: RealJob, kind: str) -> list[tuple[int, int, float]]:
+def profile(model: MultiTaskLoRA, job: LobRARealJob, kind: str) -> list[tuple[int, int, float]]:
     """``(mbs, s, seconds per layer)`` per grid point: the fastest of ``profile_reps`` timed
     forward+backward passes of one full-length micro-batch (one untimed warm-up first)."""
     model.set_checkpoint(kind == "R_L")
@@ -171,7 +171,7 @@ def fit_kind(samples, kind: str) -> dict:
         return {"refused": str(e), "samples": len(samples)}
 
 
-def schemes_of(job: RealJob, fits: dict) -> dict[str, Scheme]:
+def schemes_of(job: LobRARealJob, fits: dict) -> dict[str, Scheme]:
     out = {}
     for k in KINDS:
         f = fits[k]
@@ -181,7 +181,7 @@ def schemes_of(job: RealJob, fits: dict) -> dict[str, Scheme]:
     return out
 
 
-def phases_of(job: RealJob, policy: str, samples: list, schemes: dict, fits: dict) -> tuple[list, dict]:
+def phases_of(job: LobRARealJob, policy: str, samples: list, schemes: dict, fits: dict) -> tuple[list, dict]:
     """Rank 0's plan of one joint step: ``[(tasks, kinds per rank, micro-batches per rank)]`` and
     facts (planner seconds, padding, dispatch status)."""
     t0 = time.perf_counter()
@@ -209,13 +209,13 @@ def phases_of(job: RealJob, policy: str, samples: list, schemes: dict, fits: dic
     if policy == "lobra":
         refused = [k for k in KINDS if "c" not in fits[k]]
         dispatcher = "length" if refused and job.dispatch == "balanced" else job.dispatch
-        one([Group(schemes["R_L"], 1), Group(schemes["R_S"], 1)], samples, "dynamic", dispatcher, names)
+        one([ReplicaGroup(schemes["R_L"], 1), ReplicaGroup(schemes["R_S"], 1)], samples, "dynamic", dispatcher, names)
     elif policy == "task_fused":
-        one([Group(schemes["R_L"], 2)], samples, "fixed", "even", names)
+        one([ReplicaGroup(schemes["R_L"], 2)], samples, "fixed", "even", names)
     else:
         for t in job.tasks:
             kind = "R_S" if t.lengths.max_len <= job.max_tokens["R_S"] else "R_L"
-            one([Group(schemes[kind], 2)], [s for s in samples if s.task == t.name], "fixed", "even", [t.name])
+            one([ReplicaGroup(schemes[kind], 2)], [s for s in samples if s.task == t.name], "fixed", "even", [t.name])
     info = {"planner_s": time.perf_counter() - t0, "real_tokens": real, "padded_tokens": padded, "status": status,
             "predicted_s": predicted, "bucket_cuts": cuts}
     return phases, info
@@ -235,7 +235,7 @@ def reference_grads(ref: MultiTaskLoRA, state: dict, samples: list, tasks: list)
     return {t: g.clone() for t, g in ref.adapter_grads().items() if t in tasks}, loss
 
 
-def _rank_main(ctx, job: RealJob) -> dict:
+def _rank_main(ctx, job: LobRARealJob) -> dict:
     torch.set_num_threads(job.threads)
     rank = ctx.rank
     models = {p: MultiTaskLoRA(job.shape, job.task_names, rank=job.rank, alpha=job.alpha, seed=job.seed, lr=job.lr,
@@ -304,20 +304,20 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # ---- caller side ------------------------------------------------------------------------------
-def make_job(system, wl, seed: int) -> RealJob:
+def make_job(system, wl, seed: int) -> LobRARealJob:
     c, rk = system.cfg, system.cfg.real
-    return RealJob(wl.model, tuple(wl.tasks), seed, tuple(policies(system)), max_tokens_of(system, wl), c.num_buckets,
+    return LobRARealJob(wl.model, tuple(wl.tasks), seed, tuple(policies(system)), max_tokens_of(system, wl), c.num_buckets,
                    tuple(c.fixed_buckets), c.bucket_cuts, c.dispatch, c.exec_mode, c.ilp_time_limit_s, c.ilp_gap,
                    tuple(rk.profile_mbs), tuple(rk.profile_lengths), rk.profile_reps,
                    wl.warmup_steps + wl.steps, rk.check_steps, rk.init_b_zero, wl.lora_rank, wl.lora_alpha, wl.lr,
                    wl.torch_threads)
 
 
-def run_job(job: RealJob, timeout_s: float) -> list:
+def run_job(job: LobRARealJob, timeout_s: float) -> list:
     return launch(_rank_main, 2, (job,), label="lobra real", timeout_s=timeout_s).results
 
 
-def summarise(results: list, job: RealJob, warmup: int, main: str, rtol: float) -> RunResult:
+def summarise(results: list, job: LobRARealJob, warmup: int, main: str, rtol: float) -> RunResult:
     res = RunResult(metrics={}, emulated=["GPUs: 2 CPU processes over gloo, fp32, 1 thread each; TP differences "
                                           "proxied by activation checkpointing + max_tokens (spec lobra 5)"])
     m = res.metrics

@@ -28,7 +28,7 @@ from impl.common.cost.comm import ring_allreduce_time_s
 from impl.common.megatron.derive import bus_bw, step_knobs
 
 from impl.lobra.cost.replica import Scheme, pow2_ceil, replica_time
-from impl.lobra.dispatch import Group
+from impl.lobra.dispatch import ReplicaGroup
 from impl.lobra.joint_step import TaskStreams, boundaries_for, plan_bucketed, plan_step
 from impl.lobra.plan import plan
 from impl.lobra.cost.step_model import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
@@ -74,7 +74,7 @@ def _with_max_tokens(s: Scheme, m: int) -> Scheme:
     return dataclasses.replace(s, max_tokens=int(m))
 
 
-def table_groups(cfg, wl, schemes) -> tuple[list[Group], dict]:
+def table_groups(cfg, wl, schemes) -> tuple[list[ReplicaGroup], dict]:
     """The authors' deployment for this setup; max_tokens ours (rule) or theirs (table)."""
     row = table_row(cfg, wl)
     if row is None:
@@ -84,7 +84,7 @@ def table_groups(cfg, wl, schemes) -> tuple[list[Group], dict]:
     for dp, tp, pp, theirs in row.replicas:
         s = _scheme(schemes, tp, pp, "system.sim.replica_table")
         ours = s.max_tokens
-        groups.append(Group(s if cfg.sim.max_tokens_from == "rule" else _with_max_tokens(s, theirs), dp))
+        groups.append(ReplicaGroup(s if cfg.sim.max_tokens_from == "rule" else _with_max_tokens(s, theirs), dp))
         cmp.append({"replica": f"{dp}x(tp{tp},pp{pp})", "max_tokens_table": theirs, "max_tokens_rule": ours})
     top = max(g.scheme.max_tokens for g in groups)
     if top < wl.max_len:
@@ -99,7 +99,7 @@ def schemes_for(system, wl, hw, num_tasks: int):
     return sim_schemes(wl.model, hw, _knobs(system, wl, hw), wl.num_gpus, num_tasks, wl.lora_rank, cap)
 
 
-def homogeneous(schemes, num_gpus: int, tp_pp, need: int, field: str, hold_longest: bool = False) -> Group:
+def homogeneous(schemes, num_gpus: int, tp_pp, need: int, field: str, hold_longest: bool = False) -> ReplicaGroup:
     """``hold_longest``: the authors' tables size these replicas for the longest sequence (their
     max_tokens, not ours)."""
     tp, pp = tp_pp
@@ -110,7 +110,7 @@ def homogeneous(schemes, num_gpus: int, tp_pp, need: int, field: str, hold_longe
         raise ConfigError(f"{field}: {num_gpus} GPUs is not a multiple of {s.label}'s {s.gpus}")
     if s.max_tokens < need:
         raise ConfigError(f"{field}: {s.label} holds {s.max_tokens} tokens, below the longest sequence {need}")
-    return Group(s, num_gpus // s.gpus)
+    return ReplicaGroup(s, num_gpus // s.gpus)
 
 
 def expected_batch(wl, seed: int, boundaries_kind: str, system) -> tuple[list[int], list[int]]:
@@ -182,7 +182,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
                     s = _with_max_tokens(s, allowed[(s.tp, s.pp)])
                 if s.max_tokens < need or wl.num_gpus % s.gpus:
                     continue
-                g = [Group(s, wl.num_gpus // s.gpus)]
+                g = [ReplicaGroup(s, wl.num_gpus // s.gpus)]
                 one = type(wl)(**{**wl.__dict__, "tasks": [t]})
                 bk, cnt = expected_batch(one, seed, "fixed", system)
                 from impl.lobra.dispatch import even

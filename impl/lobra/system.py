@@ -38,7 +38,7 @@ EXEC_MODES = ("fused", "single")
 
 
 @dataclass
-class SimKnobs:
+class LobRASimKnobs:
     # Homogeneous [tp, pp] of Task-Fused (and deployment=homogeneous): the paper's configs (spec 3).
     homogeneous: List[int] = field(default_factory=lambda: [8, 1])
     # Task-Sequential: the [tp, pp] (or [tp, pp, max_tokens] from the authors' table) configs a task
@@ -58,7 +58,7 @@ class SimKnobs:
 
 
 @dataclass
-class RealKnobs:
+class LobRARealKnobs:
     # Replica proxies (spec 5): checkpointing + max_tokens per replica kind.
     large_max_tokens: int = 2048
     small_max_tokens: int = 512
@@ -102,8 +102,8 @@ class LobRA(System):
         exec_mode: str = "fused"  # fused (mixed-task micro-batches) | single (set_adapter)
         ilp_time_limit_s: float = 5.0
         ilp_gap: float = 0.005
-        sim: SimKnobs = field(default_factory=SimKnobs)
-        real: RealKnobs = field(default_factory=RealKnobs)
+        sim: LobRASimKnobs = field(default_factory=LobRASimKnobs)
+        real: LobRARealKnobs = field(default_factory=LobRARealKnobs)
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)

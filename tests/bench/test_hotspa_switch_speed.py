@@ -7,13 +7,13 @@ from __future__ import annotations
 from impl.common.parallel.migration import plan_migration
 from impl.hotspa.presets import load_presets
 from impl.hotspa.cost import GRAD_BYTES, PARAM_BYTES, PricingEnv
-from impl.hotspa.sim_config import SimKnobs
+from impl.hotspa.sim_config import HotSPaSimKnobs
 from tests.hotspa.test_sim import _hw, _wl
 
 
 def test_hotspa_switch_plans_32b_32gpu_c2(benchmark):
     wl = _wl("hotspa_32b_32gpu_cc")
-    env = PricingEnv(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     gp = load_presets().group_plan("c2", wl.model.name, wl.num_gpus, wl.context)
     layouts = [gp.home, *reversed(gp.strategies[1:]), gp.home]
     pairs = [(env.plan(x), env.plan(y)) for x, y in zip(layouts, layouts[1:]) if x != y]

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from impl.common.api import ConfigError
 from impl.common.checkpoint.fileformat import CheckpointError
-from impl.common.checkpoint.layout import Layout, TensorMeta, cut, cut_state, join, local_splits
+from impl.common.checkpoint.layout import CheckpointLayout, TensorMeta, cut, cut_state, join, local_splits
 from impl.common.checkpoint.reshard import load_rank
 from impl.common.checkpoint.save import rng_from_json, rng_to_json, save_serial
 from impl.common.checkpoint.store import CheckpointStore, kill_points, step_name
@@ -177,11 +177,11 @@ def test_checkpoint_of_another_model_shape(tmp_path):
 
 def test_splits_not_divisible_by_a_tp_degree(tmp_path):
     store, state, metas, lay = _two_checkpoints(tmp_path)
-    three = Layout({0: {m.name: ((0, 3) if m.dim is not None else (0, 1)) for m in metas}})
+    three = CheckpointLayout({0: {m.name: ((0, 3) if m.dim is not None else (0, 1)) for m in metas}})
     with pytest.raises(ConfigError, match=r"checkpoint\.splits: S=8 is not divisible by TP degree 3 \(rank 0"):
         load_rank(store.open(), three, 0)
     with pytest.raises(ConfigError, match=r"S=6 is not divisible by TP degree 4"):
-        four = Layout({r: {m.name: ((r, 4) if m.dim is not None else (0, 1)) for m in metas} for r in range(4)})
+        four = CheckpointLayout({r: {m.name: ((r, 4) if m.dim is not None else (0, 1)) for m in metas} for r in range(4)})
         save_serial(CheckpointStore(tmp_path / "b"), 1, metas, four, 6, {}, {})
     _, out = _load_all(store, lay)  # the good checkpoint is untouched
     assert out

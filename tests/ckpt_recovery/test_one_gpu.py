@@ -14,7 +14,7 @@ import torch
 from bench.config import compose_config
 from bench.validate import typed_job
 from impl.ckpt_recovery import one_gpu
-from impl.ckpt_recovery.real_config import RealKnobs
+from impl.ckpt_recovery.real_config import CkptRealKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError, JobContext
 from impl.common.execution import Execution
@@ -31,7 +31,7 @@ def _wl(**kw):
 
 
 def _knobs(**kw):
-    return RealKnobs(**{**dict(scenario="one_gpu", storage="local", ckpt_every=2, keep=1, step_s=0.05), **kw})
+    return CkptRealKnobs(**{**dict(scenario="one_gpu", storage="local", ckpt_every=2, keep=1, step_s=0.05), **kw})
 
 
 def test_ours_on_the_jobs_device_reloads_the_same_bytes(tmp_path):

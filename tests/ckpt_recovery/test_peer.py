@@ -13,7 +13,7 @@ import torch
 from faults.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim import peer as sim_peer
 from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics
-from impl.ckpt_recovery.sim.config import SimKnobs
+from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError
 from impl.common.checkpoint.fileformat import CheckpointError
@@ -168,13 +168,13 @@ def test_node_loss_reads_survivors_and_storage_only_for_slices_without_a_live_co
 # ---- sim -------------------------------------------------------------------------------------
 
 def _sc(wl="ckpt_s3_34b", **kw):
-    knobs = dataclasses.replace(SimKnobs(), peer_copies=1, storage_profiles=["nas5"], **kw)
+    knobs = dataclasses.replace(CkptSimKnobs(), peer_copies=1, storage_profiles=["nas5"], **kw)
     return Scenario("ckpt_recovery", _wl(wl), _hw(), knobs)
 
 
 def test_host_memory_overflow_is_one_line():
     wl = _wl("ckpt_s4_70b")
-    knobs = dataclasses.replace(SimKnobs(), peer_copies=2, host_mem_bytes_per_node=2.5e12)
+    knobs = dataclasses.replace(CkptSimKnobs(), peer_copies=2, host_mem_bytes_per_node=2.5e12)
     with pytest.raises(ConfigError) as e:
         Scenario("ckpt_recovery", wl, _hw(), knobs)
     msg = str(e.value)
@@ -193,7 +193,7 @@ def test_bad_peer_knobs():
     for policy, kw in (("dcp_async", {"peer_copies": 1}), ("ckpt_recovery", {"peer_copies": 4}),
                        ("ckpt_recovery", {"peer_copies": 1, "local_copies": 1}),
                        ("ckpt_recovery", {"peer_copies": 1, "peer_correlated_frac": 1.5})):
-        sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=dataclasses.replace(SimKnobs(), **kw)), policy)
+        sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=dataclasses.replace(CkptSimKnobs(), **kw)), policy)
         with pytest.raises(ConfigError, match=r"^system\.sim\.(peer_copies|peer_correlated_frac):"):
             check_sim(sysm, wl, _hw(), GpuLoss(ranks=[5]))
 

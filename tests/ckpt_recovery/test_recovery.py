@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from impl.ckpt_recovery.real import check_real
-from impl.ckpt_recovery.real_config import RealKnobs
+from impl.ckpt_recovery.real_config import CkptRealKnobs
 from impl.ckpt_recovery.recovery import replan as R
 from impl.ckpt_recovery.recovery.supervisor import run, timeline
 from impl.ckpt_recovery.recovery.trainer import KillAt, StageModel, TrainSpec, _peers, full_metas
@@ -62,7 +62,7 @@ def test_pipeline_peers_across_tp_degrees():
 
 
 def _system(policy="ckpt_recovery", **kw):
-    return SimpleNamespace(cfg=SimpleNamespace(policy=policy, real=RealKnobs(**kw)))
+    return SimpleNamespace(cfg=SimpleNamespace(policy=policy, real=CkptRealKnobs(**kw)))
 
 
 def _wl(**kw):

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from faults.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim.scenario import POLICY_MODELS, Scenario, canonical, failure_trace, fault_metrics, poisson_metrics
-from impl.ckpt_recovery.sim.config import SimKnobs
+from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.sim.cost import save_cost, young_daly_s
 from impl.common.hardware import HardwareProfile
 from impl.common.storage.emulator import paper_profile
@@ -34,12 +34,12 @@ def hw():
 
 
 def _scenarios(wl, hw, knobs=None):
-    return {p: Scenario(p, wl, hw, knobs or SimKnobs()) for p in POLICIES}
+    return {p: Scenario(p, wl, hw, knobs or CkptSimKnobs()) for p in POLICIES}
 
 
 @pytest.fixture(scope="module")
 def s1(hw):
-    return _scenarios(_wl("ckpt_s1_7b"), hw, dataclasses.replace(SimKnobs(), trials=6))
+    return _scenarios(_wl("ckpt_s1_7b"), hw, dataclasses.replace(CkptSimKnobs(), trials=6))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_ours_keeps_highest_ettr_s1(s1, profile):
 
 
 def test_s4_node_granular_idle_until_repair(s4):
-    repair = 3600.0 * sum(SimKnobs().repair_h) / 2
+    repair = 3600.0 * sum(CkptSimKnobs().repair_h) / 2
     res = {p: fault_metrics(sc, GpuLoss(ranks=[28, 29, 30, 31]), paper_profile("nas5")) for p, sc in s4.items()}
     for p in ("restart_all", "gemini_like"):
         assert res[p]["t_idle_s"] == repair and res[p]["throughput_kept"] == 0.0 and res[p]["gpus_used"] == 0.0
@@ -78,7 +78,7 @@ def test_heterogeneous_plan_uses_the_partial_node(s4):
 
 
 def test_failure_model_reproduces_lambda():
-    k = dataclasses.replace(SimKnobs(), days=7.0 * 60, repair_h=[1e-6, 1e-6])
+    k = dataclasses.replace(CkptSimKnobs(), days=7.0 * 60, repair_h=[1e-6, 1e-6])
     N, gpn = 1024, 8
     ev = failure_trace(N, gpn, k, seed=3)
     gpu_hours = N * k.days * 24
@@ -88,7 +88,7 @@ def test_failure_model_reproduces_lambda():
     p = k.single_gpu_frac
     assert abs(single - p * len(ev)) < 3 * math.sqrt(len(ev) * p * (1 - p))
     assert all(len(e.gpus) == gpn for e in ev if e.node is not None)
-    assert all(2.0 * 3600 <= e.repair_s <= 6.0 * 3600 for e in failure_trace(N, gpn, SimKnobs(), seed=1))
+    assert all(2.0 * 3600 <= e.repair_s <= 6.0 * 3600 for e in failure_trace(N, gpn, CkptSimKnobs(), seed=1))
 
 
 def test_young_daly():
@@ -112,7 +112,7 @@ def test_deterministic_records(hw):
     from impl.common.api import JobContext
 
     def run(seed, policy="ckpt_recovery", failures="fault", fault=GpuLoss(ranks=[5])):
-        knobs = dataclasses.replace(SimKnobs(), failures=failures, trials=4, storage_profiles=["nas5"])
+        knobs = dataclasses.replace(CkptSimKnobs(), failures=failures, trials=4, storage_profiles=["nas5"])
         sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=knobs), policy)
         job = JobContext(mode="sim", seed=seed, experiment="t", workload=_wl("ckpt_s1_7b"), workload_name="w",
                          hardware=hw, hardware_name="h100", fault=fault, fault_name="f", out_dir=None)
@@ -120,7 +120,7 @@ def test_deterministic_records(hw):
     assert run(0) == run(0)
     from faults.spec import NoFault
     assert run(7, "dcp_async", "poisson", NoFault()) == run(7, "dcp_async", "poisson", NoFault())
-    k = SimKnobs()
+    k = CkptSimKnobs()
     assert failure_trace(1024, 8, k, 7) == failure_trace(1024, 8, k, 7) != failure_trace(1024, 8, k, 8)
 
 
@@ -159,6 +159,6 @@ def test_canonical_lost_set():
 
 def test_node_loss_scenario(hw):
     wl = _wl("ckpt_s1_7b")
-    knobs = dataclasses.replace(SimKnobs(), storage_profiles=["nas5"])
+    knobs = dataclasses.replace(CkptSimKnobs(), storage_profiles=["nas5"])
     ours = fault_metrics(Scenario("ckpt_recovery", wl, hw, knobs), NodeLoss(node=1), paper_profile("nas5"))
     assert ours["gpus_used"] <= 24 and ours["throughput_kept"] > 0.5

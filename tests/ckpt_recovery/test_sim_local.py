@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from faults.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim import local as sim_local
 from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, run_sim
-from impl.ckpt_recovery.sim.config import SimKnobs
+from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError, JobContext
 from impl.common.hardware import HardwareProfile
@@ -27,7 +27,7 @@ def _wl(name: str) -> HybridWorkload:
 
 
 def _run(k: int, fault, wl="ckpt_s1_7b", policy="ckpt_recovery", profiles=("nas5",), **kw) -> dict:
-    knobs = dataclasses.replace(SimKnobs(), local_copies=k, storage_profiles=list(profiles), **kw)
+    knobs = dataclasses.replace(CkptSimKnobs(), local_copies=k, storage_profiles=list(profiles), **kw)
     sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=knobs), policy)
     job = JobContext(mode="sim", seed=0, experiment="t", workload=_wl(wl), workload_name="w", hardware=_hw(),
                      hardware_name="h100", fault=fault, fault_name="f", out_dir=None)
@@ -37,7 +37,7 @@ def _run(k: int, fault, wl="ckpt_s1_7b", policy="ckpt_recovery", profiles=("nas5
 def test_zero_copies_is_the_s1_record():
     """Default = 0; the README's S1 row of `ckpt_recovery` (section "One pricing path (issue 40)":
     fastest base DP16 TP2 PP1, 2026-12-05 run of experiment=ckpt_recovery/s1) is reproduced."""
-    assert SimKnobs().local_copies == 0
+    assert CkptSimKnobs().local_copies == 0
     r = _run(0, GpuLoss(ranks=[5]), profiles=("nas5", "nas20", "nvme", "network"))
     assert not any(m.startswith(("t_copy_s", "storage_read_share")) for m in r)
     assert round(r["ettr@nas5"]["value"], 5) == 0.99883 and round(r["ettr@nas20"]["value"], 5) == 0.99891
@@ -47,7 +47,7 @@ def test_zero_copies_is_the_s1_record():
 
 def test_node_loss_reads_from_storage_only_what_lost_every_copy():
     wl, hw = _wl("ckpt_s3_34b"), _hw()  # 8 nodes, TP8 PP4 DP2
-    knobs = dataclasses.replace(SimKnobs(), local_copies=1, storage_profiles=["nas5"])
+    knobs = dataclasses.replace(CkptSimKnobs(), local_copies=1, storage_profiles=["nas5"])
     sc = Scenario("ckpt_recovery", wl, hw, knobs)
     place = sim_local.placement(sc.io, sc.base, 1, sc.num_nodes)
     holder = sorted({h for hs in place.values() for h in hs})[0]
@@ -79,7 +79,7 @@ def test_gpu_loss_reads_nothing_but_the_manifest_from_storage():
 
 def test_copies_are_skipped_when_storage_alone_reads_faster():
     wl, hw = _wl("ckpt_s1_7b"), _hw()
-    sc = Scenario("ckpt_recovery", wl, hw, dataclasses.replace(SimKnobs(), local_copies=1, storage_profiles=["nas5"]))
+    sc = Scenario("ckpt_recovery", wl, hw, dataclasses.replace(CkptSimKnobs(), local_copies=1, storage_profiles=["nas5"]))
     new = sc.plan_after((5,))
     ll = sc.local_load(paper_profile("nas5"), sc.base, new, frozenset())
     full = sc.io.load_ours(sc.base, new)
@@ -95,6 +95,6 @@ def test_deterministic():
 def test_bad_local_copies():
     wl = _wl("ckpt_s1_7b")
     for policy, k in (("dcp_async", 1), ("ckpt_recovery", 4), ("ckpt_recovery", -1)):
-        sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=dataclasses.replace(SimKnobs(), local_copies=k)), policy)
+        sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=dataclasses.replace(CkptSimKnobs(), local_copies=k)), policy)
         with pytest.raises(ConfigError, match="system.sim.local_copies"):
             check_sim(sysm, wl, _hw(), GpuLoss(ranks=[5]))

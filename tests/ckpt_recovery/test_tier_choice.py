@@ -10,7 +10,7 @@ import pytest
 
 from faults.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, predicted_ettr, run_sim, tier_candidates
-from impl.ckpt_recovery.sim.config import SimKnobs
+from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError, JobContext
 from impl.common.storage.emulator import paper_profile
@@ -26,7 +26,7 @@ def _job(wl, fault):
 
 
 def _run(wl, fault, **kw):
-    knobs = dataclasses.replace(SimKnobs(), storage_profiles=PROFILES, **kw)
+    knobs = dataclasses.replace(CkptSimKnobs(), storage_profiles=PROFILES, **kw)
     sysm = CkptRecovery(CkptRecovery.Config(policy="ckpt_recovery", sim=knobs), "ckpt_recovery")
     return run_sim(sysm, _job(wl, fault))
 
@@ -37,7 +37,7 @@ def test_auto_runs_the_tier_it_predicts_best_and_prices_it_like_a_fixed_run():
     wl, fault, rare = "ckpt_s1_7b", GpuLoss(ranks=[5]), dict(failure_rate_per_gpu_h=2.0e-6, base_layout="nominal")
     auto = _run(wl, fault, peer_copies=1, tier_choice="auto", **rare)
     tiers = auto.info["tier_choice"]
-    knobs = dataclasses.replace(SimKnobs(), peer_copies=1, storage_profiles=PROFILES, **rare)
+    knobs = dataclasses.replace(CkptSimKnobs(), peer_copies=1, storage_profiles=PROFILES, **rare)
     cands, refused = tier_candidates("ckpt_recovery", _wl(wl), _hw(), knobs)
     assert [label for label, _ in cands] == ["storage only", "local copies k=1", "peer copies k=1"] and not refused
     assert len({id(c._plans) for _, c in cands}) == 1  # one re-plan per lost set for every candidate
@@ -71,7 +71,7 @@ def test_peer_copies_that_do_not_fit_are_left_out_with_the_host_memory_line():
 
 
 def test_prediction_is_the_fault_formula_over_the_failure_mix():
-    knobs = dataclasses.replace(SimKnobs(), peer_copies=1, peer_correlated_frac=0.25)
+    knobs = dataclasses.replace(CkptSimKnobs(), peer_copies=1, peer_correlated_frac=0.25)
     sc = Scenario("ckpt_recovery", _wl("ckpt_s1_7b"), _hw(), knobs)
     prof = paper_profile("nas5")
     last = sc.num_nodes - 1
@@ -94,6 +94,6 @@ def test_bad_tier_choice_is_one_line():
     for policy, kw, pat in (("ckpt_recovery", {"tier_choice": "best"}, "unknown 'best'"),
                             ("dcp_async", {"tier_choice": "auto", "peer_copies": 0}, "auto needs policy ckpt_recovery"),
                             ("ckpt_recovery", {"tier_choice": "auto", "peer_copies": 0}, "peer_copies >= 1")):
-        sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=dataclasses.replace(SimKnobs(), **kw)), policy)
+        sysm = CkptRecovery(CkptRecovery.Config(policy=policy, sim=dataclasses.replace(CkptSimKnobs(), **kw)), policy)
         with pytest.raises(ConfigError, match=rf"^system\.sim\.tier_choice: .*{pat}"):
             check_sim(sysm, wl, _hw(), GpuLoss(ranks=[5]))

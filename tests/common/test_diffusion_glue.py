@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from impl.common.diffusion.cost import (GLUE_ACTIVATIONS, Op, dense_step_time_s, glue_time_s, op_time_s,
+from impl.common.diffusion.cost import (GLUE_ACTIVATIONS, UNetOp, dense_step_time_s, glue_time_s, op_time_s,
                                         trace_unet_glue, trace_unet_ops)
 from impl.common.diffusion.pipelines import UNetShape, build_unet
 from impl.common.hardware import HardwareProfile
@@ -20,8 +20,8 @@ GLUE = dict(activation_bytes_per_s={"fp32": 2e9}, elementwise_bytes_per_s={"fp32
 
 
 def test_linear_rate_prices_linears_only():
-    lin = Op("b.ff", "linear", 64, 2e9, 0, 0, 0)
-    conv = Op("c", "conv", 64, 2e9, 0, 0, 0, kernel=1)
+    lin = UNetOp("b.ff", "linear", 64, 2e9, 0, 0, 0)
+    conv = UNetOp("c", "conv", 64, 2e9, 0, 0, 0, kernel=1)
     base, hw = HardwareProfile(**BASE), HardwareProfile(**BASE, linear_flops={"fp32": 50e9})
     assert op_time_s(lin, hw, "fp32", launch_s=0) == pytest.approx(0.04)
     assert op_time_s(lin, base, "fp32", launch_s=0) == pytest.approx(0.02)  # absent: the matmul rate

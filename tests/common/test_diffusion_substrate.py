@@ -61,11 +61,11 @@ def test_cost_model_conv_flops():
 
 
 def test_attention_rate_prices_the_attention_core_only():
-    from impl.common.diffusion.cost import Op, op_time_s
+    from impl.common.diffusion.cost import UNetOp, op_time_s
     from impl.common.hardware import HardwareProfile
 
-    core = Op("a.core", "attn_core", 64, 2e9, 0, 0, 0)
-    lin = Op("a.to_q", "linear", 64, 2e9, 0, 0, 0)
+    core = UNetOp("a.core", "attn_core", 64, 2e9, 0, 0, 0)
+    lin = UNetOp("a.to_q", "linear", 64, 2e9, 0, 0, 0)
     base = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, memory_bw_bytes_per_s=1e12, mfu=1.0)
     hw = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, attn_flops={"fp32": 50e9}, memory_bw_bytes_per_s=1e12,
                          mfu=1.0)

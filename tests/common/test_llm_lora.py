@@ -8,7 +8,7 @@ import torch
 
 from impl.common.api import ConfigError
 from impl.common.llm import kernels as K
-from impl.common.llm.forward import Item, KVCache, ragged_forward
+from impl.common.llm.forward import RequestSlice, KVCache, ragged_forward
 from impl.common.llm.lora import (AdapterSpec, LoRABatch, adapters_from_peft, load_peft_model, make_peft_model,
                                   merge_adapter, save_adapters, unmerge_adapter)
 from impl.common.llm.model import build_llama, build_tokenizer, encode_bytes
@@ -49,7 +49,7 @@ def test_batched_equals_per_request_peft(setup, kernel):
     base, pm, adapters = setup
     prompts = _prompts()
     names = ["r8", "r64", None, "r16", "r32"]
-    items = [Item(p, KVCache()) for p in prompts]
+    items = [RequestSlice(p, KVCache()) for p in prompts]
     out = ragged_forward(base, items, _batch(adapters, names, [len(p) for p in prompts], kernel), all_logits=True)
     start = 0
     for p, n in zip(prompts, names):
@@ -71,7 +71,7 @@ def test_peft_mixed_batch_adapter_names(setup):
     ids = torch.randint(4, 260, (4, 6), generator=g)
     names = ["r16", "__base__", "r64", "r8"]
     ref = pm(input_ids=ids, adapter_names=names).logits
-    items = [Item(ids[i].tolist(), KVCache()) for i in range(4)]
+    items = [RequestSlice(ids[i].tolist(), KVCache()) for i in range(4)]
     batch = _batch(adapters, [None if n == "__base__" else n for n in names], [6] * 4, "bgmv")
     got = ragged_forward(base, items, batch, all_logits=True).view(4, 6, -1)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
@@ -99,8 +99,8 @@ def test_no_lora_rows_equal_base_exactly(setup, kernel):
     base, _, adapters = setup
     prompts = _prompts()[:3]
     lens = [len(p) for p in prompts]
-    ref = ragged_forward(base, [Item(p, KVCache()) for p in prompts], None, all_logits=True)
-    got = ragged_forward(base, [Item(p, KVCache()) for p in prompts],
+    ref = ragged_forward(base, [RequestSlice(p, KVCache()) for p in prompts], None, all_logits=True)
+    got = ragged_forward(base, [RequestSlice(p, KVCache()) for p in prompts],
                          _batch(adapters, [None, "r32", None], lens, kernel), all_logits=True)
     assert torch.equal(got[:lens[0]], ref[:lens[0]])
     assert torch.equal(got[lens[0] + lens[1]:], ref[lens[0] + lens[1]:])
@@ -121,9 +121,9 @@ def test_merged_equals_unmerged_and_unmerge_restores_exactly(setup):
     model = copy.deepcopy(base)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     p = _prompts()[0]
-    unmerged = ragged_forward(model, [Item(p, KVCache())], _batch(adapters, ["r32"], [len(p)], "sgmv"), all_logits=True)
+    unmerged = ragged_forward(model, [RequestSlice(p, KVCache())], _batch(adapters, ["r32"], [len(p)], "sgmv"), all_logits=True)
     saved = merge_adapter(model, adapters["r32"])
-    merged = ragged_forward(model, [Item(p, KVCache())], None, all_logits=True)
+    merged = ragged_forward(model, [RequestSlice(p, KVCache())], None, all_logits=True)
     torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-4)
     unmerge_adapter(model, saved)
     for k, v in model.state_dict().items():

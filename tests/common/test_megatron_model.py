@@ -113,7 +113,7 @@ def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
     not affine in the rows: within 6% on one packed row of two documents, slowest stage,
     per-iteration terms excluded; exact at a single document of the context), and the harness's
     varlen cost model is them, on a datasheet profile too (one path: its knobs carried from the fit)."""
-    from impl.common.cost.varlen_model import Layout, seq_cost
+    from impl.common.cost.varlen_model import StrategyLayout, seq_cost
     from impl.common.megatron import work_from_microbatches
     from impl.common.megatron.step import features, seq_cost_terms, theta_of
     from impl.common.workloads.pipeline import ModelShape
@@ -128,12 +128,12 @@ def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
     t1 = (one.T[0, 0, 0] @ theta_of(hw, hw.megatron)).max()
     assert a * 8192 ** 2 + b * 8192 + c == pytest.approx(t1, rel=1e-9)
     shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
-    fitted, datasheet = seq_cost(shape, Layout(2, 4, 1), hw), seq_cost(shape, Layout(2, 4, 1), load_hardware("h100-sxm"))
+    fitted, datasheet = seq_cost(shape, StrategyLayout(2, 4, 1), hw), seq_cost(shape, StrategyLayout(2, 4, 1), load_hardware("h100-sxm"))
     assert fitted.source == "megatron-step"
     assert (datasheet.a, datasheet.b, datasheet.c) == pytest.approx((fitted.a, fitted.b, fitted.c), rel=1e-12)
     # A 5% slower GEMM table moves the price (the table, not an efficiency constant, decides it).
     slow = dataclasses.replace(hw, megatron=dataclasses.replace(hw.megatron, gemm_time_factor=1.05 * hw.megatron.gemm_time_factor))
-    assert seq_cost(shape, Layout(2, 4, 1), slow).b > 1.02 * fitted.b
+    assert seq_cost(shape, StrategyLayout(2, 4, 1), slow).b > 1.02 * fitted.b
 
 
 def test_hybrid_cost_model_layer_time_is_the_step_models_on_every_profile():

@@ -8,7 +8,7 @@ import pytest
 from impl.common.api import ConfigError
 from impl.common.varlen.lengths import LengthDist
 from impl.common.workloads.varlen import VarlenWorkload
-from impl.hotspa.real_config import RealKnobs
+from impl.hotspa.real_config import HotSPaRealKnobs
 from impl.hotspa.system import HotSPa
 
 NO_FAULT = SimpleNamespace(kind="none")
@@ -49,7 +49,7 @@ def test_a_strategy_whose_dp_tp_pp_is_not_the_gpu_count():
 
 
 def test_a_strategy_too_small_for_its_group_and_a_non_explicit_grouping():
-    msg = _check(_system(real=RealKnobs(tokens_per_tp=512)), _wl())
+    msg = _check(_system(real=HotSPaRealKnobs(tokens_per_tp=512)), _wl())
     assert msg.startswith("workload.context: sequences of up to 2048 tokens exceed every strategy's capacity")
     msg = _check(_system(boundaries=[2048, 1536, 0]), _wl())
     assert msg == ("system.strategies[1]: (2,1,1) holds 1024 tokens per micro-batch (system.real.tokens_per_tp 1024 "

@@ -18,7 +18,7 @@ from impl.common.varlen.packing import check_packing
 from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
 from impl.hotspa.rank_trainer import plan_step, schedule_order
-from impl.hotspa.real import RealJob, run_job, summarise
+from impl.hotspa.real import HotSPaRealJob, run_job, summarise
 from impl.hotspa.strategy import GroupPlan, Strategy
 from impl.hotspa.switching import HOME, Layouts, Piece, SwitchCache, check_switch, plan_switch
 
@@ -96,8 +96,8 @@ def test_params_bitwise_equal_after_a_tp_dp_tp_round_trip():
             assert torch.equal(r["dp"][n], full[n]) and torch.equal(r["dp_home"][n], full[n]), n
 
 
-def _job(lengths: LengthDist, plans=(HOTSPA, STATIC), policies=("hotspa", "hotspa_static"), rounds=3) -> RealJob:
-    return RealJob(SHAPE, SEED, 2, 2, policies, plans, "align", 16, 1e-3, lengths, 10, rounds, 0, 1)
+def _job(lengths: LengthDist, plans=(HOTSPA, STATIC), policies=("hotspa", "hotspa_static"), rounds=3) -> HotSPaRealJob:
+    return HotSPaRealJob(SHAPE, SEED, 2, 2, policies, plans, "align", 16, 1e-3, lengths, 10, rounds, 0, 1)
 
 
 @pytest.mark.real

@@ -18,7 +18,7 @@ from impl.hotspa.planner import plan_groups
 from impl.hotspa.presets import load_presets
 from impl.hotspa.cost import GRAD_BYTES, PARAM_BYTES, PricingEnv, price_grouped_step
 from impl.hotspa.sim import at_context, simulate
-from impl.hotspa.sim_config import SimKnobs
+from impl.hotspa.sim_config import HotSPaSimKnobs
 from impl.hotspa.strategy import GroupPlan, Strategy, make_group_plan
 from impl.hotspa.system import HotSPa
 
@@ -86,7 +86,7 @@ def test_bad_input_one_liners():
     with pytest.raises(ConfigError, match=r"strategies\[1\]: dp\*tp\*pp = 4\*1\*1 = 4 != workload.num_gpus 8"):
         make_group_plan([8192, 4096, 0], [[4, 2, 1], [4, 1, 1]], 8)
     wl = at_context(_wl("hotspa_7b_8gpu_cc"), 262144)
-    env = PricingEnv(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     batch = LengthStream(wl.lengths, 0).by_count(8)
     with pytest.raises(ConfigError, match=r"workload.context: a sequence of 262144 tokens is longer than every "
                                           r"strategy's maxlen \(best \d+ at"):
@@ -117,7 +117,7 @@ def test_grouping_packing_and_dp_invariants():
 
 def test_empty_group_contributes_nothing():
     wl = _wl("hotspa_7b_8gpu_cc")
-    env = PricingEnv(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     gp = load_presets().group_plan("c1", wl.model.name, wl.num_gpus, wl.context)
     ids, lens = np.arange(6), np.array([100, 200, 300, 1000, 2000, 3000])  # all in the <=4K group
     p = price_grouped_step(env, ids, lens, gp, pad="align", align=128, policy="bandwidth_greedy")
@@ -132,7 +132,7 @@ def test_empty_group_contributes_nothing():
 @pytest.mark.parametrize("policy", POLICIES)
 def test_switch_plan_covers_every_needer_slice_once_from_an_owner(policy):
     wl = _wl("hotspa_32b_32gpu_cc")
-    env = PricingEnv(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     src, dst = Strategy(4, 2, 4), Strategy(1, 16, 2)
     trs = env.transfers(src, dst, policy)
     have, need = held_units(env.plan(src)), held_units(env.plan(dst))
@@ -159,7 +159,7 @@ def test_switch_plan_covers_every_needer_slice_once_from_an_owner(policy):
 
 def test_default_policy_is_unchanged_greedy():
     wl = _wl("hotspa_13b_16gpu_cc")
-    env = PricingEnv(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     a, b = env.plan(Strategy(8, 2, 1)), env.plan(Strategy(2, 8, 1))
     assert plan_migration(a, b, env.unit_params) == plan_migration(a, b, env.unit_params, "bandwidth_greedy")
 
@@ -168,7 +168,7 @@ def test_default_policy_is_unchanged_greedy():
                                            ("hotspa_13b_16gpu_gh", "c2"), ("hotspa_7b_16gpu_gh", "c1")])
 def test_switch_time_orders_greedy_rr_fcfs_on_preset_switches(name, grouping):
     wl = _wl(name)
-    env = PricingEnv(wl, _hw(), SimKnobs())
+    env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     gp = load_presets().group_plan(grouping, wl.model.name, wl.num_gpus, wl.context)
     layouts = [gp.home, *reversed(gp.strategies[1:]), gp.home]
     for x, y in zip(layouts, layouts[1:]):
@@ -181,7 +181,7 @@ def test_memory_within_capacity_for_every_preset_strategy_and_switch():
     names = {"llama2-7b": "7b", "llama2-13b": "13b", "llama-32b": "32b", "llama-3b": "3b"}
     for (model, n), table in p.strategies.items():
         hw = _hw("a100-40g" if model == "llama-3b" else "a800-80g")  # 3B: the artifact's A100-40G check
-        env = PricingEnv(_wl(f"hotspa_{names[model]}_{n}gpu_cc"), hw, SimKnobs())
+        env = PricingEnv(_wl(f"hotspa_{names[model]}_{n}gpu_cc"), hw, HotSPaSimKnobs())
         for (lo, hi), s in table.items():
             assert env.memory_bytes(s, hi) <= env.mem.capacity_bytes, (model, n, s, hi)
         for x in table.values():
@@ -191,7 +191,7 @@ def test_memory_within_capacity_for_every_preset_strategy_and_switch():
 
 def test_sim_is_deterministic_and_reports_strategies():
     wl = dataclasses.replace(_wl("hotspa_13b_8gpu_gh"), steps=2)
-    s = _system(grouping="c2", sim=SimKnobs(report_policies=["fcfs"]))
+    s = _system(grouping="c2", sim=HotSPaSimKnobs(report_policies=["fcfs"]))
     m1, i1 = simulate(s, wl, _hw(), 7)
     m2, i2 = simulate(s, wl, _hw(), 7)
     assert {k: v.value for k, v in m1.items()} == {k: v.value for k, v in m2.items()}
@@ -224,7 +224,7 @@ def test_ablation_knobs_replicas_and_buffer_fusion():
     replica after the update and keep the other strategies' bf16 params resident; unfused
     switches pay one latency per slice, so they are never cheaper than fused ones."""
     wl = dataclasses.replace(_wl("hotspa_32b_32gpu_cc"), steps=1)
-    arms = {(r, f): simulate(_system(grouping="c2", sim=SimKnobs(replicas=r, buffer_fusion=f)), wl, _hw(), 0)[0]
+    arms = {(r, f): simulate(_system(grouping="c2", sim=HotSPaSimKnobs(replicas=r, buffer_fusion=f)), wl, _hw(), 0)[0]
             for r in (False, True) for f in (True, False)}
     for r in (False, True):
         assert arms[(r, False)]["switch_time_s"].value >= arms[(r, True)]["switch_time_s"].value
@@ -232,7 +232,7 @@ def test_ablation_knobs_replicas_and_buffer_fusion():
     assert arms[(True, True)]["peak_memory_gib"].value > arms[(False, True)]["peak_memory_gib"].value
     assert arms[(True, True)]["switch_time_s"].value != arms[(False, True)]["switch_time_s"].value
     # one group (4K): no other strategy, so no replica, no switch: every arm prices the same
-    one = {(r, f): simulate(_system(sim=SimKnobs(replicas=r, buffer_fusion=f)), at_context(wl, 4096), _hw(), 0)[0]
+    one = {(r, f): simulate(_system(sim=HotSPaSimKnobs(replicas=r, buffer_fusion=f)), at_context(wl, 4096), _hw(), 0)[0]
            for r in (False, True) for f in (True, False)}
     assert len({(m["step_time_s"].value, m["peak_memory_gib"].value) for m in one.values()}) == 1
 
@@ -256,18 +256,18 @@ def test_ablation_figure_reads_each_records_own_knobs(tmp_path):
 
 
 def test_sequence_parallel_off_keeps_norms_and_residuals_whole_per_tp_rank():
-    from impl.common.cost.varlen_model import Layout, MemoryModel
+    from impl.common.cost.varlen_model import StrategyLayout, MemoryModel
 
     wl, hw = _wl("hotspa_32b_32gpu_cc"), _hw()
     sp = MemoryModel.for_hardware(hw, headroom_bytes=4 * 2**30)
     no = dataclasses.replace(sp, sequence_parallel=False)
     m = wl.model
-    assert no.per_token_bytes(m, Layout(16, 1, 2)) == pytest.approx(sp.per_token_bytes(m, Layout(16, 1, 2)))
-    extra = [no.per_token_bytes(m, Layout(32 // (tp * 2), tp, 2)) - sp.per_token_bytes(m, Layout(32 // (tp * 2), tp, 2))
+    assert no.per_token_bytes(m, StrategyLayout(16, 1, 2)) == pytest.approx(sp.per_token_bytes(m, StrategyLayout(16, 1, 2)))
+    extra = [no.per_token_bytes(m, StrategyLayout(32 // (tp * 2), tp, 2)) - sp.per_token_bytes(m, StrategyLayout(32 // (tp * 2), tp, 2))
              for tp in (2, 8)]
     assert 0 < extra[0] < extra[1]  # what SP would split stays whole: more of it the larger tp
-    assert no.maxlen(m, Layout(1, 16, 2), 32) < sp.maxlen(m, Layout(1, 16, 2), 32)
+    assert no.maxlen(m, StrategyLayout(1, 16, 2), 32) < sp.maxlen(m, StrategyLayout(1, 16, 2), 32)
     # the static baseline without SP: no tp <= 16 strategy holds a 32K context for 32B on 32 GPUs
-    sim = _system(policy="megatron_static", sim=SimKnobs(sequence_parallel=False, static_max_tp=16))
+    sim = _system(policy="megatron_static", sim=HotSPaSimKnobs(sequence_parallel=False, static_max_tp=16))
     with pytest.raises(ConfigError, match=r"workload.context: 32768 tokens is longer than every tp strategy's maxlen"):
         simulate(sim, wl, hw, seed=0)

@@ -10,7 +10,7 @@ import pytest
 
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import fit_seq_cost
-from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost
 from impl.hydraulis.cost.strategy import (CAP_ROUND, CostSpec, ReplicaCost, StrategyMemory, strategy_cost,
                                  strategy_costs)
 
@@ -22,10 +22,10 @@ def test_derived_cost_is_the_step_models_seq_cost_in_ms(model7b, a800, mem7b, co
     """Every strategy, even and uneven layer splits, is exactly seq_cost of its slowest stage."""
     assert {(1, 4), (2, 2), (4, 1), (8, 1), (16, 1), (4, 4)} <= set(costs7b)
     for (tp, pp), r in costs7b.items():
-        sc = seq_cost(model7b, Layout(1, tp, pp), a800)
+        sc = seq_cost(model7b, StrategyLayout(1, tp, pp), a800)
         assert (r.a, r.b, r.c) == pytest.approx((sc.a * 1e3, sc.b * 1e3, sc.c * 1e3), rel=1e-12), (tp, pp)
     r = strategy_cost(model7b, a800, mem7b, CostSpec(), 4, 3)  # 32 layers over 3 stages: 11 on the slowest
-    sc = seq_cost(model7b, Layout(1, 4, 3), a800)
+    sc = seq_cost(model7b, StrategyLayout(1, 4, 3), a800)
     assert (r.a, r.b, r.c) == pytest.approx((sc.a * 1e3, sc.b * 1e3, sc.c * 1e3), rel=1e-12)
     # the step model's own terms: per-layer overhead in c, more TP = less work per GPU
     k = step_knobs(a800)
@@ -50,7 +50,7 @@ def test_cap_is_the_shared_memory_models_maxlen_rounded_to_128(model7b, a800, co
     mem = StrategyMemory.for_job(model7b, a800, 32)
     assert mem.capacity_bytes == shared.capacity_bytes < a800.memory_bytes
     for (tp, pp), r in costs7b.items():
-        ml = shared.maxlen(model7b, Layout(32 // (tp * pp), tp, pp), 32)
+        ml = shared.maxlen(model7b, StrategyLayout(32 // (tp * pp), tp, pp), 32)
         assert r.cap == ml // CAP_ROUND * CAP_ROUND and r.cap % CAP_ROUND == 0 and r.cap >= CAP_ROUND, (tp, pp)
         assert mem.fits(tp, pp, r.cap) and mem.fits(tp, pp, ml) and not mem.fits(tp, pp, ml + 1), (tp, pp)
     # more TP or PP = fewer states and activations per GPU = a longer micro-batch
@@ -63,7 +63,7 @@ def test_optimizer_is_sharded_over_every_gpu_of_the_job(model7b, a800):
     m16, m64 = StrategyMemory.for_job(model7b, a800, 16), StrategyMemory.for_job(model7b, a800, 64)
     assert m64.maxlen(4, 1) > m16.maxlen(4, 1)
     d = m16.bytes_at(4, 1, 1000) - m64.bytes_at(4, 1, 1000)
-    st = m16.shared.state_bytes(model7b, Layout(4, 4, 1), 16)["optimizer_bytes"]
+    st = m16.shared.state_bytes(model7b, StrategyLayout(4, 4, 1), 16)["optimizer_bytes"]
     assert d == pytest.approx(st * (1 - 16 / 64), rel=1e-9)
 
 
@@ -82,7 +82,7 @@ def test_strategy_that_cannot_hold_128_tokens_is_dropped(model7b):
 def test_zero3_memory_shards_params_and_grads_too(model7b, a800):
     """DeepSpeed-like's ZeRO-3 + Ulysses: the same shared terms with params and grads over N."""
     mem = StrategyMemory.for_job(model7b, a800, 16)
-    st = mem.shared.state_bytes(model7b, Layout(8, 2, 1, "ulysses"), 16)
+    st = mem.shared.state_bytes(model7b, StrategyLayout(8, 2, 1, "ulysses"), 16)
     d = mem.bytes_at(2, 1, 4096, "ulysses", zero=1) - mem.bytes_at(2, 1, 4096, "ulysses", zero=3)
     assert d == pytest.approx((st["params_bytes"] + st["grads_bytes"]) * 15 / 16, rel=1e-9)
     assert mem.maxlen(2, 1, "ulysses", zero=3) > mem.maxlen(2, 1, "ulysses", zero=1)

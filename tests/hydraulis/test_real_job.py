@@ -12,14 +12,14 @@ import pytest
 from impl.common.varlen.lengths import LengthDist
 from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
-from impl.hydraulis.real.run import RealJob, run_job, summarise
-from impl.hydraulis.real.config import RealKnobs, RealRun, ReplicaKind
+from impl.hydraulis.real.run import HydraulisRealJob, run_job, summarise
+from impl.hydraulis.real.config import HydraulisRealKnobs, RealRun, ReplicaKind
 
 SHAPE = ModelShape(name="hyd-job", num_layers=2, hidden=32, heads=4, ffn_hidden=48, vocab=64, seq_len=256)
 KINDS = (ReplicaKind("A", True, 256, 1, 16), ReplicaKind("B", False, 128, 1, 16), ReplicaKind("T", False, 256, 2, 16))
 RUNS = (RealRun("H", "two_stage", [["A", "B"]]), RealRun("B0", "greedy", [["A", "A"]]),
         RealRun("P", "two_stage", [["A", "B"], ["T"]]))
-KNOBS = RealKnobs(kinds=list(KINDS), runs=list(RUNS), fit_lengths=[16, 32, 64, 128, 256], pack_rows=[[4, 16], [2, 64]],
+KNOBS = HydraulisRealKnobs(kinds=list(KINDS), runs=list(RUNS), fit_lengths=[16, 32, 64, 128, 256], pack_rows=[[4, 16], [2, 64]],
                   # toy rows take ~ms, too noisy for the R^2 floor; the fit itself is what is tested
                   fit_repeats=1, fit_min_r2=-1e9, plan_ahead=True, check_steps=0)
 ROUNDS, WARMUP, G = 3, 1, 700
@@ -29,7 +29,7 @@ ROUNDS, WARMUP, G = 3, 1, 700
 def result():
     stream = LengthStream(LengthDist(median=60, sigma=1.0, min_len=4, max_len=256), 3)
     batches = tuple(stream.by_tokens(G) for _ in range(ROUNDS))
-    job = RealJob(SHAPE, 3, 2, KINDS, RUNS, KNOBS, 1e-3, batches, ROUNDS, WARMUP, 1, shuffles=10, v_window=4,
+    job = HydraulisRealJob(SHAPE, 3, 2, KINDS, RUNS, KNOBS, 1e-3, batches, ROUNDS, WARMUP, 1, shuffles=10, v_window=4,
                   time_limit_s=0.2)
     return summarise(run_job(job, 300), job, 1e-5)
 

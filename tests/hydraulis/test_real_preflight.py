@@ -9,7 +9,7 @@ from impl.common.api import ConfigError
 from impl.common.varlen.lengths import LengthDist
 from impl.common.workloads.varlen import VarlenModelShape, VarlenWorkload
 from impl.hydraulis.real.run import job_runs
-from impl.hydraulis.real.config import RealKnobs, RealRun, ReplicaKind
+from impl.hydraulis.real.config import HydraulisRealKnobs, RealRun, ReplicaKind
 from impl.hydraulis.system import Hydraulis
 
 NO_FAULT = SimpleNamespace(kind="none")
@@ -18,7 +18,7 @@ SPEC5_RUNS = [RealRun("H", "two_stage", [["A", "B"]]), RealRun("B0", "greedy", [
 
 
 def _system(policy="hydraulis_h", **real):
-    return Hydraulis(Hydraulis.Config(policy=policy, real=RealKnobs(**real)), policy)
+    return Hydraulis(Hydraulis.Config(policy=policy, real=HydraulisRealKnobs(**real)), policy)
 
 
 def _wl(**kw):

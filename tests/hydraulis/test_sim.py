@@ -102,7 +102,7 @@ def test_sim_strategies_are_the_step_models_time_and_memory(runs):
     """Issue 40, one pricing path: every strategy the sim planned with is seq_cost (ms) with the
     cap of the shared step-model memory (ZeRO-1 over the job's 16 GPUs), and every policy pays
     the step model's iteration overhead once a step, on the datasheet profile too."""
-    from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+    from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost
 
     wl, hw = _wl("hydraulis_7b_16gpu_cc", steps=2), hardware("a800-80g")
     shared = MemoryModel.for_hardware(hw, zero1=True, sequence_parallel=True)
@@ -110,9 +110,9 @@ def test_sim_strategies_are_the_step_models_time_and_memory(runs):
     assert info["strategies"]
     for label, r in info["strategies"].items():
         tp, pp = (int(x) for x in label.strip("()").split(","))
-        sc = seq_cost(wl.model, Layout(1, tp, pp), hw)
+        sc = seq_cost(wl.model, StrategyLayout(1, tp, pp), hw)
         assert (r["a"], r["b"], r["c"]) == pytest.approx((sc.a * 1e3, sc.b * 1e3, sc.c * 1e3), rel=1e-12), label
-        assert r["cap"] == shared.maxlen(wl.model, Layout(16 // (tp * pp), tp, pp), 16) // 128 * 128, label
+        assert r["cap"] == shared.maxlen(wl.model, StrategyLayout(16 // (tp * pp), tp, pp), 16) // 128 * 128, label
     assert info["memory_limit_gib"] == pytest.approx(shared.capacity_bytes / 2**30)
     over = step_knobs(hw).iteration_overhead_s
     assert over > 0
@@ -121,7 +121,7 @@ def test_sim_strategies_are_the_step_models_time_and_memory(runs):
 
 
 def test_deepspeed_like_prices_ulysses_on_the_step_model(runs):
-    from impl.common.cost.varlen_model import Layout, seq_cost
+    from impl.common.cost.varlen_model import StrategyLayout, seq_cost
     from impl.hydraulis.cost.strategy import load_cost_data
     from impl.hydraulis.sim import SimEnv, _ulysses, cost_spec
 
@@ -131,7 +131,7 @@ def test_deepspeed_like_prices_ulysses_on_the_step_model(runs):
     for sp in (2, 8):
         r1, g1 = _ulysses(env, sp, 1)
         r3, g3 = _ulysses(env, sp, 3)
-        sc = seq_cost(wl.model, Layout(1, sp, 1, "ulysses"), hw)
+        sc = seq_cost(wl.model, StrategyLayout(1, sp, 1, "ulysses"), hw)
         assert (r1.a, r1.b, r1.c) == pytest.approx((sc.a * 1e3, sc.b * 1e3, sc.c * 1e3), rel=1e-12)
         assert r1.cap == env.mem.maxlen(sp, 1, "ulysses", 1) // 128 * 128 and g1 == 0.0
         assert r3.cap >= r1.cap and g3 > 0  # ZeRO-3 frees the replicated params and grads, pays gathers

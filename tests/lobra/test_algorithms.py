@@ -9,7 +9,7 @@ from impl.common.api import ConfigError
 from impl.common.llm.lora_train import Sample
 from impl.lobra import bucketing
 from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
-from impl.lobra.dispatch import Group, balanced, even, group_time, length_based, split_samples
+from impl.lobra.dispatch import ReplicaGroup, balanced, even, group_time, length_based, split_samples
 from impl.lobra.joint_step import plan_step
 from impl.lobra.plan import multisets, plan, scheme_pool
 
@@ -77,7 +77,7 @@ def test_bucket_cuts_let_the_small_replica_take_what_fits_and_auto_keeps_the_bet
 
     rng = np.random.default_rng(5)
     samples = [Sample("a", i, int(x)) for i, x in enumerate(rng.integers(16, 2048, size=40))]
-    groups = [Group(scheme(2, 1, 2048, k=1.4), 1), Group(scheme(1, 1, 512), 1)]
+    groups = [ReplicaGroup(scheme(2, 1, 2048, k=1.4), 1), ReplicaGroup(scheme(1, 1, 512), 1)]
     kw = dict(num_buckets=4, fixed=(), task_order=["a"])
     plans = {c: plan_bucketed(groups, samples, "dynamic", "balanced", cuts=c, **kw) for c in ("off", "on", "auto")}
     assert 512 in plans["on"].boundaries and plans["on"].info["bucket_cuts"] == [512, 2048]
@@ -100,7 +100,7 @@ def test_padding_falls_with_more_buckets_and_fixed_set():
         bucketing.fixed_buckets(20000)
 
 
-GROUPS = [Group(scheme(1, 1, 1024), 3), Group(scheme(2, 1, 2048, k=1.3), 1), Group(scheme(2, 2, 4096, k=1.5), 1)]
+GROUPS = [ReplicaGroup(scheme(1, 1, 1024), 3), ReplicaGroup(scheme(2, 1, 2048, k=1.3), 1), ReplicaGroup(scheme(2, 2, 4096, k=1.5), 1)]
 BUCKETS = [128, 512, 1024, 2048, 4096]
 COUNTS = [40, 20, 9, 5, 2]
 
@@ -122,7 +122,7 @@ def test_balanced_ilp_objective_recomputed_and_counts_conserved():
 
 
 def test_balanced_ilp_optimal_by_brute_force():
-    groups = [Group(scheme(1, 1, 512), 2), Group(scheme(2, 2, 1024, k=1.4), 1)]
+    groups = [ReplicaGroup(scheme(1, 1, 512), 2), ReplicaGroup(scheme(2, 2, 1024, k=1.4), 1)]
     buckets, counts = [256, 512, 1024], [7, 4, 2]
     d = balanced(groups, buckets, counts, mip_gap=0.0)
     best = float("inf")
@@ -159,7 +159,7 @@ def test_split_every_sample_exactly_once_and_micro_batches_fit():
 
 
 def test_even_split_conserves_and_length_beyond_every_replica_errors():
-    d = even([Group(scheme(8, 1, 4096), 3)], BUCKETS, COUNTS)
+    d = even([ReplicaGroup(scheme(8, 1, 4096), 3)], BUCKETS, COUNTS)
     assert [sum(r) for r in d.n] == COUNTS
     with pytest.raises(ConfigError, match="bucket length 8192 is beyond every replica's max_tokens"):
         length_based(GROUPS, [8192], [1])

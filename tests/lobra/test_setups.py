@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from bench.validate import typed_hardware, typed_workload
 from impl.common.api import ConfigError
-from impl.common.cost.varlen_model import Layout, seq_cost
+from impl.common.cost.varlen_model import StrategyLayout, seq_cost
 from impl.common.varlen.lengths import LengthDist
 from impl.lobra import datasets
 from impl.lobra.sim import simulate
@@ -39,7 +39,7 @@ def test_calibrated_lora_cost_is_the_step_model_with_two_thirds_gemms(hw_cal):
     for tp, pp in [(1, 4), (8, 1), (16, 1)]:
         full = tp_cost(m, tp, pp, hw_cal, SimCostKnobs(lora_matrix_factor=1.0))
         lora = tp_cost(m, tp, pp, hw_cal, SimCostKnobs())
-        sc = seq_cost(m, Layout(1, tp, pp), hw_cal)
+        sc = seq_cost(m, StrategyLayout(1, tp, pp), hw_cal)
         per = m.num_layers / pp
         # factor 1: exactly the calibrated step model's stage cost (the plain path)
         assert full.f(3, 2048) * per == pytest.approx(3 * 2048 * sc.b + 3 * 2048 ** 2 * sc.a + sc.c, rel=1e-12)

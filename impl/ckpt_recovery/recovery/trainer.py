@@ -32,7 +32,7 @@ from torch import nn
 
 from impl.common.checkpoint.layout import StagePlan, pipeline_layout
 from impl.common.checkpoint.model_state import flat_state, state_metas
-from impl.common.models.varlen_gpt import Layout as SegLayout
+from impl.common.models.varlen_gpt import SegmentLayout
 from impl.common.models.varlen_gpt import VarlenGPT, rope, sequence_tokens
 from impl.common.parallel.tensor_parallel import tensor_parallel
 from impl.common.storage.emulator import Storage, StorageProfile
@@ -181,7 +181,7 @@ class StageModel:
 
     def forward(self, step: int, k: int, x_in: Optional[torch.Tensor]):
         ids, tokens, targets, cu = self._micro_batch(step, k)
-        lay = SegLayout(tokens.numel(), cu, None, tokens.device)
+        lay = SegmentLayout(tokens.numel(), cu, None, tokens.device)
         cos, sin = rope(lay.positions, self.spec.shape.hidden // self.spec.shape.heads)
         m = self.model
         x = self._dropout(m.tok_emb(tokens), step, ids) if self.first else x_in

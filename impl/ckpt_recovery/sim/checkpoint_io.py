@@ -6,7 +6,7 @@ reads, counted by the checkpoint layer's own plan code on metadata only.
   q/k/v/gate/up and the vocab-parallel embedding / head on dim 0, row-parallel o/down on dim 1,
   norms replicated). Adam's step scalars are left out (bytes and keys negligible).
 - Layouts: a :class:`~impl.common.parallel.plan.Plan` becomes a checkpoint
-  :class:`~impl.common.checkpoint.layout.Layout` through ``pipeline_layout`` (the real path).
+  :class:`~impl.common.checkpoint.layout.CheckpointLayout` through ``pipeline_layout`` (the real path).
 - Ours: each split written once by its lowest owner (pipeline 0), keys laid out by
   ``fileformat.file_order``; a new rank's reads are ``plan.read_plan`` blocks plus one header
   read per file it touches.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from impl.common.checkpoint.fileformat import Entry, file_order
-from impl.common.checkpoint.layout import DTYPES, Layout, StagePlan, TensorMeta, pipeline_layout, split_range
+from impl.common.checkpoint.layout import DTYPES, CheckpointLayout, StagePlan, TensorMeta, pipeline_layout, split_range
 from impl.common.checkpoint.plan import key_index, owners, read_plan
 from impl.common.cost.transformer import ffn_size, is_swiglu, kv_size
 from impl.common.parallel.plan import Plan
@@ -51,7 +51,7 @@ def total_bytes(metas: Sequence[TensorMeta]) -> int:
     return sum(m.nbytes for m in metas)
 
 
-def checkpoint_layout(plan: Plan, metas: Sequence[TensorMeta], pipelines: Optional[Sequence[int]] = None) -> Layout:
+def checkpoint_layout(plan: Plan, metas: Sequence[TensorMeta], pipelines: Optional[Sequence[int]] = None) -> CheckpointLayout:
     """The plan's ranks (``rank_map`` order) and what each holds; ``pipelines`` keeps only those."""
     stages: dict[tuple[int, int], list[int]] = {}
     ranges: dict[tuple[int, int], tuple[int, int]] = {}
@@ -99,7 +99,7 @@ class SaveIO:
     rank_calls: dict  # rank -> requests
 
 
-def _roles(layout: Layout) -> list[tuple[int, int]]:
+def _roles(layout: CheckpointLayout) -> list[tuple[int, int]]:
     """(a representative rank, how many ranks hold exactly what it holds)."""
     seen: dict[tuple, list[int]] = {}
     for r in sorted(layout.ranks):
@@ -126,7 +126,7 @@ class CheckpointIO:
     def state_bytes(self) -> int:
         return total_bytes(self.metas)
 
-    def layout(self, plan: Plan, writers_only: bool = False) -> Layout:
+    def layout(self, plan: Plan, writers_only: bool = False) -> CheckpointLayout:
         key = ("layout", plan.signature(), writers_only)
         if key not in self._cache:
             self._cache[key] = checkpoint_layout(plan, self.metas, [0] if writers_only else None)

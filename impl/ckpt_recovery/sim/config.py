@@ -7,7 +7,7 @@ from typing import List
 
 
 @dataclass
-class SimKnobs:
+class CkptSimKnobs:
     storage: str = "nas5"  # headline profile (impl.common.storage.emulator.PAPER_PROFILES)
     # Profiles priced in the same job as <metric>@<profile> (storage changes no layout).
     storage_profiles: List[str] = field(default_factory=lambda: ["nas5", "nas20", "nvme", "network"])

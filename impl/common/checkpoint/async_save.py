@@ -25,7 +25,7 @@ import torch.distributed as dist
 from impl.common.api import ConfigError
 from impl.common.storage.emulator import Storage, StorageProfile
 
-from .layout import Layout, TensorMeta
+from .layout import CheckpointLayout, TensorMeta
 from .plan import model_order, save_items
 from .store import CheckpointStore
 
@@ -48,7 +48,7 @@ def _saver_main(root: str, prof: StorageProfile, keep: int, rank: int, world: in
     ``stage`` = (base, node): each file is also staged in the node's shared memory for the
     peer tier's holders (:mod:`.holder`)."""
     torch.set_num_threads(1)
-    layout = Layout.from_dict(layout_d)
+    layout = CheckpointLayout.from_dict(layout_d)
     store = CheckpointStore(root, Storage(prof), keep=keep)
     order = model_order(metas)
     conn.send(("ready",))
@@ -95,7 +95,7 @@ class SaveLog:
 
 
 class AsyncCheckpointer:
-    def __init__(self, root: str, rank: int, world: int, metas: Sequence[TensorMeta], layout: Layout, S: int,
+    def __init__(self, root: str, rank: int, world: int, metas: Sequence[TensorMeta], layout: CheckpointLayout, S: int,
                  local: Mapping[str, torch.Tensor], *, prof: Optional[StorageProfile] = None, keep: int = 2,
                  min_interval_s: float = 20.0, duplicate: bool = False, group=None, mp_ctx=None,
                  stage: Optional[tuple] = None) -> None:

@@ -33,7 +33,7 @@ def split_key(seq: int, name: str, j: Optional[int]) -> str:
 
 
 @dataclass(frozen=True)
-class Item:
+class WriteItem:
     """One unit a rank writes: split ``j`` (None: whole) of tensor ``name``."""
 
     name: str
@@ -47,7 +47,7 @@ def file_order(dtype: torch.dtype, split: Optional[int], model_pos: int) -> tupl
     return (str(dtype), -1 if split is None else split, model_pos)
 
 
-def serialize(items: Sequence[Item], order: dict[str, int]) -> tuple[bytes, dict[str, list]]:
+def serialize(items: Sequence[WriteItem], order: dict[str, int]) -> tuple[bytes, dict[str, list]]:
     """safetensors bytes and ``key -> [name, split]``; ``order`` is the model order of names."""
     ranked = sorted(items, key=lambda it: file_order(it.tensor.dtype, it.split, order[it.name]))
     tensors, keys = {}, {}

@@ -4,7 +4,7 @@ A :class:`TensorMeta` says a tensor's shape, dtype and *shard dim* (None: replic
 whole as ``<name>_full``). A sharded tensor is cut into S equal splits along its shard dim;
 a fused tensor (``fused`` = f pieces stacked on the shard dim, e.g. QKV = 3) is cut per piece,
 split j being the j-th slice of every piece, so a TP rank's heads of q, k and v are one run of
-splits. A :class:`Layout` maps rank -> tensor name -> ``(t, g)``: the rank holds fraction
+splits. A :class:`CheckpointLayout` maps rank -> tensor name -> ``(t, g)``: the rank holds fraction
 ``[t/g, (t+1)/g)`` of the tensor along its shard dim (the convention of
 :mod:`impl.common.parallel.migration` and the TP code), i.e. splits ``[t*S/g, (t+1)*S/g)``;
 ``(0, 1)`` is the whole tensor. Ranks of one DP group hold the same fractions.
@@ -64,7 +64,7 @@ Ownership = dict[str, tuple[int, int]]  # tensor name -> (t, g)
 
 
 @dataclass
-class Layout:
+class CheckpointLayout:
     """rank -> tensor name -> (t, g). A rank missing a tensor does not hold it."""
 
     ranks: dict[int, Ownership]
@@ -73,7 +73,7 @@ class Layout:
         return {str(r): {k: list(v) for k, v in own.items()} for r, own in sorted(self.ranks.items())}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Layout":
+    def from_dict(cls, d: Mapping) -> "CheckpointLayout":
         return cls({int(r): {k: (int(v[0]), int(v[1])) for k, v in own.items()} for r, own in d.items()})
 
     def degrees(self) -> set[int]:
@@ -108,7 +108,7 @@ def check_rank(metas: Sequence[TensorMeta], own: Ownership, rank: int, S: int) -
             raise ConfigError(f"layout: rank {rank} holds part {t} of {g} of {name}")
 
 
-def check_layout(metas: Sequence[TensorMeta], layout: Layout, S: int) -> None:
+def check_layout(metas: Sequence[TensorMeta], layout: CheckpointLayout, S: int) -> None:
     """Every fraction is a whole number of splits, every tensor is fully covered."""
     for r, own in sorted(layout.ranks.items()):
         check_rank(metas, own, r, S)
@@ -178,7 +178,7 @@ def cut_state(full: Mapping[str, torch.Tensor], metas: Sequence[TensorMeta], own
 
 
 def gather_state(locals_by_rank: Mapping[int, Mapping[str, torch.Tensor]], metas: Sequence[TensorMeta],
-                 layout: Layout) -> dict[str, torch.Tensor]:
+                 layout: CheckpointLayout) -> dict[str, torch.Tensor]:
     """Whole tensors back from every rank's local state (a test and report helper)."""
     out = {}
     for m in metas:
@@ -215,8 +215,8 @@ class StagePlan:
     layers: tuple[int, int]
 
 
-def pipeline_layout(metas: Sequence[TensorMeta], pipelines: Sequence[Sequence[StagePlan]], num_layers: int) -> Layout:
-    """Layout of DP replicas of (possibly heterogeneous) pipelines: each stage holds its
+def pipeline_layout(metas: Sequence[TensorMeta], pipelines: Sequence[Sequence[StagePlan]], num_layers: int) -> CheckpointLayout:
+    """The layout of DP replicas of (possibly heterogeneous) pipelines: each stage holds its
     layers' tensors (plus the embedding on the first stage and the head on the last), TP rank
     i of a stage of g ranks holds fraction (i, g) of each sharded tensor, whole replicated ones."""
     ranks: dict[int, Ownership] = {}
@@ -233,7 +233,7 @@ def pipeline_layout(metas: Sequence[TensorMeta], pipelines: Sequence[Sequence[St
                     ranks.setdefault(r, {})[m.name] = (0, 1) if m.dim is None else (i, g)
             for r in st.ranks:
                 ranks.setdefault(r, {})
-    return Layout(ranks)
+    return CheckpointLayout(ranks)
 
 
 def format_layout(pipelines: Sequence[Sequence[StagePlan]]) -> str:

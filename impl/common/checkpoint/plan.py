@@ -14,11 +14,11 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
-from .fileformat import Entry, Item
-from .layout import Layout, TensorMeta, local_splits, split_range
+from .fileformat import Entry, WriteItem
+from .layout import CheckpointLayout, TensorMeta, local_splits, split_range
 
 
-def owners(metas: Sequence[TensorMeta], layout: Layout, S: int) -> dict[tuple[str, Optional[int]], list[int]]:
+def owners(metas: Sequence[TensorMeta], layout: CheckpointLayout, S: int) -> dict[tuple[str, Optional[int]], list[int]]:
     """(name, split) -> ranks holding it, ascending."""
     out: dict = {}
     for r in sorted(layout.ranks):
@@ -30,8 +30,8 @@ def owners(metas: Sequence[TensorMeta], layout: Layout, S: int) -> dict[tuple[st
     return out
 
 
-def save_items(metas: Sequence[TensorMeta], layout: Layout, S: int, rank: int,
-               local: Mapping[str, torch.Tensor], duplicate: bool = False) -> list[Item]:
+def save_items(metas: Sequence[TensorMeta], layout: CheckpointLayout, S: int, rank: int,
+               local: Mapping[str, torch.Tensor], duplicate: bool = False) -> list[WriteItem]:
     """The items ``rank`` writes from its local state."""
     own = owners(metas, layout, S)
     items = []
@@ -42,7 +42,7 @@ def save_items(metas: Sequence[TensorMeta], layout: Layout, S: int, rank: int,
         for j, t in local_splits(local[m.name], m, tg, S).items():
             holders = own[(m.name, j)]
             if duplicate or holders[0] == rank:
-                items.append(Item(m.name, j, t))
+                items.append(WriteItem(m.name, j, t))
     return items
 
 
@@ -59,7 +59,7 @@ class Need:
 
 
 @dataclass
-class Block:
+class ReadBlock:
     """One read: [offset, offset+length) of ``file``, holding ``needs`` back to back."""
 
     file: str
@@ -80,7 +80,7 @@ def key_index(files: Mapping[str, Mapping[str, Entry]], manifest_files: Mapping[
     return idx
 
 
-def needed(metas: Sequence[TensorMeta], layout: Layout, rank: int, S: int) -> list[tuple[str, Optional[int]]]:
+def needed(metas: Sequence[TensorMeta], layout: CheckpointLayout, rank: int, S: int) -> list[tuple[str, Optional[int]]]:
     own = layout.ranks.get(rank, {})
     return [(m.name, j) for m in metas if m.name in own for j in split_range(own[m.name], S, m)]
 
@@ -94,7 +94,7 @@ def files_needed(metas, layout, rank, S, manifest_files) -> list[str]:
     return sorted({where[n] for n in needed(metas, layout, rank, S)})
 
 
-def read_plan(metas: Sequence[TensorMeta], layout: Layout, rank: int, S: int, index: Mapping) -> list[Block]:
+def read_plan(metas: Sequence[TensorMeta], layout: CheckpointLayout, rank: int, S: int, index: Mapping) -> list[ReadBlock]:
     """Merged blocks for ``rank`` under ``layout`` (needs must be in ``index``)."""
     per_file: dict[str, list[Need]] = {}
     for name, j in needed(metas, layout, rank, S):
@@ -102,16 +102,16 @@ def read_plan(metas: Sequence[TensorMeta], layout: Layout, rank: int, S: int, in
         per_file.setdefault(f, []).append(Need(name, j, f, e))
     blocks = []
     for f in sorted(per_file):
-        cur: Optional[Block] = None
+        cur: Optional[ReadBlock] = None
         for n in sorted(per_file[f], key=lambda n: n.entry.offset):
             if cur is not None and cur.offset + cur.length == n.entry.offset:
                 cur.length += n.entry.length
                 cur.needs.append(n)
             else:
-                cur = Block(f, n.entry.offset, n.entry.length, [n])
+                cur = ReadBlock(f, n.entry.offset, n.entry.length, [n])
                 blocks.append(cur)
     return blocks
 
 
-def format_read_plan(blocks: Sequence[Block]) -> str:
+def format_read_plan(blocks: Sequence[ReadBlock]) -> str:
     return "\n".join(str(b) for b in blocks)

@@ -14,7 +14,7 @@ import torch
 from impl.common.storage.emulator import Storage
 
 from .fileformat import CheckpointError, header_length, parse_header, sha256, to_tensor
-from .layout import Layout, TensorMeta, check_rank, join, split_range
+from .layout import CheckpointLayout, TensorMeta, check_rank, join, split_range
 from .plan import files_needed, key_index, read_plan
 from .store import Checkpoint
 
@@ -42,7 +42,7 @@ class LoadStats:
                 "t_metadata_s": self.t_metadata_s, "t_io_s": self.t_io_s, "t_assembly_s": self.t_assembly_s}
 
 
-def load_rank(ck: Checkpoint, layout: Layout, rank: int, storage: Optional[Storage] = None,
+def load_rank(ck: Checkpoint, layout: CheckpointLayout, rank: int, storage: Optional[Storage] = None,
               metas: Optional[Sequence[TensorMeta]] = None,
               locate: Optional[Callable[[str], tuple[str, Storage]]] = None) -> tuple[dict[str, torch.Tensor], LoadStats]:
     """``rank``'s local tensors under ``layout`` from checkpoint ``ck`` (any saved layout).

@@ -8,7 +8,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
-from .layout import Layout, TensorMeta, check_layout
+from .layout import CheckpointLayout, TensorMeta, check_layout
 from .plan import model_order, save_items
 from .store import CheckpointStore
 
@@ -21,7 +21,7 @@ def rng_from_json(d: Mapping) -> torch.Tensor:
     return torch.frombuffer(bytearray(bytes.fromhex(d["hex"])), dtype=torch.uint8).clone()
 
 
-def save_serial(store: CheckpointStore, step: int, metas: Sequence[TensorMeta], layout: Layout, S: int,
+def save_serial(store: CheckpointStore, step: int, metas: Sequence[TensorMeta], layout: CheckpointLayout, S: int,
                 locals_by_rank: Mapping[int, Mapping[str, torch.Tensor]], extra: dict,
                 duplicate: bool = False) -> str:
     check_layout(metas, layout, S)
@@ -32,7 +32,7 @@ def save_serial(store: CheckpointStore, step: int, metas: Sequence[TensorMeta], 
     return store.commit(step, recs, metas, layout, S, extra)
 
 
-def save(store: CheckpointStore, rank: int, world: int, step: int, metas: Sequence[TensorMeta], layout: Layout,
+def save(store: CheckpointStore, rank: int, world: int, step: int, metas: Sequence[TensorMeta], layout: CheckpointLayout,
          S: int, local: Mapping[str, torch.Tensor], extra: dict, barrier: Callable[[], None],
          duplicate: bool = False) -> Optional[str]:
     """Every rank of the group calls this; rank 0 commits (returns the dir there)."""

@@ -1,6 +1,6 @@
 """Commit protocol of a checkpoint directory (spec ckpt_recovery 2.4, invariants 7).
 
-Layout on disk::
+CheckpointLayout on disk::
 
     root/step.txt                 pointer: "step00000012" (replaced by tmp + fsync + rename)
     root/step00000012/            a committed checkpoint (exists only with its manifest)
@@ -29,8 +29,8 @@ from typing import Callable, Optional, Sequence
 
 from impl.common.storage.emulator import Storage, fsync_dir
 
-from .fileformat import CheckpointError, Item, parse_header, serialize, sha256
-from .layout import Layout, TensorMeta
+from .fileformat import CheckpointError, WriteItem, parse_header, serialize, sha256
+from .layout import CheckpointLayout, TensorMeta
 
 FORMAT = "elastor-splits/1"
 POINTER = "step.txt"
@@ -75,8 +75,8 @@ class Checkpoint:
         return [TensorMeta.from_dict(d) for d in self.manifest["tensors"]]
 
     @property
-    def layout(self) -> Layout:
-        return Layout.from_dict(self.manifest["layout"])
+    def layout(self) -> CheckpointLayout:
+        return CheckpointLayout.from_dict(self.manifest["layout"])
 
     @property
     def extra(self) -> dict:
@@ -130,7 +130,7 @@ class CheckpointStore:
             if d.startswith(".tmp-"):
                 shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
 
-    def write_rank(self, step: int, rank: int, items: Sequence[Item], order: dict[str, int],
+    def write_rank(self, step: int, rank: int, items: Sequence[WriteItem], order: dict[str, int],
                    mirror: Optional[Callable[[str, memoryview], None]] = None) -> dict:
         """This rank's file and sidecar in the temp dir, both fsynced; returns the file record.
         ``mirror(name, bytes)`` gets the serialised file first (the peer tier's staging)."""
@@ -170,7 +170,7 @@ class CheckpointStore:
                 out.append(json.loads(self.storage.read_file(p)))
         return out
 
-    def commit(self, step: int, records: Sequence[dict], metas: Sequence[TensorMeta], layout: Layout, S: int,
+    def commit(self, step: int, records: Sequence[dict], metas: Sequence[TensorMeta], layout: CheckpointLayout, S: int,
                extra: dict) -> str:
         """Rank 0, after every rank's write and a barrier. Returns the committed dir."""
         self.kill("after_barrier")

@@ -36,7 +36,7 @@ PARALLEL = ("tp", "ulysses")
 
 
 @dataclass(frozen=True)
-class Layout:
+class StrategyLayout:
     """A (dp, tp, pp) layout of ``num_gpus`` GPUs; with ``parallel="ulysses"`` the tp slot is
     the Ulysses sequence-parallel degree."""
 
@@ -84,7 +84,7 @@ def _splittable_heads(m, degree: int):
     return _dc.replace(m, heads=split[0], kv_heads=split[1])
 
 
-def _step_shape(model, layout: Layout, hw: HardwareProfile):
+def _step_shape(model, layout: StrategyLayout, hw: HardwareProfile):
     """The harness shape as the step model's model and layout (one replica's slowest stage)."""
     import dataclasses as _dc
 
@@ -107,7 +107,7 @@ def _step_shape(model, layout: Layout, hw: HardwareProfile):
     return m, lay
 
 
-def seq_cost(model, layout: Layout, hw: HardwareProfile, gemm_scale: float = 1.0,
+def seq_cost(model, layout: StrategyLayout, hw: HardwareProfile, gemm_scale: float = 1.0,
              typical: float | None = None) -> SeqCost:
     """Time of one packed micro-batch (forward + backward) on the slowest pipeline stage, from the
     step model (see the module doc). ``gemm_scale``: LoRA's frozen base has no weight-gradient
@@ -146,7 +146,7 @@ class MemoryModel:
         k = step_knobs(self.hw)
         return float(k.allocatable_bytes or self.hw.memory_bytes)
 
-    def _lines(self, model, layout: Layout, num_gpus: int = 0) -> list[tuple[float, float]]:
+    def _lines(self, model, layout: StrategyLayout, num_gpus: int = 0) -> list[tuple[float, float]]:
         """The step model's (fixed, per-token) bytes per stage; ZeRO-1 shards the optimizer over
         every replica of the ``num_gpus`` (default: the layout's own)."""
         from impl.common.megatron.step import linear_memory
@@ -157,7 +157,7 @@ class MemoryModel:
                         distributed_optimizer=self.zero1)
         return linear_memory(m, lay, step_knobs(self.hw))
 
-    def state_bytes(self, model, layout: Layout, num_gpus: int) -> dict[str, float]:
+    def state_bytes(self, model, layout: StrategyLayout, num_gpus: int) -> dict[str, float]:
         """Model states of the busiest GPU: bf16 params, fp32 grads, fp32 master + Adam (ZeRO-1:
         over every GPU holding the same parameters)."""
         m, lay = _step_shape(model, layout, self.hw)
@@ -165,20 +165,20 @@ class MemoryModel:
         holders = max(1, num_gpus // (lay.tp * lay.pp)) if self.zero1 else 1
         return {"params_bytes": 2.0 * p, "grads_bytes": 4.0 * p, "optimizer_bytes": 12.0 * p / holders}
 
-    def per_token_bytes(self, model, layout: Layout) -> float:
+    def per_token_bytes(self, model, layout: StrategyLayout) -> float:
         """Activation + logits bytes per token of a micro-batch in every in-flight slot, on the stage
         that holds most per token."""
         return max(per for _, per in self._lines(model, layout))
 
-    def bytes_at(self, model, layout: Layout, num_gpus: int, seq_len: int) -> float:
+    def bytes_at(self, model, layout: StrategyLayout, num_gpus: int, seq_len: int) -> float:
         return max(f + per * seq_len for f, per in self._lines(model, layout, num_gpus))
 
-    def maxlen(self, model, layout: Layout, num_gpus: int) -> int:
+    def maxlen(self, model, layout: StrategyLayout, num_gpus: int) -> int:
         """Longest packed micro-batch (tokens) that fits; 0 when the model states alone do not."""
         room = [(self.capacity_bytes - f) / per for f, per in self._lines(model, layout, num_gpus)]
         return max(0, int(math.floor(min(room))))
 
-    def switch_peak_bytes(self, model, src: Layout, dst: Layout, num_gpus: int) -> float:
+    def switch_peak_bytes(self, model, src: StrategyLayout, dst: StrategyLayout, num_gpus: int) -> float:
         """During a switch both layouts' params and grads coexist; the optimizer stays put."""
         a = self.state_bytes(model, src, num_gpus)
         b = self.state_bytes(model, dst, num_gpus)

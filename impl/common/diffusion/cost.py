@@ -2,7 +2,7 @@
 
 :func:`trace_unet_ops` builds the real ``UNet2DConditionModel`` on the ``meta`` device (no
 memory, no weights) and runs one forward with hooks; every Conv2d, Linear, GroupNorm,
-LayerNorm and attention core becomes an :class:`Op` with its shapes, FLOPs and bytes.
+LayerNorm and attention core becomes an :class:`UNetOp` with its shapes, FLOPs and bytes.
 :func:`op_time_s` is a roofline: ``max(flops / (peak[dtype] * mfu), bytes / mem_bw) + launch``,
 with a k>1 convolution at the profile's measured conv rate where it has one (``conv_flops``:
 oneDNN runs a 3x3 conv at ~2x the sgemm rate on this CPU), a 1x1 conv at the matmul rate,
@@ -38,7 +38,7 @@ ELEMENTWISE_PASSES = 2  # activation + residual, charged to each norm op
 
 
 @dataclass(frozen=True)
-class Op:
+class UNetOp:
     name: str
     kind: str  # conv | linear | attn_core | groupnorm | layernorm
     cells: int  # spatial cells (H*W) or tokens of the output grid; 0 = not spatial (time emb, text)
@@ -92,7 +92,7 @@ def _trace(shape_key: tuple, latent: int, batch: int, text_len: int) -> tuple:
     kw = dict(shape_key)
     with torch.device("meta"):
         unet = UNet2DConditionModel(**kw)
-    ops: list[Op] = []
+    ops: list[UNetOp] = []
 
     def hook(name, mod):
         def f(m, inputs, kwargs, output):
@@ -101,21 +101,21 @@ def _trace(shape_key: tuple, latent: int, batch: int, text_len: int) -> tuple:
                 B, Ci, H, W = x.shape
                 _, Co, Ho, Wo = output.shape
                 k = m.kernel_size[0]
-                ops.append(Op(name, "conv", Ho * Wo, 2.0 * B * Ci * Co * k * k * Ho * Wo, x.numel(), output.numel(),
+                ops.append(UNetOp(name, "conv", Ho * Wo, 2.0 * B * Ci * Co * k * k * Ho * Wo, x.numel(), output.numel(),
                               m.weight.numel(), "", "conv", k, m.stride[0], Ci, Co, (Ho, Wo)))
             elif isinstance(m, torch.nn.Linear):
                 tokens = x.numel() // x.shape[-1]
                 cells = x.shape[1] if x.ndim == 3 else 0
-                ops.append(Op(name, "linear", cells, 2.0 * tokens * m.in_features * m.out_features, x.numel(),
+                ops.append(UNetOp(name, "linear", cells, 2.0 * tokens * m.in_features * m.out_features, x.numel(),
                               output.numel(), m.weight.numel(), _block_of(name), _role(name),
                               cin=m.in_features, cout=m.out_features))
             elif isinstance(m, torch.nn.GroupNorm):
                 cells = x.shape[-1] * x.shape[-2] if x.ndim == 4 else 0
-                ops.append(Op(name, "groupnorm", cells, 8.0 * x.numel(), x.numel() * (1 + ELEMENTWISE_PASSES),
+                ops.append(UNetOp(name, "groupnorm", cells, 8.0 * x.numel(), x.numel() * (1 + ELEMENTWISE_PASSES),
                               output.numel() * (1 + ELEMENTWISE_PASSES), 0, "", "gn", cin=x.shape[1], cout=x.shape[1],
                               hw=tuple(x.shape[-2:]) if x.ndim == 4 else ()))
             elif isinstance(m, torch.nn.LayerNorm):
-                ops.append(Op(name, "layernorm", x.shape[1] if x.ndim == 3 else 0, 8.0 * x.numel(),
+                ops.append(UNetOp(name, "layernorm", x.shape[1] if x.ndim == 3 else 0, 8.0 * x.numel(),
                               x.numel() * (1 + ELEMENTWISE_PASSES), output.numel() * (1 + ELEMENTWISE_PASSES), 0,
                               _block_of(name), "ln", cin=x.shape[-1], cout=x.shape[-1]))
             elif isinstance(m, Attention):
@@ -125,7 +125,7 @@ def _trace(shape_key: tuple, latent: int, batch: int, text_len: int) -> tuple:
                 B, Nq, C = q.shape
                 Nk = kv.shape[1]
                 inner = m.inner_dim
-                ops.append(Op(name + ".core", "attn_core", Nq, 4.0 * B * Nq * Nk * inner,
+                ops.append(UNetOp(name + ".core", "attn_core", Nq, 4.0 * B * Nq * Nk * inner,
                               B * (Nq + 2 * Nk) * inner, B * Nq * inner, 0, _block_of(name),
                               ("attn1" if name.endswith("attn1") else "attn2") + ".core", cin=inner, cout=inner))
         return f
@@ -193,13 +193,13 @@ GLUE_COPIES = frozenset({"contiguous", "reshape"})  # glue only when they copy (
 
 
 class GlueTracer(TorchFunctionMode):
-    """Records each glue call of the ``with`` block as an :class:`Op` (kind ``activation`` or
+    """Records each glue call of the ``with`` block as an :class:`UNetOp` (kind ``activation`` or
     ``elementwise``; bytes = tensor inputs + output, in elements), with the transformer block of
     the innermost module running it (``module_stack``, kept by the trace's module hooks)."""
 
     def __init__(self):
         super().__init__()
-        self.ops: list[Op] = []
+        self.ops: list[UNetOp] = []
         self.module_stack: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -213,7 +213,7 @@ class GlueTracer(TorchFunctionMode):
             flat += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
             where = self.module_stack[-1] if self.module_stack else ""
             cells = out.shape[-1] * out.shape[-2] if out.ndim == 4 else out.shape[1] if out.ndim == 3 else 0
-            self.ops.append(Op(f"{where}:{name}", kind, cells, 0.0, float(sum(t.numel() for t in flat)),
+            self.ops.append(UNetOp(f"{where}:{name}", kind, cells, 0.0, float(sum(t.numel() for t in flat)),
                                float(out.numel()), 0, _block_of(where), "glue"))
         return out
 
@@ -255,25 +255,25 @@ def forward_torch_calls(shape, latent: Optional[int] = None, batch: int = 2, tex
 
 
 def trace_unet_ops(shape, latent: Optional[int] = None, batch: int = 2, text_len: int = 77,
-                   attention_head_dim=None) -> list[Op]:
+                   attention_head_dim=None) -> list[UNetOp]:
     """Ops of one UNet forward at ``batch`` (CFG = 2) for a :class:`UNetShape`."""
     return list(_trace(_shape_key(shape, attention_head_dim), int(latent or shape.sample_size), batch, text_len))
 
 
 def trace_unet_glue(shape, latent: Optional[int] = None, batch: int = 2, text_len: int = 77,
-                    attention_head_dim=None) -> list[Op]:
+                    attention_head_dim=None) -> list[UNetOp]:
     """Glue ops (:class:`GlueTracer`) of one UNet forward, traced on the meta device."""
     return list(_glue(_shape_key(shape, attention_head_dim), int(latent or shape.sample_size), batch, text_len))
 
 
-def glue_time_s(op: Op, hw: HardwareProfile, dtype: str, scale: float = 1.0) -> float:
+def glue_time_s(op: UNetOp, hw: HardwareProfile, dtype: str, scale: float = 1.0) -> float:
     """A glue op's bytes (read + written) at the profile's measured rate for its kind; 0 on a
     profile without glue rates (the norm ops' ``ELEMENTWISE_PASSES`` stand for it there)."""
     bw = hw.glue_bw(op.kind, dtype)
     return (op.bytes_in + op.bytes_out) * BYTES[dtype] * scale / bw if bw else 0.0
 
 
-def op_time_s(op: Op, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1.0, bytes_scale: float = 1.0,
+def op_time_s(op: UNetOp, hw: HardwareProfile, dtype: str, *, flops_scale: float = 1.0, bytes_scale: float = 1.0,
               launch_s: float = 5e-6, windowed: bool = False) -> float:
     """Roofline time of ``op``; ``windowed``: a conv run on gathered windows (block-sparse),
     priced at :meth:`HardwareProfile.conv_window_flops_per_s`."""

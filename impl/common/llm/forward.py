@@ -43,7 +43,7 @@ class KVCache:
 
 
 @dataclass
-class Item:
+class RequestSlice:
     """One request's slice of an iteration: its new tokens and its cache."""
 
     tokens: Sequence[int]
@@ -103,7 +103,7 @@ class InlineCPU:
 
 
 @torch.no_grad()
-def ragged_forward(model, items: Sequence[Item], batch: Optional[LoRABatch] = None,
+def ragged_forward(model, items: Sequence[RequestSlice], batch: Optional[LoRABatch] = None,
                    cpu: Optional[CPUPath] = None, all_logits: bool = False,
                    layer_hook: Optional[Callable[[int], None]] = None) -> torch.Tensor:
     """Run the new tokens of ``items``; appends to their caches. Returns logits of each item's

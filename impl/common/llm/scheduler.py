@@ -68,7 +68,7 @@ class SReq:
 
 
 @dataclass
-class Plan:
+class IterationPlan:
     kind: str  # prefill | decode
     reqs: list
     new_adapters: list = field(default_factory=list)  # acquired now, need a load (sync or async)
@@ -177,7 +177,7 @@ class BatchScheduler:
             return self.running[0].adapter
         return self.waiting[0].adapter if self.waiting else None
 
-    def plan(self, decode_ready: Callable[[SReq], bool]) -> Optional[Plan]:
+    def plan(self, decode_ready: Callable[[SReq], bool]) -> Optional[IterationPlan]:
         """Prefill first (LightLLM/vLLM default), else one decode step of the ready running set."""
         cfg = self.cfg
         if cfg.policy == "dlora":
@@ -205,10 +205,10 @@ class BatchScheduler:
         if sel:
             for r in sel:
                 self.waiting.remove(r)
-            return Plan("prefill", sel, new_adapters=new, merged=self.merged, prefetch=self._prefetch(len(sel)))
+            return IterationPlan("prefill", sel, new_adapters=new, merged=self.merged, prefetch=self._prefetch(len(sel)))
         ready = [r for r in self.running if decode_ready(r) and (self.merged is None or r.adapter == self.merged)]
         if ready:
-            return Plan("decode", ready, merged=self.merged, prefetch=self._prefetch(0))
+            return IterationPlan("decode", ready, merged=self.merged, prefetch=self._prefetch(0))
         return None
 
     def _prefetch(self, joining: int) -> list:
@@ -228,7 +228,7 @@ class BatchScheduler:
         return out
 
     # ---- bookkeeping ---------------------------------------------------------------------
-    def prefilled(self, plan: Plan) -> list[SReq]:
+    def prefilled(self, plan: IterationPlan) -> list[SReq]:
         """After a prefill iteration: every in-flight decode was interrupted once."""
         for r in self.running:
             r.interruptions += 1
@@ -248,7 +248,7 @@ class BatchScheduler:
         if done and self.cfg.evict_on_finish:
             self.evicted.extend(self.pool.evict_unpinned())
 
-    def decoded(self, plan: Plan) -> list[SReq]:
+    def decoded(self, plan: IterationPlan) -> list[SReq]:
         done = []
         for r in plan.reqs:
             r.generated += 1

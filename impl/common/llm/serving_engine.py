@@ -18,12 +18,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from impl.common.llm.forward import CPUPath, InlineCPU, Item, KVCache, ragged_forward
+from impl.common.llm.forward import CPUPath, InlineCPU, RequestSlice, KVCache, ragged_forward
 from impl.common.llm.kernels import check_kernel_rank
 from impl.common.llm.lora import HostAdapter, LoRABatch, group_of_layer, layer_groups, merge_adapter, unmerge_adapter
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.model import SITES
-from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, IterationPlan, SchedulerConfig, SReq
 
 
 @dataclass
@@ -250,7 +250,7 @@ class ServingEngine:
                       device_weights=lambda s, site, layer: self.loader.weights(names[s], site, layer))
         return b, names
 
-    def _run(self, plan: Plan, stats: EngineStats) -> None:
+    def _run(self, plan: IterationPlan, stats: EngineStats) -> None:
         reqs = plan.reqs
         if plan.merged != self.merged:  # dLoRA mode switch: merge / unmerge (copy back)
             if self._saved is not None:
@@ -262,7 +262,7 @@ class ServingEngine:
             self.merged = plan.merged
         for a in plan.prefetch:  # S-LoRA: next batch's adapters load while this iteration runs
             self.loader.start(a)
-        items = [Item(r.data["pending"], r.data["cache"]) for r in reqs]
+        items = [RequestSlice(r.data["pending"], r.data["cache"]) for r in reqs]
         cpu_path = None
         if plan.kind == "prefill":
             pol = self.cfg.policy
@@ -394,11 +394,11 @@ def run_alone(model, adapters: dict, adapter: Optional[str], prompt: Sequence[in
     cpu_path = None
     if switch_layer is not None and names:
         cpu_path = CPUPath(lambda s, l: l < switch_layer, lambda s, l, sites, x: cpu.submit(names[s], l, sites, x))
-    logits = ragged_forward(model, [Item(list(prompt), cache)], mk(len(prompt)), cpu_path)
+    logits = ragged_forward(model, [RequestSlice(list(prompt), cache)], mk(len(prompt)), cpu_path)
     first = logits.clone()
     toks = [int(logits.argmax(-1)[0])]
     for _ in range(steps - 1):
-        logits = ragged_forward(model, [Item([toks[-1]], cache)], mk(1))
+        logits = ragged_forward(model, [RequestSlice([toks[-1]], cache)], mk(1))
         toks.append(int(logits.argmax(-1)[0]))
     return first, toks, cache
 
@@ -428,7 +428,7 @@ def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Seq
                           segments=[(slot[a], 1) for a in rows[:B]], kernel=kernel)
         # every size decodes from its own view of the prefilled caches (KVCache.append never
         # writes in place)
-        runs[B] = (batch, [Item([tok], KVCache(layers=list(c.layers))) for c, tok in caches[:B]], [])
+        runs[B] = (batch, [RequestSlice([tok], KVCache(layers=list(c.layers))) for c, tok in caches[:B]], [])
     for k in range(reps + 1):
         for B in sizes:
             batch, items, times = runs[B]
@@ -437,7 +437,7 @@ def time_decode_batches(model, adapters: dict, names: Sequence[str], prompt: Seq
             if logits.is_cuda:  # the step's kernels, not their launch
                 torch.cuda.synchronize(logits.device)
             dt = time.perf_counter() - t0
-            runs[B] = (batch, [Item([int(t)], it.cache) for it, t in zip(items, logits.argmax(-1).tolist())], times)
+            runs[B] = (batch, [RequestSlice([int(t)], it.cache) for it, t in zip(items, logits.argmax(-1).tolist())], times)
             if k:
                 times.append(dt)
     return {B: statistics.median(runs[B][2]) for B in sizes}

@@ -62,7 +62,7 @@ def validate_varlen_shape(shape: ModelShape) -> None:
                           f"got ffn_hidden {shape.ffn_hidden}, ffn_mult {shape.ffn_mult}")
 
 
-class Layout:
+class SegmentLayout:
     """Per-row segment structure, computed once per forward and shared by every layer."""
 
     def __init__(self, total: int, cu_seqlens: torch.Tensor, seqlens: Optional[torch.Tensor],
@@ -116,7 +116,7 @@ class VarlenAttention(nn.Module):
         self.v = nn.Linear(h, h, bias=False)
         self.o = nn.Linear(h, h, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: SegmentLayout) -> torch.Tensor:
         t, hd = x.shape[0], self.head_dim
         # Heads from the local width: under TP each rank holds q.out_features / tp of them.
         q = _apply_rope(self.q(x).view(t, -1, hd).transpose(0, 1), cos, sin)
@@ -166,7 +166,7 @@ class VarlenBlock(nn.Module):
         else:
             self.mlp = GeluMLP(shape.hidden, shape.ffn_mult * shape.hidden)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: SegmentLayout) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, layout)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -194,7 +194,7 @@ class VarlenGPT(nn.Module):
                 if isinstance(m, (nn.Embedding, nn.Linear)):
                     nn.init.normal_(m.weight, 0.0, INIT_STD, generator=g)
 
-    def hidden_states(self, tokens: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, layout: SegmentLayout) -> torch.Tensor:
         cos, sin = rope(layout.positions, self.shape.hidden // self.shape.heads)
         x = self.tok_emb(tokens)
         for blk in self.blocks:
@@ -207,14 +207,14 @@ class VarlenGPT(nn.Module):
     def logits(self, tokens: torch.Tensor, cu_seqlens, seqlens=None) -> torch.Tensor:
         """[T, vocab] for every position of the row (padding positions included, meaningless)."""
         tokens = tokens.reshape(-1)
-        layout = Layout(tokens.numel(), cu_seqlens, seqlens, tokens.device)
+        layout = SegmentLayout(tokens.numel(), cu_seqlens, seqlens, tokens.device)
         return self.head(self.hidden_states(tokens, layout))
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor, cu_seqlens, seqlens=None,
                 global_tokens: Optional[int] = None) -> torch.Tensor:
         """Sum of real-token cross-entropies / ``global_tokens`` (default: this row's real tokens)."""
         tokens, targets = tokens.reshape(-1), targets.reshape(-1)
-        layout = Layout(tokens.numel(), cu_seqlens, seqlens, tokens.device)
+        layout = SegmentLayout(tokens.numel(), cu_seqlens, seqlens, tokens.device)
         x = self.hidden_states(tokens, layout)[layout.valid]
         tgt = targets[layout.valid]
         if (tgt == IGNORE).any():

@@ -15,7 +15,7 @@ COLORS = {Op.F: "#4c72b0", Op.B: "#dd8452", Op.W: "#55a868", Op.BW: "#c44e52"}
 
 
 def plot_sim_timeline(result, path: pathlib.Path, title: str) -> pathlib.Path:
-    """``result`` is an ``impl.common.sim.pipeline.SimResult``; compute ops only, in ms."""
+    """``result`` is an ``impl.common.sim.pipeline.PipelineSimResult``; compute ops only, in ms."""
     schedule = result.schedule
     fig, ax = plt.subplots(figsize=(11, 0.5 * len(schedule) + 1.5))
     for s in sorted(schedule):

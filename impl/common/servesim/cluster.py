@@ -18,13 +18,13 @@ from typing import Callable, Optional, Sequence
 
 from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
-from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, Plan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, IterationPlan, SchedulerConfig, SReq
 from impl.common.servesim.cost import ServingCost
 from impl.common.sim.events import EventLoop
 
 
 @dataclass
-class SimResult:
+class ServingSimResult:
     records: list
     arrived: int
     dropped: int
@@ -192,7 +192,7 @@ class SimServer:
         self.wake_at = None
         self._kick(self.eng.now_s)
 
-    def _duration(self, plan: Plan, now: float) -> tuple[float, float]:
+    def _duration(self, plan: IterationPlan, now: float) -> tuple[float, float]:
         c, pol = self.cost, self.cfg.policy
         reqs = plan.reqs
         stall = 0.0
@@ -267,7 +267,7 @@ class SimServer:
             self.underpriced += 1  # spec 7: never below the same batch with every adapter resident
         return t - now, stall
 
-    def _finish(self, plan: Plan) -> None:
+    def _finish(self, plan: IterationPlan) -> None:
         now = self.eng.now_s
         self.busy = False
         self.version += 1
@@ -471,7 +471,7 @@ class Migrator:
 
 def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, cost: ServingCost,
              route: Callable, slo_of: Callable[[SReq], float], preload: Sequence[str] = (),
-             progress=None, isolated_of: Optional[Callable[[SReq], float]] = None, lora: bool = True) -> SimResult:
+             progress=None, isolated_of: Optional[Callable[[SReq], float]] = None, lora: bool = True) -> ServingSimResult:
     """``lora=False``: serve the trace on the base model alone (every adapter counted resident,
     no load, no LoRA compute; the SLO reference run, spec caraserve.md 10)."""
     eng = EventLoop()
@@ -511,7 +511,7 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
         eng.schedule(min(r.arrival_s for r in requests) + mig.interval_s, mig.tick)
     eng.run()
     makespan = max((r.done_s for r in records), default=0.0) - min((r.arrival_s for r in requests), default=0.0)
-    return SimResult(records=sorted(records, key=lambda x: x.rid), arrived=len(requests),
+    return ServingSimResult(records=sorted(records, key=lambda x: x.rid), arrived=len(requests),
                      dropped=len(requests) - len(records), makespan_s=makespan,
                      stall_s=sum(s.stall_s for s in servers), busy_s=sum(s.busy_s for s in servers),
                      cpu_layers=sum(s.cpu_layers for s in servers), loads=sum(s.loads for s in servers),

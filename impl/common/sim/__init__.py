@@ -5,13 +5,13 @@ from impl.common.sim.pipeline import (
     CommModel,
     Message,
     OpSpan,
-    SimResult,
+    PipelineSimResult,
     StageBreakdown,
     simulate_iteration,
     simulate_iterations,
 )
 
 __all__ = [
-    "CommModel", "EventLoop", "Message", "OpSpan", "SimResult", "StageBreakdown",
+    "CommModel", "EventLoop", "Message", "OpSpan", "PipelineSimResult", "StageBreakdown",
     "normalize_delays", "simulate_iteration", "simulate_iterations",
 ]

@@ -166,7 +166,7 @@ class _Timeline:
 
 
 @dataclass
-class SimResult:
+class PipelineSimResult:
     iteration_time_s: float
     busy_s: tuple[float, ...]  # compute per stage
     breakdown: tuple[StageBreakdown, ...]
@@ -381,7 +381,7 @@ COMPILED_MIN_ACTIONS = 20_000
 
 def simulate_iteration(schedule: Union[Schedule, ScheduleTable], costs: StageCosts, link: LinkCosts,
                        comm_model: CommModel, *, delays: Delays = None, dp_allreduce_s=None, origin_s: float = 0.0,
-                       engine: str = "auto") -> SimResult:
+                       engine: str = "auto") -> PipelineSimResult:
     """Simulate one iteration starting at time 0.
 
     ``schedule``: ``Action`` lists or the same as a :class:`ScheduleTable` (convert once when one
@@ -427,7 +427,7 @@ def simulate_iteration(schedule: Union[Schedule, ScheduleTable], costs: StageCos
                     if schedule[s][k].op.is_recv], 0.0) for s in range(S)]
     weight_end = [ends[s][lw] if lw >= 0 else None for s, lw in enumerate(prog.last_weight)]
     breakdown, T = _breakdown(prog.busy_s, weight_end, prog.n_comm, startup, clock, wait_s, hol_s, dp, copy_s)
-    return SimResult(iteration_time_s=T, busy_s=tuple(prog.busy_s), breakdown=breakdown, comm_model=comm_model,
+    return PipelineSimResult(iteration_time_s=T, busy_s=tuple(prog.busy_s), breakdown=breakdown, comm_model=comm_model,
                      n_links=L, _timeline=_Timeline(schedule=schedule, start_s=starts, end_s=ends,
                                                     tx_start_s=tx_start, arrival_s=arrival))
 
@@ -445,7 +445,7 @@ def _deadlock(at: dict, action_at: Callable[[int, int], Action]) -> None:
 
 
 def _simulate_compiled(schedule, costs: StageCosts, link: LinkCosts, comm: CommModel, link_cost_s, dp,
-                       copy_s: float) -> SimResult:
+                       copy_s: float) -> PipelineSimResult:
     try:
         from impl.common.sim import compiled
     except ImportError as exc:  # numba is a dependency; say so instead of silently running slower
@@ -482,7 +482,7 @@ def _simulate_compiled(schedule, costs: StageCosts, link: LinkCosts, comm: CommM
     busy = busy.tolist()
     breakdown, T = _breakdown(busy, weight_end, n_comm.tolist(), startup, clock.tolist(), wait_s.tolist(),
                               hol_s.tolist(), dp, copy_s)
-    return SimResult(iteration_time_s=T, busy_s=tuple(busy), breakdown=breakdown, comm_model=comm,
+    return PipelineSimResult(iteration_time_s=T, busy_s=tuple(busy), breakdown=breakdown, comm_model=comm,
                      n_links=max(S - 1, 1), _timeline=_Timeline(
                          schedule=None if isinstance(schedule, ScheduleTable) else schedule, table=tab,
                          start_s=starts, end_s=ends, tx_start_s=tx_start, arrival_s=arrival))

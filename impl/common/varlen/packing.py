@@ -112,7 +112,7 @@ class MicroBatch:
 
 
 @dataclass(frozen=True)
-class Group:
+class LengthGroup:
     """Sequences whose lengths lie in ``(lower, upper]`` (HotSPa 2.1), longest first."""
 
     index: int
@@ -280,8 +280,8 @@ def check_boundaries(boundaries: Sequence[int], field: str = "boundaries") -> li
 
 
 def group_by_boundaries(ids: Sequence[int], lengths: Sequence[int], boundaries: Sequence[int],
-                        field: str = "boundaries") -> list[Group]:
-    """One :class:`Group` per consecutive boundary pair (empty groups included), longest first."""
+                        field: str = "boundaries") -> list[LengthGroup]:
+    """One :class:`LengthGroup` per consecutive boundary pair (empty groups included), longest first."""
     b = check_boundaries(boundaries, field)
     ids_a, len_a = _as_arrays(ids, lengths, field)
     if len(len_a) and len_a.max() > b[0]:
@@ -297,7 +297,7 @@ def group_by_boundaries(ids: Sequence[int], lengths: Sequence[int], boundaries: 
     groups = []
     for g in range(len(b) - 1):
         sel = (s_len <= b[g]) & (s_len > b[g + 1])
-        groups.append(Group(g, b[g], b[g + 1], tuple(int(i) for i in s_ids[sel]),
+        groups.append(LengthGroup(g, b[g], b[g + 1], tuple(int(i) for i in s_ids[sel]),
                             tuple(int(x) for x in s_len[sel])))
     return groups
 

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
-from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost, split_heads
+from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost, split_heads
 from impl.common.parallel.dims import ParallelDims
 
 GIB = 2.0 ** 30
@@ -187,8 +187,8 @@ class StrategyMemory:
         """What one GPU may allocate (the step model's allocatable bytes)."""
         return self.shared.capacity_bytes
 
-    def layout(self, tp: int, pp: int, parallel: str = "tp") -> Layout:
-        return Layout(max(1, self.num_gpus // (tp * pp)), tp, pp, parallel)
+    def layout(self, tp: int, pp: int, parallel: str = "tp") -> StrategyLayout:
+        return StrategyLayout(max(1, self.num_gpus // (tp * pp)), tp, pp, parallel)
 
     def _check_zero(self, pp: int, zero: int) -> None:
         if zero not in ZERO_STAGES:
@@ -269,7 +269,7 @@ def strategy_cost(model, hw, mem: StrategyMemory, spec: CostSpec, tp: int, pp: i
     if split_heads(model.heads, model.kv_heads, model.hidden, tp) is None:
         return None  # no head count both splits over tp and divides the hidden size: not a strategy
     cap = mem.cap(tp, pp)
-    sc = seq_cost(model, Layout(1, tp, pp), hw) if table is None and cap >= CAP_ROUND else None
+    sc = seq_cost(model, StrategyLayout(1, tp, pp), hw) if table is None and cap >= CAP_ROUND else None
     if cap < CAP_ROUND:
         return None
     util = data.util(tp, hw.memory_bytes)

@@ -39,7 +39,7 @@ class RealRun:
 
 
 @dataclass
-class RealKnobs:
+class HydraulisRealKnobs:
     kinds: List[ReplicaKind] = field(default_factory=_spec5_kinds)
     # The runs of one job, interleaved (one step each per round on the same batch, the order
     # rotating every round); the first is the system's own (its ``step_time_s``), the others

@@ -19,13 +19,13 @@ import torch.distributed as dist
 from impl.common.cost.seqlen import SeqCost, fit_seq_cost
 from impl.common.varlen.packing import MicroBatch
 
-from impl.hydraulis.real.config import RealKnobs, ReplicaKind
+from impl.hydraulis.real.config import HydraulisRealKnobs, ReplicaKind
 from impl.hydraulis.real.replica import ReplicaModel
 
 FIT_IDS = 1 << 40  # sequence ids of profiling rows, far from the training stream's
 
 
-def fit_rows(kind: ReplicaKind, knobs: RealKnobs) -> list[MicroBatch]:
+def fit_rows(kind: ReplicaKind, knobs: HydraulisRealKnobs) -> list[MicroBatch]:
     rows, nid = [], FIT_IDS
     shapes = [[1, int(s)] for s in knobs.fit_lengths] + [[int(n), int(s)] for n, s in knobs.pack_rows]
     for n, s in shapes:

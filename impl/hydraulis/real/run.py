@@ -47,7 +47,7 @@ from impl.hydraulis.batches import check_budget, step_batches
 from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.hydraulis.disagg import OptimizerLayout, Strategy, compute_copy
 from impl.hydraulis.dispatch import DEFAULT_BUDGET
-from impl.hydraulis.real.config import RealKnobs, RealRun, ReplicaKind
+from impl.hydraulis.real.config import HydraulisRealKnobs, RealRun, ReplicaKind
 from impl.hydraulis.real.fit import fit_kind, fit_rows, profile, row_medians
 from impl.hydraulis.real.plan import PlanAhead, Planner, RunPlan, check_run
 from impl.hydraulis.real.replica import ReplicaModel
@@ -81,7 +81,7 @@ def job_runs(system) -> list[RealRun]:
 
 def check_real(system, wl, hardware) -> None:
     """Real-mode limits, one line each naming the field and the numbers."""
-    rk: RealKnobs = system.cfg.real
+    rk: HydraulisRealKnobs = system.cfg.real
     if system.cfg.policy not in REAL_POLICIES:
         raise ConfigError(f"system.policy: {system.cfg.policy!r} has no real mode (one of: {', '.join(REAL_POLICIES)})")
     if wl.dtype != "fp32":
@@ -123,13 +123,13 @@ def check_real(system, wl, hardware) -> None:
 
 
 @dataclass(frozen=True)
-class RealJob:
+class HydraulisRealJob:
     shape: ModelShape
     seed: int
     world: int
     kinds: tuple[ReplicaKind, ...]
     runs: tuple[RealRun, ...]
-    knobs: RealKnobs
+    knobs: HydraulisRealKnobs
     lr: float
     batches: tuple  # StepBatch per round, the same for every run (impl.hydraulis.batches)
     rounds: int
@@ -164,13 +164,13 @@ def _bcast(obj, rank: int):
     return box[0]
 
 
-def _profile(job: RealJob, models: dict, full: dict, rank: int) -> dict:
+def _profile(job: HydraulisRealJob, models: dict, full: dict, rank: int) -> dict:
     for kind in job.used_kinds():
         models[kind.name].load(compute_copy(full, Strategy((kind.tp,) * (job.world // kind.tp)), rank))
     return profile(models, {k.name: fit_rows(k, job.knobs) for k in job.used_kinds()}, job.knobs.fit_repeats)
 
 
-def _fit_costs(job: RealJob, per_rank: list) -> tuple[dict, dict]:
+def _fit_costs(job: HydraulisRealJob, per_rank: list) -> tuple[dict, dict]:
     costs, info = {}, {}
     for kind in job.used_kinds():
         # a TP kind's rows run on every rank together: one sample per row (rank 0's clock)
@@ -183,7 +183,7 @@ def _fit_costs(job: RealJob, per_rank: list) -> tuple[dict, dict]:
     return costs, info
 
 
-def _rank_main(ctx, job: RealJob) -> dict:
+def _rank_main(ctx, job: HydraulisRealJob) -> dict:
     torch.set_num_threads(job.threads)
     rank, W = ctx.rank, ctx.world_size
     full0 = {n: p.detach().clone() for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
@@ -229,7 +229,7 @@ def _rank_main(ctx, job: RealJob) -> dict:
             "tokens": [int(b.num_tokens) for b in batches] if rank == 0 else None}
 
 
-def _step(job: RealJob, run: RealRun, plan: RunPlan, layout: OptimizerLayout, models: dict, kinds: dict,
+def _step(job: HydraulisRealJob, run: RealRun, plan: RunPlan, layout: OptimizerLayout, models: dict, kinds: dict,
           rank: int, wait_s: float, ref: Optional[Reference], checks: list, batch) -> dict:
     strategy = Strategy(tuple(kinds[k].tp for k in plan.kinds))
     r, _ = strategy.place(rank)
@@ -270,7 +270,7 @@ def _step(job: RealJob, run: RealRun, plan: RunPlan, layout: OptimizerLayout, mo
     return row
 
 
-def summarise(results: list, job: RealJob, rtol: float) -> RunResult:
+def summarise(results: list, job: HydraulisRealJob, rtol: float) -> RunResult:
     res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each; TP/PP memory and "
                                           "speed differences stood in by activation checkpointing and token caps "
                                           "(spec hydraulis 5)"])
@@ -342,25 +342,25 @@ def _counts(xs) -> dict:
     return out
 
 
-def plain_knobs(rk, runs) -> RealKnobs:
+def plain_knobs(rk, runs) -> HydraulisRealKnobs:
     """Plain dataclasses (not config nodes) for the ranks."""
     kinds = [ReplicaKind(str(k.name), bool(k.checkpoint), int(k.cap), int(k.tp), int(k.util)) for k in rk.kinds]
     runs = [RealRun(str(r.name), str(r.batching), [[str(x) for x in c] for c in r.candidates]) for r in runs]
-    return RealKnobs(kinds=kinds, runs=runs, fit_lengths=[int(x) for x in rk.fit_lengths],
+    return HydraulisRealKnobs(kinds=kinds, runs=runs, fit_lengths=[int(x) for x in rk.fit_lengths],
                      pack_rows=[[int(x) for x in p] for p in rk.pack_rows], fit_repeats=int(rk.fit_repeats),
                      fit_min_r2=float(rk.fit_min_r2), plan_ahead=bool(rk.plan_ahead), check_steps=int(rk.check_steps),
                      grad_rtol=float(rk.grad_rtol), timeout_s=float(rk.timeout_s))
 
 
-def make_job(system, wl, seed: int) -> RealJob:
+def make_job(system, wl, seed: int) -> HydraulisRealJob:
     rk = plain_knobs(system.cfg.real, job_runs(system))
     rounds = wl.warmup_steps + wl.steps
-    return RealJob(model_shape(wl.model), seed, wl.num_gpus, tuple(rk.kinds), tuple(rk.runs), rk, wl.lr,
+    return HydraulisRealJob(model_shape(wl.model), seed, wl.num_gpus, tuple(rk.kinds), tuple(rk.runs), rk, wl.lr,
                    tuple(step_batches(wl, seed, rounds)), rounds, wl.warmup_steps, wl.torch_threads,
                    **_planner_knobs(system))
 
 
-def run_job(job: RealJob, timeout_s: float) -> list:
+def run_job(job: HydraulisRealJob, timeout_s: float) -> list:
     return launch(_rank_main, job.world, (job,), label="hydraulis real", timeout_s=timeout_s).results
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from impl.common.cost.transformer import model_params
-from impl.common.cost.varlen_model import Layout, MemoryModel, seq_cost
+from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost
 from impl.common.megatron.derive import step_knobs
 
 from impl.lobra.cost.replica import Scheme, TpCost
@@ -58,7 +58,7 @@ def lora_params_per_layer(model, rank: int) -> int:
 
 
 def tp_cost(model, tp: int, pp: int, hw, k: SimCostKnobs) -> TpCost:
-    sc = seq_cost(model, Layout(1, tp, pp), hw, gemm_scale=k.lora_matrix_factor)
+    sc = seq_cost(model, StrategyLayout(1, tp, pp), hw, gemm_scale=k.lora_matrix_factor)
     per = model.num_layers / pp  # Scheme.t multiplies f by L/pp
     return TpCost((sc.a / per, 0.0, sc.b / per, 0.0, 0.0, sc.c / per),
                   source=f"megatron step model ({hw.name}, LoRA GEMMs x {k.lora_matrix_factor:.3f})")
@@ -94,7 +94,7 @@ def peak_bytes(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, ran
     lora = lora_params_per_layer(model, rank) * model.num_layers * num_tasks / shard
     mem = memory_model(hw, k)
     fixed = weights + lora * (2.0 + 4.0 + 12.0) + step_knobs(hw).memory_overhead_bytes  # as the step model's fixed part
-    return fixed + tokens * mem.per_token_bytes(model, Layout(1, tp, pp))
+    return fixed + tokens * mem.per_token_bytes(model, StrategyLayout(1, tp, pp))
 
 
 def max_tokens(model, tp: int, pp: int, hw, k: SimCostKnobs, num_tasks: int, rank: int, cap: int) -> int:

@@ -46,7 +46,7 @@ class Done:
 
 
 @dataclass
-class SimResult:
+class DiffusionSimResult:
     done: list
     max_cn_cache: int = 0
     cn_capacity: int = 0
@@ -67,7 +67,7 @@ class SimResult:
 
 def simulate_diffusers(reqs, prof: SimProfile, gpus: int, cn_cache: int = 2, lora_cache: int = 4,
                        lora_source: str = "remote", skip_steps: int = 0, hit_rate: float = 1.0,
-                       seed: int = 0) -> SimResult:
+                       seed: int = 0) -> DiffusionSimResult:
     """Diffusers replicas; ``skip_steps`` > 0 makes it Nirvana-like approximate caching: a request
     whose prompt hits the cache (probability ``hit_rate``, seeded) starts from a cached similar
     result and skips that many denoising steps."""
@@ -106,7 +106,7 @@ def simulate_diffusers(reqs, prof: SimProfile, gpus: int, cn_cache: int = 2, lor
         free[g] = start + s
         prev = start
         out.append(Done(r.t, start, start + s, len(r.controlnets), len(r.loras), start, cm, lm))
-    return SimResult(out, mx_c, cn_cache, lora_cache, mx_l, len(reqs))
+    return DiffusionSimResult(out, mx_c, cn_cache, lora_cache, mx_l, len(reqs))
 
 
 @dataclass
@@ -119,7 +119,7 @@ class _Server:
 
 def simulate_katz(reqs, prof: SimProfile, base_replicas: int, cn_servers: int, k: int = 20, cn_cache: int = 16,
                   lora_cache: int = 4, lora_source: str = "remote", slots: Optional[int] = None,
-                  drop_loras: bool = False) -> SimResult:
+                  drop_loras: bool = False) -> DiffusionSimResult:
     """Katz; ``drop_loras`` is NoLoRA (the quality floor): the same pipeline with every request's
     LoRAs dropped, so no fetch, load or patch."""
     if base_replicas < 1:
@@ -159,7 +159,7 @@ def simulate_katz(reqs, prof: SimProfile, base_replicas: int, cn_servers: int, k
         free[g] = end
         prev = start
         out.append(Done(r.t, start, end, n_cn, len(r.loras), cn_ready, cm, len(misses)))
-    return SimResult(out, mx_c, cn_cache, lora_cache, mx_l, len(reqs))
+    return DiffusionSimResult(out, mx_c, cn_cache, lora_cache, mx_l, len(reqs))
 
 
 def _place_controlnets(servers, cn_ids, t: float, dur: float, prof: SimProfile):
@@ -242,7 +242,7 @@ def scale_arrivals(reqs, rate_rps: float, base_rate: float):
 
 
 def max_rate_at_slo(run, reqs, base_rate: float, slo_s: float, lo: float = 0.01, hi: float = 20.0,
-                    iters: int = 18) -> tuple[float, SimResult]:
+                    iters: int = 18) -> tuple[float, DiffusionSimResult]:
     """The largest arrival rate whose p99 latency meets ``slo_s`` (bisection; p99 rises with rate)."""
     best = None
     if run(scale_arrivals(reqs, lo, base_rate)).p99() > slo_s:
