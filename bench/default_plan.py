@@ -1,4 +1,4 @@
-"""What `mlsys-bench` runs with no arguments: the steps of ``conf/default_plan.yaml``.
+"""What `mlsys-bench` runs with no arguments: the steps of ``bench/data/default_plan.yaml``.
 
 Each step is one `mlsys-bench` command line (a single job or a multirun); they run as child
 processes so that each gets a fresh Hydra, and their records are then compared side by side.
@@ -36,7 +36,7 @@ class DefaultPlan:
 
 
 def load_plan() -> DefaultPlan:
-    text = resources.files("conf").joinpath("default_plan.yaml").read_text()
+    text = resources.files("bench").joinpath("data", "default_plan.yaml").read_text()
     merged = OmegaConf.merge(OmegaConf.structured(DefaultPlan), OmegaConf.create(text))
     return OmegaConf.to_object(merged)
 

@@ -1,6 +1,6 @@
 """CI performance gates: run candidate and baseline, compare ratios, fail loudly on a shortfall.
 
-A suite is ``conf/gate/<suite>.yaml``::
+A suite is ``bench/data/gates/<suite>.yaml``::
 
     gates:
       - name: adaptra_beats_zb
@@ -103,7 +103,7 @@ class GateConfigError(ValueError):
 def default_gate_dir() -> pathlib.Path:
     from importlib import resources
 
-    return pathlib.Path(str(resources.files("conf").joinpath("gate")))
+    return pathlib.Path(str(resources.files("bench").joinpath("data", "gates")))
 
 
 def load_suite(path: pathlib.Path) -> list[Gate]:
@@ -475,11 +475,11 @@ def format_results(results: Sequence[GateResult]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Run CI performance gates "
-                                "(conf/gate/<suite>.yaml); exit 1 if any falls short.")
-    p.add_argument("suites", nargs="*", help="suite names (default: every conf/gate/*.yaml)")
+                                "(bench/data/gates/<suite>.yaml); exit 1 if any falls short.")
+    p.add_argument("suites", nargs="*", help="suite names (default: every bench/data/gates/*.yaml)")
     p.add_argument("--results", help="results dir for the gate's jobs (default: a temporary "
                                      "dir, kept only if a gate fails)")
-    p.add_argument("--gate-dir", help="where the suite yamls are (default: conf/gate)")
+    p.add_argument("--gate-dir", help="where the suite yamls are (default: bench/data/gates)")
     p.add_argument("--dry-run", action="store_true",
                    help="validate the suites and print the jobs, run nothing")
     return p

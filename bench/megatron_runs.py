@@ -2,8 +2,8 @@
 the measured values beside the prediction; ``mlsys-bench-calibrate-megatron``: fit a profile's
 Megatron knobs to a runs file and write the profile with the fit's provenance.
 
-    mlsys-bench-runs --runs conf/data/megatron_h100_feb2024.jsonl.gz --folds 5 --out results/runs/megatron_runs
-    mlsys-bench-calibrate-megatron --runs conf/data/megatron_h100_feb2024.jsonl.gz \\
+    mlsys-bench-runs --runs impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz --folds 5 --out results/runs/megatron_runs
+    mlsys-bench-calibrate-megatron --runs impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz \\
         --hardware h100-sxm --output conf/hardware/h100-megatron.yaml
 
 ``--folds K``: K-fold cross-validation, each launch predicted by knobs fitted on the other K-1
@@ -18,17 +18,18 @@ import json
 import math
 import pathlib
 import sys
+from importlib import resources
 from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
-from impl.common.hardware import HardwareProfile, hardware_dir, load_hardware
+from impl.common.hardware import HardwareProfile, load_hardware
 from impl.common.megatron import fit as megafit
 from impl.common.megatron.runs import DocLengths, file_sha256, load_runs
 from impl.common.plots.save import save_png
 
 DEFAULT_HARDWARE = "h100-megatron"
-DEFAULT_RUNS = "conf/data/megatron_h100_feb2024.jsonl.gz"
-DEFAULT_KERNELS = "conf/data/h200_kernels_2026-12-04.jsonl"
+DEFAULT_RUNS = "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
+DEFAULT_KERNELS = "impl/common/megatron/data/h200_kernels_2026-12-04.jsonl"
 DEFAULT_KERNELS_GPU = "h200"
 BAND = 0.10
 
@@ -39,7 +40,7 @@ def _default_runs() -> str:
 
 def _data_path(rel: str) -> str:
     p = pathlib.Path(rel)
-    return str(p if p.is_file() else hardware_dir().parent / "data" / p.name)
+    return str(p if p.is_file() else pathlib.Path(str(resources.files("impl.common.megatron").joinpath("data", p.name))))
 
 
 def _progress(total: int, desc: str):
@@ -197,15 +198,15 @@ HEADER = """# {name}: {base} with Megatron-LM step-model knobs fitted to measure
 # and cross-validated errors.
 # Sources: the datasheet fields are {base}'s (conf/hardware/{base}.yaml cites them); the measured
 #   launches are the training logs of https://github.com/Sakura-gh/Megatron-LM (branch sync_files,
-#   commit 838d7c8), copied to conf/data/ (conf/data/README.md); the kernel file is the workplace's
-#   shared/data/{kernels_name} (conf/data/README.md).
+#   commit 838d7c8), copied to impl/common/megatron/data/ (impl/common/megatron/data/README.md); the kernel file is the workplace's
+#   shared/data/{kernels_name} (impl/common/megatron/data/README.md).
 """
 
 DERIVED_HEADER = """# {name}: {target} with Megatron-LM step-model knobs derived from {base} by datasheet ratios.
 # Written by `mlsys-bench-calibrate-megatron --derive {target} --from {base}`; do not edit by hand.
 # Sources: the datasheet fields are {target}'s (conf/hardware/{target}.yaml cites them); the knobs
 #   are {base}'s (fitted to the measured H100 launches of https://github.com/Sakura-gh/Megatron-LM,
-#   conf/data/README.md), scaled as impl/common/megatron/derive.py documents: the kernel tables
+#   impl/common/megatron/data/README.md), scaled as impl/common/megatron/derive.py documents: the kernel tables
 #   scale by the bf16 peak ratio (compute-bound) and the HBM bandwidth (memory-bound), the time
 #   factors over the tables are kept, bus bandwidths scale with the datasheet link ratio, host
 #   overheads and the software's bytes are kept, the allocatable memory keeps the same headroom

@@ -1,4 +1,4 @@
-"""The papers' numbers as data (``conf/paper/<system>.yaml``) and how each finds our value.
+"""The papers' numbers as data (``bench/data/paper/<system>.yaml``) and how each finds our value.
 
 A paper file holds the system's title, spec, headline entry and reproduce command, and a list
 of entries, each one number the spec sources::
@@ -102,7 +102,7 @@ def _num(x: float) -> str:
 
 
 def paper_dir() -> pathlib.Path:
-    return pathlib.Path(str(resources.files("conf").joinpath("paper")))
+    return pathlib.Path(str(resources.files("bench").joinpath("data", "paper")))
 
 
 def load_paper(path: pathlib.Path | str) -> PaperFile:
@@ -169,7 +169,7 @@ def _check(paper: PaperFile, path: pathlib.Path) -> None:
 
 
 def load_papers(directory: pathlib.Path | str | None = None) -> dict[str, PaperFile]:
-    """Every ``<system>.yaml`` under ``directory`` (default: the package's conf/paper)."""
+    """Every ``<system>.yaml`` under ``directory`` (default: the package's bench/data/paper)."""
     directory = pathlib.Path(directory) if directory else paper_dir()
     out = {}
     for path in sorted(directory.glob("*.yaml")):

@@ -1,6 +1,6 @@
 """``mlsys-bench-probe``: measure the Megatron step model's kernel tables on this machine's CUDA GPU
 and write them into a hardware profile (``kernels``), plus the raw measurements as a probe file
-(the format of ``conf/data/h200_kernels_2026-12-04.jsonl``).
+(the format of ``impl/common/megatron/data/h200_kernels_2026-12-04.jsonl``).
 
     mlsys-bench-probe --output conf/hardware/local-kernels.yaml            # ~2-3 min
     mlsys-bench-probe --quick --output /tmp/probe.yaml                       # ~60 s

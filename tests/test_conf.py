@@ -3,6 +3,7 @@ sweeps, the default plan. Config rot fails here rather than in a user's sweep.""
 from __future__ import annotations
 
 import itertools
+import pathlib
 from importlib import resources
 
 import pytest
@@ -94,3 +95,16 @@ def test_default_plan_steps_pass_preflight():
     assert plan.steps, "the default plan must run something"
     for step in plan.steps:
         assert preflight(list(step.args)) is None, step.title
+
+
+def test_conf_holds_only_what_hydra_composes():
+    """conf/ is Hydra's config groups (and their READMEs); data the harness reads itself lives with
+    its reader (bench/data/, impl/<system>/data/, impl/common/megatron/data/)."""
+    root = pathlib.Path(str(CONF))
+    groups = {"system", "workload", "hardware", "fault", "experiment", "execution", "logger", "smoke", "hydra"}
+    top = {p.name for p in root.iterdir() if p.name != "__pycache__"}
+    assert top - groups - {"config.yaml", "__init__.py"} == set(), sorted(top - groups)
+    stray = [str(p.relative_to(root)) for p in root.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".yaml"
+             and p.name not in ("__init__.py", "README.md")]
+    assert not stray, f"not Hydra configs: {stray}"

@@ -219,7 +219,7 @@ def test_malformed_results_jsonl_is_exit_2_naming_the_line(tmp_path, capsys):
 
 
 def test_shipped_suites_validate(capsys):
-    # Every conf/gate/*.yaml in the repo must at least parse and type-check.
+    # Every bench/data/gates/*.yaml in the repo must at least parse and type-check.
     assert gate.main(["--dry-run"]) == 0
     assert "zb_beats_1f1b_sim" in capsys.readouterr().out
 

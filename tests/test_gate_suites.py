@@ -1,4 +1,4 @@
-"""Every sim gate suite in conf/gate runs in the default test command, and a gate that falls
+"""Every sim gate suite in bench/data/gates runs in the default test command, and a gate that falls
 short fails the run. Sim gates are exact, so these are deterministic; real suites stay out
 (noisy: run them with `mlsys-bench-gate <suite>` on a quiet host)."""
 from __future__ import annotations

@@ -104,7 +104,7 @@ def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
     return [path]
 
 
-# ---- the paper's own figures beside ours (spec caraserve.md 9; values in conf/paper/caraserve.yaml)
+# ---- the paper's own figures beside ours (spec caraserve.md 9; values in bench/data/paper/caraserve.yaml)
 PAPER_FILE = pathlib.Path(__file__).resolve().parents[2] / "conf" / "paper" / "caraserve.yaml"
 
 
@@ -189,7 +189,7 @@ def s1_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Pat
     ax.set_ylabel("mean latency over CACHED (%)")
     bx.set_ylabel("S-LoRA / CaraServe mean latency (x)")
     bx.axhline(1.0, color="k", lw=0.6)
-    fig.suptitle("simulated (solid) vs paper (hatched; spec caraserve.md 9, conf/paper/caraserve.yaml)"
+    fig.suptitle("simulated (solid) vs paper (hatched; spec caraserve.md 9, bench/data/paper/caraserve.yaml)"
                  "   !: a run flagged invalid (spec 7 TTFT order)", fontsize=8)
     name = "s1_maf_vs_paper.png" if all(s.startswith("maf") for s in settings) else "s1_synthetic_vs_paper.png"
     return [save_png(fig, pathlib.Path(out_dir) / name)]

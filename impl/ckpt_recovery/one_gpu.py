@@ -41,6 +41,7 @@ from impl.common.checkpoint.layout import StagePlan, TensorMeta, check_layout, p
 from impl.common.checkpoint.model_state import state_metas
 from impl.common.models.varlen_gpt import VarlenGPT
 from impl.common.storage.emulator import Storage, StorageProfile
+from impl.common.papers import paper_entries
 
 
 def param_names(shape) -> list[tuple[str, tuple]]:
@@ -273,23 +274,13 @@ def check(wl, k, policy: str, fault) -> None:
     # not here: composing the preset on a host without that room must still pass.
 
 
-def paper_entries(system: str) -> dict:
-    """``conf/paper/<system>.yaml``'s entries by name (the numbers the presets print beside ours)."""
-    from importlib import resources
-
-    from omegaconf import OmegaConf
-
-    raw = OmegaConf.to_container(OmegaConf.load(str(resources.files("conf").joinpath("paper", f"{system}.yaml"))))
-    return {e["name"]: e for e in raw.get("entries", [])}
-
-
 def band(e: dict) -> str:
     return f"{e['value']:g}-{e['high']:g}" if e.get("high") is not None else f">= {e['value']:g}"
 
 
 def figure(records: list, out_dir) -> list:
     """The gpu/ckpt_recovery preset's hook: per system stall / drain / load, and ours' ratios
-    against DCP beside the spec's bars (conf/paper/ckpt_recovery.yaml); also as markdown."""
+    against DCP beside the spec's bars (bench/data/paper/ckpt_recovery.yaml); also as markdown."""
     import pathlib
 
     by = {r["system"]: r for r in records if r.get("status") in ("ok", "invalid")}

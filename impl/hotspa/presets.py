@@ -1,5 +1,5 @@
 """The paper's preset groupings (c1, c2) and per-group strategies (spec hotspa 2.1, 2.2), loaded
-from ``conf/data/hotspa_presets.yaml`` and validated with one-line errors."""
+from ``impl/hotspa/data/presets.yaml`` and validated with one-line errors."""
 from __future__ import annotations
 
 import pathlib
@@ -16,12 +16,12 @@ from impl.common.varlen.packing import check_boundaries
 from impl.hotspa.strategy import GroupPlan, Strategy, parse_strategy
 
 
-# The named groupings of conf/data/hotspa_presets.yaml (spec 2.1): c1, c2 and the A100 preset.
+# The named groupings of impl/hotspa/data/presets.yaml (spec 2.1): c1, c2 and the A100 preset.
 PRESET_GROUPINGS = ("c1", "c2", "a100")
 
 
 def default_path() -> pathlib.Path:
-    return pathlib.Path(str(resources.files("conf").joinpath("data", "hotspa_presets.yaml")))
+    return pathlib.Path(str(resources.files("impl.hotspa").joinpath("data", "presets.yaml")))
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Presets:
         out = []
         for hi, lo in zip(b, b[1:]):
             if (lo, hi) not in table:
-                raise ConfigError(f"conf/data/hotspa_presets.yaml: {model}@{num_gpus} has no strategy for group "
+                raise ConfigError(f"impl/hotspa/data/presets.yaml: {model}@{num_gpus} has no strategy for group "
                                   f"{lo}-{hi} (grouping {grouping} at context {context})")
             out.append(table[(lo, hi)])
         return GroupPlan(tuple(b), tuple(out))

@@ -403,7 +403,7 @@ POOL_SOURCES = ("auto", "generator")
 
 
 def script_pool(env: SimEnv) -> tuple[list, str]:
-    """(lists, source) of ``system.pool``, or of ``conf/data/hydraulis_pools.yaml`` for this
+    """(lists, source) of ``system.pool``, or of ``impl/hydraulis/data/pools.yaml`` for this
     (model, GPUs, memory class) when ``system.pool_source`` is auto; ([], "") = the generator."""
     c = env.system.cfg
     if c.pool_source not in POOL_SOURCES:
@@ -417,7 +417,7 @@ def script_pool(env: SimEnv) -> tuple[list, str]:
 
     from omegaconf import OmegaConf
 
-    path = pathlib.Path(str(resources.files("conf").joinpath("data", "hydraulis_pools.yaml")))
+    path = pathlib.Path(str(resources.files("impl.hydraulis").joinpath("data", "pools.yaml")))
     cls = env.data.memory_class(env.hw.memory_bytes)
     for e in OmegaConf.to_container(OmegaConf.load(path))["pools"]:
         if e["model"] == env.wl.model.name and int(e["num_gpus"]) == env.n and e["gpu_memory_class"] == cls:

@@ -59,7 +59,7 @@ class Hydraulis(System):
         # Fixed candidate lists instead of the generator (spec 10: the authors' scripts), e.g.
         # ["(16,1)x4", "(16,1) + (8,1)x6"]; the first should be the optimizer layout. [] = generator.
         pool: List[str] = field(default_factory=list)
-        # auto: the scripts' lists of conf/data/hydraulis_pools.yaml where one matches (model,
+        # auto: the scripts' lists of impl/hydraulis/data/pools.yaml where one matches (model,
         # GPUs, memory class), else the generator; generator: always the generator.
         pool_source: str = "auto"
         generator_step: int = 0

@@ -1,8 +1,10 @@
 """The gpu/swiftdiffusion_sd15 preset's figure hook: ours beside the paper's figures
-(``conf/paper/swiftdiffusion.yaml``, entries named ``gpu_sd15_*``), printed and kept as markdown."""
+(``bench/data/paper/swiftdiffusion.yaml``, entries named ``gpu_sd15_*``), printed and kept as markdown."""
 from __future__ import annotations
 
 import pathlib
+
+from impl.common.papers import paper_entries
 
 # (paper entry, scenario of the record, our metric)
 ROWS = (("gpu_sd15_bal_vs_diffusers", "bal", "speedup_vs_diffusers"),
@@ -13,15 +15,6 @@ OURS = (("bal", "latency_s"), ("bal", "latency_diffusers_s"), ("bal", "latency_s
         ("bal", "speedup_vs_diffusers_model"), ("bal", "diffusers_unfuse_unload_s"),
         ("bal", "max_rel_diff_diffusers_pipeline_vs_sync"), ("lora_api", "diffusers_load_fuse_s"),
         ("lora_api", "direct_vs_load_fuse_x"))
-
-
-def paper_entries(system: str = "swiftdiffusion") -> dict:
-    from importlib import resources
-
-    from omegaconf import OmegaConf
-
-    raw = OmegaConf.to_container(OmegaConf.load(str(resources.files("conf").joinpath("paper", f"{system}.yaml"))))
-    return {e["name"]: e for e in raw.get("entries", [])}
 
 
 def _paper(e: dict) -> str:
@@ -39,7 +32,7 @@ def figure(records: list, out_dir) -> list:
         m = by.get(scenario, {}).get("metrics", {}).get(metric)
         return "—" if m is None else f"{m['value']:.4g} {m.get('unit', '')}".strip()
 
-    paper = paper_entries()
+    paper = paper_entries("swiftdiffusion")
     lines = ["| figure | paper | ours |", "|---|---|---|"]
     for name, scenario, metric in ROWS:
         e = paper.get(name)

@@ -8,7 +8,7 @@ from impl.common.hardware import load_hardware
 from impl.common.megatron import fit as megafit
 from impl.common.megatron.runs import load_runs
 
-RUNS = pathlib.Path(__file__).resolve().parents[2] / "conf/data/megatron_h100_feb2024.jsonl.gz"
+RUNS = pathlib.Path(__file__).resolve().parents[2] / "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
 
 
 def _price_all() -> int:

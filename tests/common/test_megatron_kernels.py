@@ -1,5 +1,5 @@
 """Kernel tables (impl/common/megatron/kernels.py): for every shape of the shared H200 file
-(conf/data/h200_kernels_2026-12-04.jsonl) the step model's GEMM and attention times on the
+(impl/common/megatron/data/h200_kernels_2026-12-04.jsonl) the step model's GEMM and attention times on the
 H100 profile are within 10% of the measured ones (same Hopper chip and bf16 peak; memory-bound
 times at the H100's HBM bandwidth); interpolation between measured sizes; the tables carried to
 the papers' GPUs by compute and bandwidth ratios."""
@@ -17,7 +17,7 @@ from impl.common.megatron.model import MegatronModel
 from impl.common.megatron.step import attention_s
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-KERNELS = REPO / "conf/data/h200_kernels_2026-12-04.jsonl"
+KERNELS = REPO / "impl/common/megatron/data/h200_kernels_2026-12-04.jsonl"
 ROWS = [json.loads(x) for x in KERNELS.read_text().splitlines() if x.strip()]
 
 

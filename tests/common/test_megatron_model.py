@@ -20,7 +20,7 @@ import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-RUNS = REPO / "conf/data/megatron_h100_feb2024.jsonl.gz"
+RUNS = REPO / "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
 GPT7B = MegatronModel(arch="gpt", num_layers=32, hidden=4096, ffn_hidden=16384, heads=32, vocab=50257,
                       max_position_embeddings=4096)
 

@@ -1,4 +1,4 @@
-"""conf/paper/*.yaml: every file loads, entries say where they come from, bad files fail in one
+"""bench/data/paper/*.yaml: every file loads, entries say where they come from, bad files fail in one
 line naming the file and the field; matching our records to an entry."""
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def test_index_has_a_row_per_system_with_the_headline_and_names_skipped_input(si
     text = html.unescape((site / "index.html").read_text())
     for name in ("adaptra", "caraserve", "fisedit", "malleus", "harness"):
         assert f'href="{name}.html"' in text
-    # All nine paper systems have a row, with or without records (their conf/paper/<system>.yaml).
+    # All nine paper systems have a row, with or without records (their bench/data/paper/<system>.yaml).
     rows = re.findall(r'<tr>\s*<td><a href="([a-z_]+)\.html"', text)
     for name in ("adaptra", "caraserve", "ckpt_recovery", "fisedit", "hotspa", "hydraulis", "lobra", "malleus",
                  "swiftdiffusion"):

@@ -5,7 +5,7 @@ rows at 0.2-0.45, and causal flash attention's rate triples from 1K to 32K token
 constant per kernel cannot follow both ends (Calculon's efficiency-by-size tables, vTrain's and
 SimAI/AICB's measured per-op times). The tables hold what a probe measures
 (``mlsys-bench-probe``, :mod:`bench.probe`) or what the shared H200 file gives
-(``conf/data/h200_kernels_2026-12-04.jsonl``).
+(``impl/common/megatron/data/h200_kernels_2026-12-04.jsonl``).
 
 - GEMM ``x @ W.T`` (m x k by n x k): a series per (n, k), seconds at measured m; between two m,
   log-log interpolation; below the smallest m, the first segment's log-log slope (few rows stream

@@ -5,7 +5,7 @@ The counts follow Megatron-LM's own modules (``ParallelTransformerLayer``, ``Voc
 ``ColumnParallelLinear`` / ``RowParallelLinear``): a column-parallel weight and its bias are split
 over tp, a row-parallel weight is split and its bias is whole on every TP rank, norms are whole.
 ``tests/common/test_megatron_model.py`` checks them against the per-rank counts Megatron printed
-in the H100 runs file (``conf/data/``).
+in the H100 runs file (``impl/common/megatron/data/``).
 """
 from __future__ import annotations
 

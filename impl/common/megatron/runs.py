@@ -1,5 +1,5 @@
-"""Measured Megatron-LM launches (the runs-file format of ``conf/data/megatron_h100_feb2024.jsonl.gz``,
-fields in ``conf/data/README.md``): parse and check every line, turn a launch into the step
+"""Measured Megatron-LM launches (the runs-file format of ``impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz``,
+fields in ``impl/common/megatron/data/README.md``): parse and check every line, turn a launch into the step
 model's inputs (model, layout, micro-batch work) and its measured outcome.
 
 Pack-mode documents come from the launch's own ``seq_len_histogram`` (``real_seq_len``: documents

@@ -10,7 +10,7 @@ Where the coefficients come from, in one code path (:meth:`ReplicaCost.from_seq_
   causal attention at the profile's kernel tables, TP collectives on its bus bandwidth, its fitted
   per-layer overhead), exactly, in ms;
 - ``published`` (opt-in sensitivity input): the authors' 7B tables (80 GB and A100-40G),
-  ``conf/data/hydraulis_coefficients.yaml``; strategies outside the table are dropped;
+  ``impl/hydraulis/data/coefficients.yaml``; strategies outside the table are dropped;
 - ``fit``: real mode's least-squares :class:`~impl.common.cost.seqlen.SeqCost` (seconds).
 
 Planning memory (:class:`StrategyMemory`): the shared step-model
@@ -94,7 +94,7 @@ def fmt_strategy(replicas: Sequence[ReplicaCost]) -> str:
 
 
 def default_path() -> pathlib.Path:
-    return pathlib.Path(str(resources.files("conf").joinpath("data", "hydraulis_coefficients.yaml")))
+    return pathlib.Path(str(resources.files("impl.hydraulis").joinpath("data", "coefficients.yaml")))
 
 
 @dataclass(frozen=True)
