@@ -108,3 +108,31 @@ def test_conf_holds_only_what_hydra_composes():
              if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".yaml"
              and p.name not in ("__init__.py", "README.md")]
     assert not stray, f"not Hydra configs: {stray}"
+
+
+def test_every_system_variant_inherits_its_papers_base():
+    """One base per system class; every other config of that class states ``defaults: [<base>]``
+    (one level) and then what differs (issue 41)."""
+    import collections
+
+    import yaml
+
+    from bench.config import compose_config
+
+    def composer(overrides):
+        return compose_config(overrides)
+
+    root = pathlib.Path(str(CONF)) / "system"
+    bases = collections.defaultdict(list)
+    for path in sorted(root.glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text()) or {}
+        target = composer([f"system={path.stem}"]).system.get("_target_")
+        if "defaults" not in raw:
+            bases[target].append(path.stem)
+            continue
+        base = raw["defaults"][0]
+        base_raw = yaml.safe_load((root / f"{base}.yaml").read_text())
+        assert "defaults" not in base_raw, f"{path.stem}: its base {base} inherits too"
+        assert composer([f"system={base}"]).system.get("_target_") == target, path.stem
+    several = {t: b for t, b in bases.items() if len(b) > 1}
+    assert not several, f"configs of one system class that do not inherit: {several}"
