@@ -136,3 +136,14 @@ def test_gpu_check_table_counts_ok_failed_and_missing_presets():
     assert rows[1][2] == "0/1 ok" and rows[1][4] == "boom"
     assert bad == list(GPU_PRESETS[1:])
     assert format_table(rows).splitlines()[0].split() == ["system", "metric", "ours", "paper", "device/backend"]
+
+
+def test_threads_are_set_in_one_place():
+    """torch's thread count is set only by impl.common.execution.set_torch_threads (each worker
+    process calls it with the count its job's execution decision gave it)."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    setters = [str(p.relative_to(root)) for pkg in ("impl", "bench", "faults") for p in (root / pkg).rglob("*.py")
+               if "set_num_threads(" in p.read_text(encoding="utf-8")]
+    assert setters == ["impl/common/execution.py"], setters

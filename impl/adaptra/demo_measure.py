@@ -17,6 +17,7 @@ import statistics
 import time
 
 import torch
+from impl.common.execution import set_torch_threads
 
 
 def main(argv=None) -> None:
@@ -36,7 +37,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-zero", action="store_true", help="skip the c = 0 runs")
     ap.add_argument("--variants", default="a,b,c,d")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    set_torch_threads(1)
 
     S, N, t = args.stages, args.n, args.op_ms / 1e3
     shape = ModelShape(num_layers=2 * S, hidden=64, heads=4, ffn_mult=4, vocab=256, seq_len=32)

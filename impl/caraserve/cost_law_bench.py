@@ -34,6 +34,7 @@ import torch
 from impl.caraserve.cost import features_dec, nnls_fit
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.llm.kernels import RANK_CHUNK
+from impl.common.execution import set_torch_threads
 
 LAWS = {"max_r": "bgmv", "sum_r": "mbgmv"}  # law -> cost_model's decode-feature variant
 EXPECTED = {"bgmv": "max_r", "sgmv": "sum_r", "mbgmv": "sum_r"}
@@ -213,7 +214,7 @@ class CostLaw(System):
         mixes = rank_mixes(c.batch_sizes, c.ranks, c.random_mixes, rng)
         samples: dict = {k: [[] for _ in mixes] for k in c.kernels}
         old_threads = torch.get_num_threads()
-        torch.set_num_threads(wl.torch_threads)
+        set_torch_threads(wl.torch_threads)
         try:
             bench = DecodeBench(wl.model, sorted(set(c.ranks)), c.context_len, job.seed)
             total = len(c.kernels) * (c.warmup + len(mixes) * c.repeats)
@@ -233,7 +234,7 @@ class CostLaw(System):
                             samples[k][i].append(bench.step_s(k, mixes[i]))
                             bar.update(1)
         finally:
-            torch.set_num_threads(old_threads)
+            set_torch_threads(old_threads)
 
         # Minimum over repeats: on a shared host contention only ever adds time.
         times = {k: [min(s) for s in samples[k]] for k in c.kernels}

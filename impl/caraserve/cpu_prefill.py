@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from impl.common.llm.model import SITES
+from impl.common.execution import set_torch_threads
 
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",))
 HDR = 4
@@ -94,7 +95,7 @@ def negate_job():
 
 
 def _worker_main(names_shm, shapes, threads, slots, req_sem, done_sem, make_job, job_args):
-    torch.set_num_threads(threads)
+    set_torch_threads(threads)
     ctrl_shm = shared_memory.SharedMemory(name=names_shm[0])
     x_shm = shared_memory.SharedMemory(name=names_shm[1])
     y_shm = shared_memory.SharedMemory(name=names_shm[2])

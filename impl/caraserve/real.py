@@ -159,8 +159,8 @@ def run_real(system, job: JobContext) -> RunResult:
     # trace adapters of each rank, 2 rounds. The difference is the CPU path's cost that does not
     # overlap the device layer (the fidelity profile prices it per CPU layer). Each prefill comes
     # after an idle gap, as the trace's requests do: a hand-off to a worker that has slept costs
-    # ~1 ms more per cold prefill on this host than back to back (measured; the gap is the trace's
-    # mean inter-arrival time, capped at 0.3 s, past which the cost no longer grows).
+    # more per cold prefill than one back to back; the gap is the trace's mean inter-arrival
+    # time, capped at 0.3 s, past which that cost stops growing.
     cpu_prefills, idle_s = None, 0.0
     if worker is not None:
         from impl.common.llm.serving_engine import time_cpu_assisted_prefills

@@ -25,6 +25,7 @@ from impl.common.checkpoint.store import CheckpointStore
 from impl.common.models.varlen_gpt import VarlenGPT
 from impl.common.storage.emulator import Storage, StorageProfile
 from impl.common.workloads.pipeline import ModelShape
+from impl.common.execution import set_torch_threads
 
 
 @dataclass
@@ -73,7 +74,7 @@ def _layout(metas, pipelines, L) -> CheckpointLayout:
 
 def save_phase(ctx, spec: BenchSpec) -> dict:
     """Old layout: each system saves ``saves`` times between synthetic steps; per-save stall."""
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     state, metas = full_state(spec.shape, spec.seed)
     lay = _layout(metas, spec.old, spec.shape.num_layers)
     own = lay.ranks[ctx.rank]
@@ -129,7 +130,7 @@ def save_phase(ctx, spec: BenchSpec) -> dict:
 
 def load_phase(ctx, spec: BenchSpec, system: str, step: Optional[int] = None) -> dict:
     """New layout: load ``system``'s last checkpoint with resharding; checks bit-exactness."""
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     state, metas = full_state(spec.shape, spec.seed)
     storage = Storage(spec.prof)
     dist.barrier()

@@ -69,6 +69,7 @@ from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_w
                                            scatter_cells, scatter_tokens, window_size)
 from impl.common.hardware import HardwareProfile
 from impl.common.host_alloc import check_host_malloc, host_malloc_in_force
+from impl.common.execution import set_torch_threads
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -615,7 +616,7 @@ class Calibrate(System):
         info["phase_s"] = phase_s
         keep_threads = torch.get_num_threads()
         if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+            set_torch_threads(cfg.threads)
         info["threads"] = torch.get_num_threads()
         try:
             matmul_n: Dict[str, int] = {}
@@ -670,7 +671,7 @@ class Calibrate(System):
             metrics["host_link_bw_bytes_per_s"] = Metric.from_samples(link, "B/s", "higher")
             done()
 
-            torch.set_num_threads(keep_threads)
+            set_torch_threads(keep_threads)
             start("gloo")
             comm = measure_comm(cfg)
             p2p, ar = comm["p2p"], comm["allreduce"]
@@ -763,7 +764,7 @@ class Calibrate(System):
             write_profile_atomic(profile, out_path, header)
             done()
         finally:
-            torch.set_num_threads(keep_threads)
+            set_torch_threads(keep_threads)
             bar.close()
 
         plot_path = job.out_dir / PLOT_NAME

@@ -16,13 +16,14 @@ import torch
 import torch.distributed as dist
 
 from impl.common.runtime.launch import RankContext, launch
+from impl.common.execution import set_torch_threads
 
 
 def _comm_worker(ctx: RankContext, p2p_sizes: List[int], ar_sizes: List[int], warmup: int, repeats: int,
                  min_repeats: int, budget_s: float) -> Optional[dict]:
     """One rank. Rank 0 returns ``{"p2p": {size: [one-way s]}, "allreduce": {size: [s]}}``."""
     rank = ctx.rank
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     if True:
         p2p: Dict[int, List[float]] = {}
         if rank < 2:  # untimed rounds: the first messages pay for connection setup

@@ -23,6 +23,16 @@ DTYPES = ("auto", "fp32", "fp16", "bf16")
 BACKENDS = ("auto", "gloo", "nccl")
 
 
+def set_torch_threads(n: int) -> int:
+    """The one place torch's intra-op thread count is set (each worker process calls it for
+    itself, with the count the job's execution decision gave it); returns the count before."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(n)))
+    return before
+
+
 @dataclass
 class ExecutionConfig:
     """The ``execution`` group: what the user asks for; :func:`resolve` decides."""
@@ -112,7 +122,7 @@ class Execution:
 
         n = self.threads or workload_threads
         if n > 0:
-            torch.set_num_threads(n)
+            set_torch_threads(n)
         return torch.get_num_threads()
 
     def placement(self, ranks: int, *, backend: Optional[str] = None, ranks_use_gpu: bool = True) -> Placement:

@@ -128,7 +128,7 @@ class HardwareProfile:
     # written per dtype, measured by calibrate at UNet tensor sizes: activations (SiLU, GELU:
     # transcendental, compute-bound on a CPU core) and the rest (adds, divisions, concatenations,
     # upsampling, strided copies). Absent (datasheet profiles) = not priced on their own: the norm
-    # ops' ELEMENTWISE_PASSES stand for them, as before.
+    # ops' ELEMENTWISE_PASSES stand for them.
     activation_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     elementwise_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     memory_bytes: float = 0.0

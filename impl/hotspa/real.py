@@ -37,6 +37,7 @@ from impl.common.workloads.pipeline import ModelShape
 from impl.hotspa.rank_trainer import RankTrainer, StepLog, plan_step
 from impl.hotspa.strategy import GroupPlan, Strategy, make_group_plan
 from impl.hotspa.switching import Layouts, SwitchCache
+from impl.common.execution import set_torch_threads
 
 REAL_POLICIES = ("hotspa", "hotspa_static", "megatron_static")
 STATIC = ("hotspa_static", "megatron_static")
@@ -131,7 +132,7 @@ def _gather(d: dict) -> dict:
 
 
 def _rank_main(ctx, job: HotSPaRealJob) -> dict:
-    torch.set_num_threads(job.threads)
+    set_torch_threads(job.threads)
     rank, W = ctx.rank, ctx.world_size
     layouts = Layouts(W, job.gpus_per_node, job.shape.num_layers)
     shapes = {n: tuple(p.shape) for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}

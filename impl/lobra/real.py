@@ -42,6 +42,7 @@ from impl.common.runtime.launch import launch
 from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
 from impl.lobra.dispatch import ReplicaGroup
 from impl.lobra.joint_step import TaskStreams, plan_bucketed
+from impl.common.execution import set_torch_threads
 
 KINDS = ("R_L", "R_S")
 PROFILE_TASK_ID0 = 1 << 40  # profile sequences' ids: far from any task stream's
@@ -236,7 +237,7 @@ def reference_grads(ref: MultiTaskLoRA, state: dict, samples: list, tasks: list)
 
 
 def _rank_main(ctx, job: LobRARealJob) -> dict:
-    torch.set_num_threads(job.threads)
+    set_torch_threads(job.threads)
     rank = ctx.rank
     models = {p: MultiTaskLoRA(job.shape, job.task_names, rank=job.rank, alpha=job.alpha, seed=job.seed, lr=job.lr,
                                init_b_zero=job.init_b_zero, data_seed=job.seed) for p in job.policies}

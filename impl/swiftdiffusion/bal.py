@@ -20,6 +20,7 @@ import torch
 from impl.common.api import ConfigError
 
 from impl.swiftdiffusion.lora import LoadedLoRA, TargetTable, merge, restore
+from impl.common.execution import set_torch_threads
 
 IDLE, REQUESTED, DONE, FAILED = 0, 1, 2, 3
 
@@ -101,7 +102,7 @@ def loader_loop(slot: int, slots: SharedSlots, paths: Sequence[str], storage, em
     """A loader process's life: wait for REQUESTED, load, set DONE; until the stop column is set. Returns loads done."""
     from safetensors.torch import load as st_load
 
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     index = {n: j for j, n in enumerate(slots.site_names)}
     loads = 0
     while True:

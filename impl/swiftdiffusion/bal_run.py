@@ -26,6 +26,7 @@ from impl.swiftdiffusion.denoise import denoise, to_channels_last
 from impl.swiftdiffusion.diffusers_pipeline import build_pipeline, pipeline_request, weight_drift
 from impl.swiftdiffusion.lora import TargetTable, load_direct, make_lora, merge, restore
 from impl.swiftdiffusion.models import build_bundle, request_inputs
+from impl.common.execution import set_torch_threads
 
 
 def storage_for(wl) -> Storage:
@@ -80,7 +81,7 @@ def diffusers_request(unet, storage, paths, idx, run, emulated_bytes, timings: d
 
 @torch.no_grad()
 def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False, execution=None):
-    torch.set_num_threads(max(1, wl.torch_threads))
+    set_torch_threads(max(1, wl.torch_threads))
     device, dtype = _where(execution)
     n_cn = wl.num_controlnets
     b = build_bundle(wl, seed, num_controlnets=n_cn, device=device, dtype=dtype)

@@ -14,6 +14,7 @@ from impl.common.runtime.launch import RankContext, launch
 
 from impl.swiftdiffusion.denoise import denoise, new_scheduler, to_channels_last
 from impl.swiftdiffusion.models import build_bundle, request_inputs
+from impl.common.execution import set_torch_threads
 
 
 @torch.no_grad()
@@ -39,7 +40,7 @@ def cfg_parallel_denoise(rank: int, unet, scheduler, inp, steps: int, guidance: 
 
 
 def _main(ctx: RankContext, wl, seed: int, channels_last: bool = False):
-    torch.set_num_threads(max(1, wl.torch_threads))
+    set_torch_threads(max(1, wl.torch_threads))
     b = build_bundle(wl, seed, num_controlnets=0)
     if channels_last:
         to_channels_last(b.unet)

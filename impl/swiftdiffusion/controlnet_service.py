@@ -26,6 +26,7 @@ from impl.swiftdiffusion import split_unet
 from impl.swiftdiffusion.cache import LRUCache
 from impl.swiftdiffusion.denoise import aggregate, controlnet_keep, denoise, new_scheduler, run_controlnet, to_channels_last
 from impl.swiftdiffusion.models import build_bundle, request_inputs
+from impl.common.execution import set_torch_threads
 
 STOP, REQUEST, ECHO = -1, 1, 2
 
@@ -58,7 +59,7 @@ def _server(ctx: RankContext, wl, save_dir: str, cache_size: int, channels_last:
             to_channels_last(cn)
         return cn
 
-    torch.set_num_threads(max(1, wl.torch_threads))
+    set_torch_threads(max(1, wl.torch_threads))
     cache = LRUCache(cache_size, "system.cn_cache")
     hdr = torch.zeros(4, dtype=torch.int64)
     n_tok, c = wl.text_len, wl.unet.cross_attention_dim
@@ -144,7 +145,7 @@ def _time(fn, reps):
 
 @torch.no_grad()
 def _base(ctx: RankContext, wl, seed: int, k: int, scales, aggregation: str, channels_last: bool = False) -> dict:
-    torch.set_num_threads(max(1, wl.torch_threads))
+    set_torch_threads(max(1, wl.torch_threads))
     b = build_bundle(wl, seed)
     servers = list(range(1, k + 1))
     cn_idx = list(range(k))

@@ -15,13 +15,14 @@ import torch
 
 from impl.swiftdiffusion.lora import TargetTable, load_direct, make_lora, merge, restore
 from impl.swiftdiffusion.models import build_bundle
+from impl.common.execution import set_torch_threads
 
 
 @torch.no_grad()
 def run_lora_api(wl, seed: int, device=None, dtype=None) -> dict:
     """``device`` / ``dtype``: the job's execution (None: the CPU in fp32); each timed call
     ends when the device is done."""
-    torch.set_num_threads(max(1, wl.torch_threads))
+    set_torch_threads(max(1, wl.torch_threads))
     on_cuda = device is not None and torch.device(device).type == "cuda"
 
     def _t(fn) -> float:

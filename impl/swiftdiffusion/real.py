@@ -8,6 +8,7 @@ import statistics
 import torch
 
 from impl.common.api import JobContext, Metric, RunResult
+from impl.common.execution import set_torch_threads
 
 
 def _mean(xs) -> float:
@@ -38,7 +39,7 @@ DEVICE_SCENARIOS = ("bal", "lora_api", "quality")
 def run_real(system, job: JobContext) -> RunResult:
     wl, cfg, ex = job.workload, system.cfg, job.execution
     if wl.torch_threads > 0:
-        torch.set_num_threads(wl.torch_threads)
+        set_torch_threads(wl.torch_threads)
     applied = cfg.channels_last and wl.scenario in CHANNELS_LAST_SCENARIOS
     on_device = wl.scenario in DEVICE_SCENARIOS
     device = ex.torch_device() if on_device else torch.device("cpu")

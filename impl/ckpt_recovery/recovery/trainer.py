@@ -37,6 +37,7 @@ from impl.common.models.varlen_gpt import VarlenGPT, rope, sequence_tokens
 from impl.common.parallel.tensor_parallel import tensor_parallel
 from impl.common.storage.emulator import Storage, StorageProfile
 from impl.common.workloads.pipeline import ModelShape
+from impl.common.execution import set_torch_threads
 
 BACKENDS = ("elastor", "dcp_sync", "dcp_async", "dcp_async_process")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -428,7 +429,7 @@ def _load_peer(spec: TrainSpec, rank: int, layout, metas, store, storage: Storag
 
 def train_rank(ctx, spec: TrainSpec) -> dict:
     """Run on every rank by :func:`impl.common.runtime.launch.launch`."""
-    torch.set_num_threads(spec.threads)
+    set_torch_threads(spec.threads)
     rank, world = ctx.rank, ctx.world_size
     ctx.report(("pid", os.getpid(), time.time()))
     tp_groups = {}

@@ -28,6 +28,7 @@ from impl.common.storage.emulator import Storage, StorageProfile
 from .layout import CheckpointLayout, TensorMeta
 from .plan import model_order, save_items
 from .store import CheckpointStore
+from impl.common.execution import set_torch_threads
 
 _IDLE, _WRITING, _WRITTEN, _COMMITTING = 0, 1, 2, 3
 
@@ -47,7 +48,7 @@ def _saver_main(root: str, prof: StorageProfile, keep: int, rank: int, world: in
     """The saver process: wait for a command, act on it, flag the result in ``state``.
     ``stage`` = (base, node): each file is also staged in the node's shared memory for the
     peer tier's holders (:mod:`.holder`)."""
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     layout = CheckpointLayout.from_dict(layout_d)
     store = CheckpointStore(root, Storage(prof), keep=keep)
     order = model_order(metas)

@@ -309,7 +309,7 @@ def plan(cfg: PlannerConfig, x: Sequence[float], old_plan: Optional[Plan] = None
         raise PlannerError(_infeasible_message(cfg, groups, best_cap))
     # The kept templates' layers from the solver. A solver's optimum may sit an ulp off the
     # exact one (CBC's tolerance: 2.0000000000000004 x 9 layers for 18.0); its z is the one the
-    # layers give, so ILP-B and the tie-break key are redone with it, as before this search.
+    # layers give, so ILP-B and the tie-break key are recomputed from it.
     for r in range(len(ranked)):
         key, Z, svec, tmpl, (specs, m) = ranked[r]
         layers_all, zs = [], []

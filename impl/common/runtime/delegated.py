@@ -37,6 +37,7 @@ import torch.distributed as dist
 from impl.common.runtime.comm import (HEADER_BYTES, Comm, CommError, MessageSpec, channel_name, checksum,
                                       direction_of, pack, payload_view, sleep_delay, unpack_header)
 from impl.common.runtime.launch import Helper, StoreAddress, mp_context
+from impl.common.execution import set_torch_threads
 
 FLAG_UNREADY, FLAG_SEND, FLAG_RECV_CPU, FLAG_RECV_GPU, FLAG_BAD = 0, 1, 2, 3, -1
 _CTRL_EPOCH, _CTRL_STOP, _CTRL_DELAY_NS = 0, 1, 2
@@ -233,7 +234,7 @@ def delegate_main(role: str, ch: DelegateChannel, k: int, store: StoreAddress, p
         return os.getppid() == ppid
 
     try:
-        torch.set_num_threads(1)
+        set_torch_threads(1)
         # Own 2-rank gloo group per sender/receiver pair, rendezvous under its own prefix.
         pair_store = dist.PrefixStore(f"delegate/{ch.src}->{ch.dst}/{k}/", store.connect(pg_timeout_s))
         dist.init_process_group("gloo", store=pair_store, rank=0 if role == "send" else 1, world_size=2,

@@ -42,6 +42,7 @@ from impl.common.workloads.pipeline import ModelShape
 
 from .launch import RankContext, launch
 from .migrate import RankState, build_optimizer, migrate, save_optimizer, units_of
+from impl.common.execution import set_torch_threads
 
 
 @dataclass
@@ -127,7 +128,7 @@ def probe_once(x: float, hidden: int, reps: int = 20) -> float:
 class _Worker:
     def __init__(self, rank: int, cfg: HybridRunConfig, controller: Optional[Controller]):
         self.rank, self.cfg = rank, cfg
-        torch.set_num_threads(cfg.torch_threads)
+        set_torch_threads(cfg.torch_threads)
         self.controller = controller if rank == 0 else None
         self.full = TinyGPT(cfg.shape, cfg.seed)  # the seeded initial state: every rank alike
         self.plan = Plan.from_dict(cfg.initial_plan)

@@ -26,6 +26,7 @@ from impl.common.runtime.run_stats import keyed, link_key
 from impl.common.runtime.stage import StageRunner
 from impl.common.schedule.ir import Action, Op, Schedule, format_schedule
 from impl.common.workloads.pipeline import ModelShape
+from impl.common.execution import set_torch_threads
 
 ScheduleFn = Callable[[int, dict], Schedule]
 
@@ -84,7 +85,7 @@ class _Trainer:
         self.rank = rank
         self.cfg = cfg
         S = cfg.num_stages
-        torch.set_num_threads(cfg.torch_threads)
+        set_torch_threads(cfg.torch_threads)
         self.device = ctx.device
         self.store = ctx.store
         self.own_delegates = None

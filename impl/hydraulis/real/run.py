@@ -51,6 +51,7 @@ from impl.hydraulis.real.config import HydraulisRealKnobs, RealRun, ReplicaKind
 from impl.hydraulis.real.fit import fit_kind, fit_rows, profile, row_medians
 from impl.hydraulis.real.plan import PlanAhead, Planner, RunPlan, check_run
 from impl.hydraulis.real.replica import ReplicaModel
+from impl.common.execution import set_torch_threads
 
 # The spec 5 runs as systems: policy -> (batching, candidate pool of replica kinds).
 REAL_POLICIES = {"hydraulis_h": ("two_stage", [["A", "B"]]), "hydraulis_b0": ("greedy", [["A", "A"]]),
@@ -184,7 +185,7 @@ def _fit_costs(job: HydraulisRealJob, per_rank: list) -> tuple[dict, dict]:
 
 
 def _rank_main(ctx, job: HydraulisRealJob) -> dict:
-    torch.set_num_threads(job.threads)
+    set_torch_threads(job.threads)
     rank, W = ctx.rank, ctx.world_size
     full0 = {n: p.detach().clone() for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
     layouts = {r.name: OptimizerLayout(full0, rank, W, job.lr) for r in job.runs}
