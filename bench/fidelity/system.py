@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from bench.fidelity.families import get_family
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
+from impl.common.conf_files import load_group_file
 
 PACKAGE_CONF = pathlib.Path(__file__).resolve().parents[2] / "conf"
 
@@ -47,7 +48,7 @@ def _local_threads(name: str) -> int:
 def build_system(name: str, knobs: dict) -> System:
     from bench.validate import typed_system
 
-    node = OmegaConf.merge(OmegaConf.load(_conf_file("system", name)), knobs or {})
+    node = OmegaConf.merge(load_group_file(_conf_file("system", name)), knobs or {})
     system, _ = typed_system(node)
     return system
 

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from impl.common.plots.records import plottable  # noqa: E402
+from impl.common.papers import PAPER_DIR  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 PAPER_BAND = (1.3, 1.7)  # spec caraserve.md 6, S1: CaraServe 1.3-1.7x below S-LoRA at lambda >= 7
@@ -105,7 +106,7 @@ def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
 
 
 # ---- the paper's own figures beside ours (spec caraserve.md 9; values in bench/data/paper/caraserve.yaml)
-PAPER_FILE = pathlib.Path(__file__).resolve().parents[2] / "conf" / "paper" / "caraserve.yaml"
+PAPER_FILE = PAPER_DIR / "caraserve.yaml"
 
 
 def paper_values(path: pathlib.Path = PAPER_FILE) -> dict:
