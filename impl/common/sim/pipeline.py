@@ -505,7 +505,7 @@ def _run(prog: _Program, comm: CommModel, base_s, link_cost_s, delay_fn, origin_
     and arrival times that are final when set, so the resumption order does not change any
     result: without a delay function the woken stages go on a plain stack (the heap keyed by
     time cost ~0.05 s of 0.28 at S=128, N=1024); a delay function, which may keep state, is
-    called in the EventLoop's (time, insertion) order, from a heap as before."""
+    called in the EventLoop's (time, insertion) order, from a heap."""
     S = len(prog.codes)
     L = max(S - 1, 1)
     kind = comm.kind
