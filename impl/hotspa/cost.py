@@ -12,13 +12,13 @@ from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
 from impl.common.cost.transformer import layer_params
 from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost
-from impl.common.megatron.step import OPT_BYTES_PER_PARAM
+from impl.common.megatron.step import optimizer_step_s
 from impl.common.parallel.migration import Transfer, migration_time_s, plan_migration
 from impl.common.parallel.plan import Plan, uniform_plan
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, group_by_boundaries, hotspa_pack
 
 from impl.hotspa.strategy import GroupPlan, Strategy
-from impl.common.megatron.derive import step_knobs, bus_bw
+from impl.common.megatron.derive import bus_bw
 
 PARAM_BYTES = 2.0  # bf16 compute copy: what a parameter switch moves
 GRAD_BYTES = 4.0  # fp32 accumulated gradient: what a gradient switch moves
@@ -128,9 +128,7 @@ class PricingEnv:
     def optimizer_s(self) -> float:
         """Adam on this GPU's ZeRO-1 shard (|θ|/N parameters), memory-bound, x the step model's
         memory-bound factor, plus its per-iteration overhead (as the step model prices them)."""
-        k = step_knobs(self.hw)
-        extra = k.iteration_overhead_s
-        return k.elementwise_time_factor * OPT_BYTES_PER_PARAM * self.model_params / self.N / self.hw.memory_bw_bytes_per_s + extra
+        return optimizer_step_s(self.model_params, self.N, self.hw)
 
 
 def mb_time_s(cost: SeqCost, mb: MicroBatch) -> float:

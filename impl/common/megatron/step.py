@@ -76,6 +76,16 @@ M_STATES, M_ACT, M_LOGITS, M_ONE = range(4)
 N_MEM = 4
 
 
+def optimizer_step_s(params: float, shard: int, hw: HardwareProfile, knobs: Optional[MegatronKnobs] = None) -> float:
+    """The step model's per-iteration terms for a planner that prices the rest itself: Adam over
+    ``params / shard`` parameters on one GPU (memory-bound, ``OPT_BYTES_PER_PARAM`` each) x the
+    elementwise factor, plus the per-iteration overhead (the F_ELEM optimizer and F_ITER terms of
+    :func:`features`)."""
+    k = knobs or step_knobs(hw)
+    return (k.elementwise_time_factor * OPT_BYTES_PER_PARAM * params / shard / hw.memory_bw_bytes_per_s
+            + k.iteration_overhead_s)
+
+
 def theta_of(hw: HardwareProfile, k: MegatronKnobs) -> np.ndarray:
     """Seconds per unit of each time feature (the table-priced ones: a factor near 1)."""
     for name in ("gemm_time_factor", "attn_time_factor", "elementwise_time_factor", "intra_node_bus_bw_bytes_per_s",
