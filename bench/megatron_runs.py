@@ -136,7 +136,7 @@ def run_pricing(runs: str, hardware: str, out: pathlib.Path, folds: Optional[int
         bar.close()
         how = f"{folds}-fold cross-validated (each launch predicted by knobs fitted on the other folds)"
     else:
-        if hw.megatron is None:
+        if hw.megatron.knobs is None:
             print(f"mlsys-bench-runs: note: hardware {hw.name} has no fitted Megatron knobs; priced from its datasheet "
                   f"figures", file=sys.stderr)
         preds, per_fold = [megafit.predict(p, hw) for p in priced], []
@@ -217,8 +217,6 @@ DERIVED_HEADER = """# {name}: {target} with Megatron-LM step-model knobs derived
 def with_kernel_tables(hw: HardwareProfile, kernels: str, kernels_gpu: str) -> HardwareProfile:
     """``hw`` with the kernel tables of ``kernels`` (a probe file measured on ``kernels_gpu``),
     carried to ``hw`` (:func:`impl.common.megatron.kernels.carried`)."""
-    import dataclasses
-
     from impl.common.megatron.kernels import carried, tables_from_jsonl
 
     src = load_hardware(kernels_gpu)
@@ -226,12 +224,12 @@ def with_kernel_tables(hw: HardwareProfile, kernels: str, kernels_gpu: str) -> H
                                              f"measured on {src.name})")
     if src.name != hw.name:
         tabs = carried(tabs, src.peak_flops["bf16"], src.memory_bw_bytes_per_s, hw)
-    return dataclasses.replace(hw, kernels=tabs)
+    return hw.with_megatron(kernels=tabs)
 
 
 def calibrate(runs: str, base: str, output: pathlib.Path, name: Optional[str] = None, folds: int = 5,
               kernels: Optional[str] = None, kernels_gpu: str = DEFAULT_KERNELS_GPU) -> HardwareProfile:
-    from impl.common.calibrate import write_profile_atomic
+    from bench.calibrate.system import write_profile_atomic
 
     launches = load_runs(runs)
     hw = load_hardware(base)
@@ -249,7 +247,7 @@ def calibrate(runs: str, base: str, output: pathlib.Path, name: Optional[str] = 
                    "fitted": _dt.date.today().isoformat(), "tool": "mlsys-bench-calibrate-megatron"}
     import dataclasses
 
-    prof = dataclasses.replace(hw_base, name=name, megatron=knobs, calibration=calibration,
+    prof = dataclasses.replace(hw_base.with_megatron(knobs=knobs), name=name, calibration=calibration,
                                source=f"{hw.source}; Megatron knobs fitted to {pathlib.Path(runs).name} (measured H100 runs)")
     write_profile_atomic(prof, output, HEADER.format(name=name, base=hw.name, runs_name=pathlib.Path(runs).name,
                                                      kernels_name=pathlib.Path(kernels).name, kernels_gpu=kernels_gpu))
@@ -257,7 +255,7 @@ def calibrate(runs: str, base: str, output: pathlib.Path, name: Optional[str] = 
 
 
 def derive(target: str, base: str, output: pathlib.Path) -> HardwareProfile:
-    from impl.common.calibrate import write_profile_atomic
+    from bench.calibrate.system import write_profile_atomic
     from impl.common.megatron.derive import derived_profile
 
     prof = derived_profile(load_hardware(base), load_hardware(target), name=output.stem)
@@ -268,7 +266,7 @@ def derive(target: str, base: str, output: pathlib.Path) -> HardwareProfile:
 def _without_knobs(hw: HardwareProfile) -> HardwareProfile:
     import dataclasses
 
-    return dataclasses.replace(hw, megatron=None, kernels=None, calibration={})
+    return dataclasses.replace(hw.with_megatron(knobs=None, kernels=None), calibration={})
 
 
 def calibrate_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -291,7 +289,7 @@ def calibrate_main(argv: Optional[Sequence[str]] = None) -> int:
             out = pathlib.Path(a.output if a.output != "conf/hardware/h100-megatron.yaml"
                                else f"conf/hardware/{a.derive}-megatron.yaml")
             prof = derive(a.derive, a.base, out)
-            print(json.dumps({"profile": str(out), "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron).items()},
+            print(json.dumps({"profile": str(out), "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron.knobs).items()},
                               "derived_from": a.base}, indent=1))
             return 0
         prof = calibrate(a.runs or _default_runs(), a.hardware, pathlib.Path(a.output), folds=a.folds,
@@ -299,7 +297,7 @@ def calibrate_main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"mlsys-bench-calibrate-megatron: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"profile": a.output, "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron).items()},
+    print(json.dumps({"profile": a.output, "knobs": {k: float(f"{v:.4g}") for k, v in vars(prof.megatron.knobs).items()},
                       "fit": prof.calibration["fit"], "at_bound": prof.calibration["fit"].get("at_bound", []),
                       "cross_validated": prof.calibration.get("cross_validated", {})}, indent=1))
     return 0

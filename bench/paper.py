@@ -1,15 +1,16 @@
 """The papers' numbers as data (``bench/data/paper/<system>.yaml``) and how each finds our value.
 
-A paper file holds the system's title, spec, headline entry and reproduce command, and a list
-of entries, each one number the spec sources::
+A paper file holds the system's title, the paper it reproduces (``paper:``, a citation), the
+headline entry and reproduce command, and a list of entries, each one number with its source::
 
     - name: s1_adaptra_vs_zb            # unique in the file
       value: 1.76                       # the paper's number ...
       high: null                        # ... or the low end of a band [value, high]
       unit: x
       setting: "7B (1,1,4), 30 ms on link 2-3: Adaptra over ZB"
-      source: "adaptra.md §4 [P]"       # spec section and its provenance tag
-      kind: paper                       # paper (the paper's own number) | target (the spec's [R] bar)
+      source: "paper Fig. 9 [P]"       # where: paper <section/figure/table/abstract> | artifact <file>
+                                        # | a repository file (a target's README); then its tag
+      kind: paper                       # paper (the paper's own number) | target (our [R] bar)
       match:                            # how our records give the number beside it (optional)
         experiment: adaptra/microbench_7b   # fnmatch pattern on the record's experiment
         system: adaptra
@@ -84,7 +85,7 @@ class PaperEntry:
 class PaperFile:
     system: str = "???"
     title: str = "???"
-    spec: str = "???"
+    paper: str = "???"  # the citation: authors, arXiv id or venue
     headline: str = "???"  # name of the entry shown on the index
     reproduce: str = "???"  # the command that reproduces the headline
     entries: List[PaperEntry] = field(default_factory=list)

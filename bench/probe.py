@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "GPU kernels", file=sys.stderr)
         return 2
     from impl.common.api import ConfigError
-    from impl.common.calibrate import write_profile_atomic
+    from bench.calibrate.system import write_profile_atomic
     from impl.common.hardware import load_hardware
     from impl.common.megatron.kernels import tables_from_jsonl
 
@@ -165,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"mlsys-bench-probe: error: {e}", file=sys.stderr)
         return 2
-    prof = dataclasses.replace(base, name=out.stem, kernels=tabs, megatron=None,
+    prof = dataclasses.replace(base.with_megatron(kernels=tabs, knobs=None), name=out.stem,
                                source=f"{base.source}; kernel tables measured by mlsys-bench-probe on {rows[0]['gpu']}")
     header = (f"# {out.stem}: {base.name} with kernel tables measured by `mlsys-bench-probe` on {rows[0]['gpu']}\n"
               f"# ({rows[0]['date']}; raw measurements in {raw.name}). Fit Megatron knobs on top with\n"

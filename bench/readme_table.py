@@ -53,7 +53,7 @@ KEEP = ("schema_version", "run_id", "created", "system", "status", "not_applicab
         *GROUP_FIELDS)
 
 
-# ------------------------------------------------------------------ the spec file
+# ------------------------------------------------------------------ the table's input (readme_systems.yaml)
 
 @dataclass
 class TableRow:
@@ -266,7 +266,7 @@ def render_table(records: list[dict], spec: Optional[dict] = None,
     for sys_, row, entry in _entries(spec, papers):
         first = row is sys_["rows"][0]
         cells = evaluate(entry, records, tol, skipped)
-        kind = "spec target: " if entry.kind == "target" else ""
+        kind = "our target [R]: " if entry.kind == "target" else ""
         claim = f"{claim_text(entry)} ({kind}{row.label})"
         sim, real = (_ours_text(cells[m], entry) for m in MODES)
         for mode, text in (("sim", sim), ("real", real)):
@@ -293,7 +293,7 @@ def render_table(records: list[dict], spec: Optional[dict] = None,
     span = (dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}") if dates else "no dates"
     lines += ["", f"Written by `mlsys-bench-readme` from {source or 'the records given'} ({len(records)} records, "
               f"{span}, commit {', '.join(commits) or '-'}) and `bench/data/paper/*.yaml`; do not edit between the "
-              f"markers. A band is the paper's (or the spec's target); a single number counts as in band "
+              f"markers. A band is the paper's (or our reconstructed target [R]); a single number counts as in band "
               f"within ±{100 * tol:.0f}%. Ours is the newest ok record of the same setting; failed and invalid "
               f"runs are never compared. Refresh: `mlsys-bench-readme --refresh` (runs the reference presets)."]
     return "\n".join(lines) + "\n"

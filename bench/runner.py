@@ -1,7 +1,6 @@
 """Run one job: type the config, seed, run the system, write the record (even on failure)."""
 from __future__ import annotations
 
-import os
 import pathlib
 import random
 import shutil
@@ -263,7 +262,7 @@ def paper_scale_entry(hardware: dict) -> Optional[dict]:
     """For a profile with Megatron knobs: the paper-scale family's cross-validated error against
     the measured H100 launches it was fitted on (or the profile it was derived from)."""
     cal = dict(hardware.get("calibration") or {})
-    if not hardware.get("megatron") or not cal:
+    if not (hardware.get("megatron") or {}).get("knobs") or not cal:
         return None
     derived = cal.get("derived_from")
     base = cal.get("base_calibration") or {} if derived else cal

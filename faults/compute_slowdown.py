@@ -1,8 +1,9 @@
 """Compute-slowdown injection: the per-GPU slowdown factor x_g in force at an iteration.
 
 One function serves both modes: the simulator multiplies each GPU's compute time by it, the
-real runtime pads each op (sleep) to ``nominal * factor`` (spec malleus 5) and the GEMM probe
-of a suspended GPU is padded the same way.
+real runtime pads each op (sleep) to ``nominal * factor`` (our reconstruction: the public
+Malleus code ships no injector; `impl/malleus/README.md`, "Experiments") and the GEMM probe of a
+suspended GPU is padded the same way.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Data-parallel link delay (spec adaptra S5): which stage's gradient all-reduce crosses a slow
-link at an iteration, and one-line errors for impossible specs. Sim only."""
+"""Data-parallel link delay (ADAPTRA's sim scenario S5, `impl/adaptra/README.md`, "Sim-mode
+scenario models"): which stage's gradient all-reduce crosses a slow link at an iteration, and
+one-line errors for impossible specs. Sim only."""
 from __future__ import annotations
 
 from impl.common.api import ConfigError

@@ -1,5 +1,6 @@
-"""GPU and node loss (spec ckpt_recovery 2.1, 6): validation and the lost GPU ids, one
-definition for the sim and the real recovery loop."""
+"""GPU and node loss (checkpoint recovery's scenario A and sim S1-S6, `impl/ckpt_recovery/README.md`,
+"Reconstructed choices"): validation and the lost GPU ids, one definition for the sim and the
+real recovery loop."""
 from __future__ import annotations
 
 from impl.common.api import ConfigError

@@ -32,7 +32,7 @@ class LinkDelay:
     trace: List[DelayEvent] = field(default_factory=list)
     # 'oracle': the scheduler is told the delays; 'measured': per-link timers + change detection.
     detection: str = "oracle"
-    # Iterations before which an RNIC of the pipeline fails (spec adaptra S7, sim only):
+    # Iterations before which an RNIC of the pipeline fails (ADAPTRA's 140B trace, sim only):
     # host-delegated systems fail over to another NIC for free, the others pay a
     # checkpoint-restart (system.restart_cost_s).
     rnic_failure_iters: List[int] = field(default_factory=list)
@@ -41,8 +41,8 @@ class LinkDelay:
 @dataclass
 class DpLinkDelay:
     """Extra per-message latency on one data-parallel link: the link between two replicas of
-    pipeline stage ``stage``, which that stage's gradient ring all-reduce crosses (spec adaptra
-    S5, sim only). Negative ``stage`` counts from the last stage."""
+    pipeline stage ``stage``, which that stage's gradient ring all-reduce crosses (ADAPTRA's
+    sim scenario S5, sim only). Negative ``stage`` counts from the last stage."""
 
     kind: str = "dp_link_delay"
     stage: int = 0
@@ -56,7 +56,7 @@ class DpLinkDelay:
 
 @dataclass
 class VaryingLinkDelay:
-    """Pipeline-link delays that change inside iterations (spec adaptra S6, sim only).
+    """Pipeline-link delays that change inside iterations (ADAPTRA's sim scenario S6, sim only).
 
     From time 0, every U(interval_s) seconds ``links_per_change`` links (0 = all) drawn from ``links``
     ([] = every pipeline link) get a delay drawn from ``delay_s`` = [low, high] in steps of
@@ -88,7 +88,7 @@ class SlowdownEvent:
 
 @dataclass
 class ComputeSlowdown:
-    """GPUs whose compute runs ``factor`` times slower (spec malleus 5/6: x_g)."""
+    """GPUs whose compute runs ``factor`` times slower (Malleus's straggling rate x_g)."""
 
     kind: str = "compute_slowdown"
     gpus: List[int] = field(default_factory=list)
@@ -112,9 +112,9 @@ class RankKill:
 
 @dataclass
 class GpuLoss:
-    """GPUs (global ids = ranks of the nominal layout) die at a step (spec ckpt_recovery 2.1, 5,
-    6). ``mid_save``: the loss lands while a checkpoint save is in flight (real: during the
-    write; sim: the in-flight save never commits). ``seed`` (with the job seed) draws what is
+    """GPUs (global ids = ranks of the nominal layout) die at a step (checkpoint recovery,
+    real and sim). ``mid_save``: the loss lands while a checkpoint save is in flight (real: during
+    the write; sim: the in-flight save never commits). ``seed`` (with the job seed) draws what is
     left open: real mode reads ``ranks: []`` as a seeded rank of the last stage and
     ``at_step < 0`` as a seeded step; the kill lands at that step's boundary."""
 

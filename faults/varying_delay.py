@@ -1,6 +1,7 @@
-"""Time-varying pipeline-link delays (spec adaptra S6): a seeded, piecewise-constant timeline in
-seconds that the simulator queries per message (``DelayTimeline.delay``) and the scheduler
-queries at iteration boundaries (``table_at``, ``mean_over``). Sim only.
+"""Time-varying pipeline-link delays (ADAPTRA's sim scenario S6, `impl/adaptra/README.md`,
+"Sim-mode scenario models"): a seeded, piecewise-constant timeline in seconds that the
+simulator queries per message (``DelayTimeline.delay``) and the scheduler queries at iteration
+boundaries (``table_at``, ``mean_over``). Sim only.
 
 The timeline is drawn lazily in time order from one ``random.Random(seed)``, so it does not
 depend on which times are queried: every segment draws its length from U(interval_s), then

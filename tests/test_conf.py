@@ -136,3 +136,24 @@ def test_every_system_variant_inherits_its_papers_base():
         assert composer([f"system={base}"]).system.get("_target_") == target, path.stem
     several = {t: b for t, b in bases.items() if len(b) > 1}
     assert not several, f"configs of one system class that do not inherit: {several}"
+
+
+@pytest.mark.parametrize("override,choices", [
+    ("system=lobra system.planner=x", "prune, group, balance"),
+    ("system=lobra system.dispatch=x", "balanced, length, even"),
+    ("system=hydraulis system.ilp_scope=x", "critical, all"),
+    ("system=fisedit system.schedule=x", "supplied, online"),
+    ("system=swiftdiffusion system.aggregation=x", "sum, katz_mean"),
+    ("system=ckpt_recovery +system.real.scenario=x", "recovery, one_gpu"),
+])
+def test_a_choice_outside_its_enum_is_one_line_naming_the_field(override, choices):
+    # issue 41: choices are typed (enum.StrEnum) in the structured configs, so a typo fails when
+    # the config is typed, before any work, naming the field and the allowed values
+    from bench.config import compose_config
+    from impl.common.api import ConfigError
+
+    field = override.split()[1].split("=")[0].lstrip("+")
+    with pytest.raises(ConfigError) as e:
+        typed_system(compose_config(override.split()).system)
+    msg = str(e.value)
+    assert msg.startswith(f"{field}: Invalid value 'x'") and choices in msg and "\n" not in msg, msg

@@ -186,7 +186,7 @@ def test_conv_rate_prices_k3_convs_only_and_is_optional():
 
     k3 = UNetOp("c", "conv", 64, 2e9, 0, 0, 0, kernel=3)
     k1 = UNetOp("p", "conv", 64, 2e9, 0, 0, 0, kernel=1)
-    hw = _hw(conv_flops={"fp32": 200e9})
+    hw = _hw().with_diffusion(conv_flops={"fp32": 200e9})
     assert op_time_s(k3, hw, "fp32", launch_s=0) == pytest.approx(0.01)
     assert op_time_s(k1, hw, "fp32", launch_s=0) == pytest.approx(0.02)  # a 1x1 conv is a matmul
     assert op_time_s(k3, _hw(), "fp32", launch_s=0) == pytest.approx(0.02)  # datasheet profile: unchanged
@@ -275,21 +275,21 @@ def test_a_calibrated_profile_without_the_diffusion_rates_is_refused_before_the_
 
     from bench.fidelity.families import DIFFUSION_RATES, get_family
     from impl.common.api import ConfigError
-    from impl.common.hardware import HardwareProfile
+    from impl.common.hardware import DiffusionRates, HardwareProfile
 
     fam, wl = get_family("diffusion"), SimpleNamespace(dtype="fp32")
     fam.check_hw(HardwareProfile(name="cpu-2core"), wl, "cpu-2core")  # datasheet: fallbacks by design
     full = {f: {"fp32": 1e9} for f in DIFFUSION_RATES}
-    fam.check_hw(HardwareProfile(name="local-t1", measured=True, **full), wl, "local-t1")
+    fam.check_hw(HardwareProfile(name="local-t1", measured=True, diffusion=DiffusionRates(**full)), wl, "local-t1")
     stale = {**full, "conv_window_flops": {}, "token_gather_bytes_per_s": {"fp16": 1e9}}
     with pytest.raises(ConfigError, match=r"^system.sim_hardware: calibrated profile local-t1 lacks "
-                                          r"conv_window_flops\[fp32\], token_gather_bytes_per_s\[fp32\] "):
-        fam.check_hw(HardwareProfile(name="local-t1", measured=True, **stale), wl, "local-t1")
+                                          r"diffusion.conv_window_flops\[fp32\], diffusion.token_gather_bytes_per_s\[fp32\] "):
+        fam.check_hw(HardwareProfile(name="local-t1", measured=True, diffusion=DiffusionRates(**stale)), wl, "local-t1")
     # the preset with a stale profile stops in preflight, one line, before any real work
     path = _fixture_profile(tmp_path)
     rc, last = inprocess_runner([sys.executable, "-m", "bench", "experiment=fidelity/diffusion",
                                  f"system.sim_hardware={path}", f"results_dir={tmp_path}"], tmp_path)
-    assert rc == 1 and "lacks conv_flops[fp32]" in last and "\n" not in last.strip()
+    assert rc == 1 and "lacks diffusion.conv_flops[fp32]" in last and "\n" not in last.strip()
 
 
 def _cold_prefills(cost, L, per_layer, layers=((8, 1), (16, 1), (32, 2), (64, 4)), warm=0.040):

@@ -45,10 +45,10 @@ def test_calibrate_writes_a_profile_with_provenance(runs_slice, tmp_path, capsys
     out = tmp_path / "h100-test.yaml"
     assert calibrate_main(["--runs", str(path), "--output", str(out), "--folds", "0"]) == 0
     prof = load_hardware(str(out))
-    assert prof.name == "h100-test" and prof.megatron is not None
+    assert prof.name == "h100-test" and prof.megatron.knobs is not None
     assert prof.calibration["runs_sha256"] == file_sha256(path) and prof.calibration["base_profile"] == "h100-sxm"
-    assert 0.8 <= prof.megatron.gemm_time_factor <= 1.5 and prof.megatron.allocatable_bytes <= prof.memory_bytes
-    assert prof.kernels is not None and prof.calibration["kernels_measured_on"] == "h200"
+    assert 0.8 <= prof.megatron.knobs.gemm_time_factor <= 1.5 and prof.megatron.knobs.allocatable_bytes <= prof.memory_bytes
+    assert prof.megatron.kernels is not None and prof.calibration["kernels_measured_on"] == "h200"
     assert isinstance(prof.calibration["fit"]["at_bound"], list)
     # Pricing with the written profile uses its knobs (in-sample on the slice it was fitted on).
     assert main(["--runs", str(path), "--hardware", str(out), "--out", str(tmp_path / "p")]) == 0

@@ -246,7 +246,7 @@ DIFFUSION_RATES = ("conv_flops", "conv_window_flops", "window_gather_bytes_per_s
 def _diffusion_hw(hw: Any, wl: Any, hw_name: str) -> None:
     if not getattr(hw, "measured", False):
         return  # a datasheet profile prices at its fallbacks by design
-    missing = [f"{f}[{wl.dtype}]" for f in DIFFUSION_RATES if wl.dtype not in (getattr(hw, f, None) or {})]
+    missing = [f"diffusion.{f}[{wl.dtype}]" for f in DIFFUSION_RATES if wl.dtype not in (getattr(hw.diffusion, f, None) or {})]
     if missing:
         raise ConfigError(f"system.sim_hardware: calibrated profile {hw_name} lacks {', '.join(missing)} (calibrated "
                           f"before these rates existed): delete conf/hardware/{hw_name}.yaml or re-run calibrate")

@@ -49,7 +49,7 @@ def _run_family(family: str, pass_dir: pathlib.Path, extra: Sequence[str]) -> in
 def _calibrate_median(pass_dir: pathlib.Path, rounds: int) -> None:
     """``rounds`` fresh ``system=calibrate`` processes per profile, then their per-field median
     as the pass's ``conf/hardware/<name>.yaml`` (the presets then find it and calibrate nothing)."""
-    from impl.common.calibrate import median_profile
+    from bench.calibrate.system import median_profile
 
     for name in PROFILES:
         threads = name.rsplit("-t", 1)[1] if "-t" in name else None

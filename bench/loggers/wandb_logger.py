@@ -1,6 +1,6 @@
 """``logger=wandb``: one W&B run per job, offline unless the user asks otherwise.
 
-group = experiment, job_type = system, tags = mode/hardware/fault (harness spec, "Logging").
+group = experiment, job_type = system, tags = mode/hardware/fault (README.md, "Weights & Biases").
 The W&B run id is the record's run_id, so an offline run folder
 (``<dir>/wandb/offline-run-<time>-<run_id>``) is found from the record and vice versa.
 
@@ -21,7 +21,7 @@ MODES = ("online", "offline", "disabled")
 
 
 def resolve_mode(cfg_mode: str | None) -> str:
-    """WANDB_MODE in the environment wins over ``logger.mode`` (harness spec, "Config groups")."""
+    """WANDB_MODE in the environment wins over ``logger.mode`` (README.md, "Weights & Biases")."""
     env = os.environ.get("WANDB_MODE")
     mode = env or cfg_mode or "offline"
     if mode == "dryrun":  # the old spelling of offline, still accepted by wandb itself

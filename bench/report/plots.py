@@ -29,7 +29,7 @@ UNIT_LABEL = {"x": "times better (x)", "s": "seconds (s)", "min": "minutes (min)
 
 def legend_handles(modes: Sequence[str], band: bool = True) -> list[Line2D]:
     handles = [Line2D([], [], color="k", marker="|", markersize=14, markeredgewidth=2.5, linestyle="none",
-                      label="paper (or spec target)")]
+                      label="paper (or our target)")]
     if band:
         handles.append(Line2D([], [], color="0.75", linewidth=6, label="paper band"))
     for mode in ("real", "sim"):

@@ -1,10 +1,10 @@
 """Alg. 2: widen the slack at slow links so a delay stops cascading.
 
 A link delay ``c_i`` only costs ``Θ(c_i)`` while ``tF_i + tB_i + 2c_i ≤ Δ_i·(tF_{i+1} +
-tB_{i+1})`` (spec §2.1); past it every micro-batch adds a bubble. Alg. 2 sets each slack to the
+tB_{i+1})`` (the paper's no-cascade condition); past it every micro-batch adds a bubble. Alg. 2 sets each slack to the
 smallest value meeting that condition, walking from the last stage (``x_{S−1} = 1``) up.
 
-Two formulas, because paper and code differ (spec §2.3, §8); log which one ran:
+Two formulas, because the paper's Alg. 2 and the authors' code differ; log which one ran:
 
 * ``"paper"``: ``Δ_i = min(N − 2S, max(⌈(tF_i+tB_i+2c_i)/(tF_{i+1}+tB_{i+1})⌉, 2))``.
 * ``"artifact"``: ``Δ_i = ⌈c_i / tF_i⌉ + 2``, unclipped.

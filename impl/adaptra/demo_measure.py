@@ -1,14 +1,15 @@
-"""Manual measurement of the spec section 5 real experiment (not a test).
+"""Manual measurement of the CPU link-delay experiment (not a test; impl/adaptra/README.md,
+"Reconstructed choices").
 
     python -m impl.adaptra.demo_measure                 # c = 6t = 120 ms on link (0, 1)
     python -m impl.adaptra.demo_measure --delay-ms 60 --link 2 --n 24
 
-Setup (spec section 5): 4 processes = 4 stages, 2 tiny transformer blocks each (d=64, seq 32,
+Setup [R]: 4 processes = 4 stages, 2 tiny transformer blocks each (d=64, seq 32,
 micro-batch 2), torch threads 1, each F/B/W sleep-padded to t (default 20 ms). Variants:
 (a) 1F1B + inline blocking sends, (b) delay-blind ZB + FIFO worker (depth 1),
 (c) ZB + K delegates, (d) ADAPTRA schedule (Alg. 2 + 3/4 from the oracle delays) + K delegates.
 Each variant also runs at c = 0. Prints median iteration times over the measured iterations,
-the spec's acceptance ratios, and whether all variants' losses are identical.
+our acceptance ratios [R], and whether all variants' losses are identical.
 """
 from __future__ import annotations
 
@@ -74,18 +75,18 @@ def main(argv=None) -> None:
         return results[(key, c_ms)].median_iteration_time_s
 
     c = args.delay_ms
-    print("\nacceptance (spec section 5):")
+    print("\nacceptance (our targets [R], impl/adaptra/README.md):")
     if {"b", "d"} <= set(chosen):
         print(f"  (d)/(b) speedup at c={c:g} ms: {med('b', c) / med('d', c):.2f}x "
-              f"(spec: >= 1.3x at c=3t, >= 1.7x at c=6t)")
+              f"(target: >= 1.3x at c=3t, >= 1.7x at c=6t)")
     if {"b", "c"} <= set(chosen):
-        print(f"  (c)/(b) speedup at c={c:g} ms: {med('b', c) / med('c', c):.2f}x (spec: >= 1.2x at c=6t)")
+        print(f"  (c)/(b) speedup at c={c:g} ms: {med('b', c) / med('c', c):.2f}x (target: >= 1.2x at c=6t)")
     if "d" in chosen and not args.no_zero:
         added = med("d", c) - med("d", 0.0)
-        print(f"  (d) T(c) - T(0) = {added * 1e3:.0f} ms (spec: <= c + 2t = {c + 2 * args.op_ms:.0f} ms)")
+        print(f"  (d) T(c) - T(0) = {added * 1e3:.0f} ms (target: <= c + 2t = {c + 2 * args.op_ms:.0f} ms)")
     if not args.no_zero:
         base = [med(k, 0.0) for k in chosen]
-        print(f"  c=0 spread: {(max(base) / min(base) - 1) * 100:.1f}% (spec: within +-10%)")
+        print(f"  c=0 spread: {(max(base) / min(base) - 1) * 100:.1f}% (target: within +-10%)")
     losses = [results[k].losses for k in results]
     print(f"  losses identical across all runs: {all(x == losses[0] for x in losses)}")
 

@@ -1,5 +1,5 @@
-"""Change-point detection on iteration times: Falcon's detector (spec adaptra §3.3), which
-ADAPTRA reuses in measured mode (spec §2.6).
+"""Change-point detection on iteration times: Falcon's detector (Falcon, arXiv 2410.12588), which
+ADAPTRA reuses in measured mode (the paper uses Falcon's detector).
 
 :class:`BOCPD` is Bayesian online change-point detection (Adams & MacKay 2007) on log
 iteration time: Normal observations with unknown mean and variance, Normal-Gamma prior,
@@ -24,7 +24,8 @@ from scipy.special import gammaln
 
 from impl.common.api import ConfigError
 
-# Falcon's detector settings (spec §3.3).
+# Falcon's detector settings: threshold 0.9 and 10% are Falcon's; hazard and window are ours
+# [R] (impl/adaptra/README.md, "Sim-mode scenario models", Detection).
 HAZARD = 0.01
 THRESHOLD = 0.9
 MIN_REL_CHANGE = 0.10

@@ -1,4 +1,4 @@
-"""Falcon (Wu et al., arXiv 2410.12588) as the DP-link straggler baseline of spec adaptra §3.3.
+"""Falcon (Wu et al., arXiv 2410.12588) as ADAPTRA's DP-link straggler baseline.
 
 * Detection: Bayesian online change-point detection on iteration time (impl.adaptra.detect;
   p 0.9, before/after means >= 10% apart). Which link is slow is taken as known once a change
@@ -92,7 +92,7 @@ class FalconLadder(DpMitigation):
 
 
 class Falcon(PipelineTraining):
-    """ZB with Falcon's detector and mitigation ladder (DP-link stragglers only, spec §3.3)."""
+    """ZB with Falcon's detector and mitigation ladder (DP-link stragglers only)."""
 
     modes = ("sim",)
     SUPPORTED_FAULTS = ("none", "dp_link_delay")

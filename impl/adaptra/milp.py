@@ -1,9 +1,9 @@
-"""MILP oracle for ADAPTRA's scheduler gap (spec adaptra §3 item 5, §6 scenario S8).
+"""MILP oracle for ADAPTRA's scheduler gap (scenario S8, impl/adaptra/README.md).
 
 The ZeroBubble ILP (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR'24) with the per-link
 delay ``c_i`` added to every cross-stage dependency. It is used only to measure how far the
 list scheduler of Alg. 3/4 (:mod:`impl.common.schedule.list_scheduler`) is from the best schedule; the paper
-claims < 1% (spec §2.4); that comparison is :mod:`impl.adaptra.milp_gap`. It is solved with
+claims < 1%; that comparison is :mod:`impl.adaptra.milp_gap`. It is solved with
 HiGHS (``highspy``), not by us.
 
 Model (times in units of the longest op, so the solver's absolute tolerances are relative):

@@ -1,4 +1,4 @@
-"""S8: ADAPTRA's list scheduler against the MILP optimum (spec adaptra §6 S8), and its CLI.
+"""S8: ADAPTRA's list scheduler against the MILP optimum (impl/adaptra/README.md), and its CLI.
 
     python -m impl.adaptra.milp_gap                  # link (0, 1) at 3t, the S8 sizes
     python -m impl.adaptra.milp_gap --link last --memory none
@@ -19,8 +19,9 @@ from impl.common.schedule.list_scheduler import check_vec
 def default_delays(num_stages: int, t_op_s: float) -> list[float]:
     """S8's default straggler: link (0, 1) delayed by 3·t, the others clean.
 
-    The first link is the paper's "first link" scenario (spec §4, S3), and 3t is the point of
-    the spec's §5 acceptance test where a delay-blind schedule already cascades.
+    The first link is the paper's "first link" setting (our S3), and 3t is the point of the
+    CPU link-delay experiment's acceptance test [R] where a delay-blind schedule already
+    cascades (impl/adaptra/README.md, "Reconstructed choices").
     """
     return [3.0 * t_op_s if i == 0 else 0.0 for i in range(num_stages - 1)]
 
@@ -28,7 +29,7 @@ def default_delays(num_stages: int, t_op_s: float) -> list[float]:
 def scheduler_gap(S: int, N: int, t_op_s: float = 0.01, c: Optional[Sequence[float]] = None,
                   formula: str = "paper", *, memory: str = "quota", steps_per_op: int = 30,
                   time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4, replay: bool = True) -> dict:
-    """ADAPTRA's Alg. 2 + Alg. 3/4 schedule versus the MILP optimum (spec §6 S8).
+    """ADAPTRA's Alg. 2 + Alg. 3/4 schedule versus the MILP optimum (S8).
 
     Both sides use one semantics: every F/B/W takes ``t_op_s``; a cross-stage dependency over
     link (i, i+1) adds ``c_i``; nothing else costs time (no base comm time, no queueing/HOL).

@@ -1,4 +1,5 @@
-"""What a system does about a slow data-parallel link (spec adaptra S5), and what it costs.
+"""What a system does about a slow data-parallel link (scenario S5, impl/adaptra/README.md), and what
+it costs.
 
 * :func:`bucketed_allreduce_s`: the gradient ring all-reduce of one stage, in buckets [R]. DDP
   all-reduces gradients bucket by bucket; every bucket's ring runs 2(dp-1) steps and each step
@@ -7,7 +8,7 @@
 * Controllers (:class:`DpMitigation`): state that changes only at iteration boundaries
   (``boundary``) after seeing iteration times (``observe``). Base: ignore (ZB, 1F1B).
   :class:`RemapOnDetect`: ADAPTRA and ADAPTRA-CPU remap the slow DP link into a pipeline link
-  once it is detected (spec §2.6), then treat it as one. Falcon's ladder: impl.adaptra.falcon.
+  once it is detected (as the paper does), then treat it as one. Falcon's ladder: impl.adaptra.falcon.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class DpMitigation:
 
 
 class RemapOnDetect(DpMitigation):
-    """ADAPTRA (spec §2.6): a slow DP link is remapped into a pipeline link as soon as it is
+    """ADAPTRA (as in the paper): a slow DP link is remapped into a pipeline link as soon as it is
     detected (oracle: the iteration it appears; measured: Falcon's detector)."""
 
     name = "remap"

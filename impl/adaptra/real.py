@@ -1,7 +1,8 @@
 """Real mode of the ADAPTRA family: S local processes run the schedule on a tiny GPT.
 
-Spec adaptra.md 5: ops are sleep-padded to ``workload.op_pad_s`` so that a 2-core CPU behaves
-like a pipeline of equal stages; raw compute is reported beside the padded time.
+Ops are sleep-padded to ``workload.op_pad_s`` so that a 2-core CPU behaves
+like a pipeline of equal stages; raw compute is reported beside the padded time (our CPU
+link-delay experiment [R], impl/adaptra/README.md, "Reconstructed choices").
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def run_real(system, job: JobContext) -> RunResult:
         result.emulated.append(f"slow GPU: its stage's padded op time x {max(slowdown)} "
                                "(sleep; the GPU itself is not slowed)")
     if wl.op_pad_s > 0:
-        result.emulated.append(f"every F/B/W op padded with sleep to {wl.op_pad_s * 1e3:g} ms (spec adaptra.md 5); "
+        result.emulated.append(f"every F/B/W op padded with sleep to {wl.op_pad_s * 1e3:g} ms; "
                                "raw compute is reported as raw_*_compute_s")
     if stats.device == "cpu" and "delegated" in stats.comm_paths:
         result.emulated.append("delegated path: host<->device copies are CPU memcpy (no GPU present)")

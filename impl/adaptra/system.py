@@ -11,7 +11,7 @@
 Sim mode replays each iteration's schedule in the discrete-event simulator; real mode runs it
 on S local processes (impl.common.runtime). Both read the same fault spec.
 
-Sim mode also models (spec adaptra §6 S5-S7):
+Sim mode also models (scenarios S5-S7; impl/adaptra/README.md, "Sim-mode scenario models" [R]):
 - the gradient all-reduce of every stage when workload.dp > 1 (bucketed ring, exposed after the
   stage's last weight gradient), and a slow DP link on it (fault kind ``dp_link_delay``);
   ``dp_link_policy`` says what the system does about one (ignore, or remap it into a pipeline
@@ -43,7 +43,7 @@ from impl.common.schedule.generators import generate
 from impl.common.schedule.ir import Schedule
 
 SCHEDULES = ("adaptra", "zb", "zb_uncapped", "1f1b", "gpipe")
-# latency: no queueing at all (the spec's "simulator reference", sim only).
+# latency: no queueing at all (the simulator reference [R] of impl/adaptra/README.md, sim only).
 COMMS = ("inline", "in_stream", "delegated", "latency")
 DELEGATE_WHEN = ("always", "on_delay")
 P2P_ORDERS = ("batch", "schedule")
@@ -62,9 +62,9 @@ class PipelineTraining(System):
         schedule: str = "adaptra"
         comm: str = "delegated"
         # When the delegated path is on: from the first iteration, or only once a delay is seen
-        # (spec 2.5: before detection, traffic uses GPU-direct RDMA).
+        # (the paper: before detection, traffic uses GPU-direct RDMA).
         delegate_when: str = "on_delay"
-        # 'paper' or 'artifact' form of Alg. 2 (spec 2.3); recorded in info.
+        # 'paper' or 'artifact' form of Alg. 2 (the paper vs the authors' code); recorded in info.
         adapt_formula: str = "paper"
         # Delegates per direction; 0 = the artifact's rule (3, or 6 above 30 ms).
         num_delegates: int = 0
@@ -83,13 +83,13 @@ class PipelineTraining(System):
         # Write a Chrome trace and a timeline PNG of the slowest simulated iteration.
         timeline: bool = True
         # Sim: what to do about a slow data-parallel link: 'ignore' or 'remap' it into a
-        # pipeline link once detected (spec 2.6).
+        # pipeline link once detected (as the paper does).
         dp_link_policy: str = "ignore"
         # Sim: DDP gradient bucket. Default: Megatron-LM's 40M elements x 2 bytes (fp16); the
         # artifact is a Megatron fork (PyTorch DDP would be 25 MB).
         bucket_bytes: float = 80e6
         # Sim: one-time cost of remapping ranks (rebuild communicators, move one stage's
-        # states) [R], and of a checkpoint-restart (spec 6: default 5 min).
+        # states) [R], and of a checkpoint-restart (default 5 min [R]; impl/adaptra/README.md).
         remap_cost_s: float = 10.0
         restart_cost_s: float = 300.0
 
@@ -192,7 +192,7 @@ class PipelineTraining(System):
                 raise ConfigError("system.comm: 'latency' exists only in sim mode (real: inline, in_stream, delegated)")
             if self.cfg.schedule == "adaptra" and wl.op_pad_s <= 0:
                 raise ConfigError("workload.op_pad_s: the adaptra schedule in real mode plans with the padded op "
-                                  "time; set it > 0 (spec: 20 ms)")
+                                  "time; set it > 0 (the CPU link-delay experiment uses 20 ms)")
 
     def _delegate_count(self, fault) -> int:
         """Delegates per direction over the whole run: the knob, or the artifact's rule applied
@@ -223,7 +223,7 @@ class PipelineTraining(System):
         wl = job.workload
         msg = activation_msg_bytes(wl.micro_batch_size, wl.model.seq_len, wl.model.hidden, wl.dtype)
         if wl.sim_op_time_s:
-            # Hand-set op times (spec 5's "t = 10 ms" reference): comm is free except delays,
+            # Hand-set op times (the "t = 10 ms" simulator reference [R], impl/adaptra/README.md): comm is free except delays,
             # unless the profile is this machine's calibration (a fidelity job), whose links are real.
             links = (LinkCosts.from_hardware(wl.stages, msg, job.hardware, tp=wl.tp, dp=wl.dp)
                      if job.hardware.measured else LinkCosts.uniform(wl.stages, 0.0, msg))

@@ -1,4 +1,4 @@
-"""Rank-aware performance model (spec caraserve.md 2.4), fit by least squares.
+"""CaraServe's rank-aware performance model (arXiv 2401.11240), fit by least squares.
 
 Forms [R]:
 - decode, BGMV (pads to max rank): T_dec = a0 + a1*B + a2*B*max r (+ a3*sum ctx)
@@ -80,7 +80,7 @@ class RankCostModel:
 
 
 def profile_grid(seed: int = 0, ranks=(8, 16, 32, 64)) -> tuple[list, list]:
-    """The profiled grid of spec 2.4: B in 1..64, r in {8,16,32,64}, L in 16..2048 (rank mixes
+    """The profiled grid [R] (impl/caraserve/README.md, "Reconstructed choices"): B in 1..64, r in {8,16,32,64}, L in 16..2048 (rank mixes
     drawn from a seeded RNG)."""
     rng = np.random.default_rng(seed)
     dec, pre = [], []
@@ -114,7 +114,7 @@ def fit(dec_samples: Sequence[tuple], pre_samples: Sequence[tuple], dec_time: Ca
 
 def fit_with_law(dec_samples: Sequence[tuple], pre_samples: Sequence[tuple], base_dec_time: Callable,
                  dec_time: Callable, pre_time: Callable, law, min_r2: float = 0.9) -> RankCostModel:
-    """The router's model with the kernel-latency law of Toppings (spec 10; ``law`` a
+    """The router's model with the kernel-latency law of Toppings (ATC'25; ``law`` a
     :class:`~impl.caraserve.kernel_law.KernelLaw`): T_dec = (a0 + a1 B + a3 sum ctx, fitted on the
     base model's decode step ``base_dec_time``) + (alpha x law feature + beta, the fitted law), so
     ``a2 = alpha`` and ``a0`` absorbs ``beta``; the prefill form as :func:`fit`. The decode R^2 is

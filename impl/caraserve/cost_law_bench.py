@@ -1,10 +1,10 @@
-"""``system=caraserve_cost_law`` (spec caraserve.md 5D, real mode only): does a real decode step
-follow the rank-aware cost law of spec 2.4?
+"""``system=caraserve_cost_law`` (the cost-law job of impl/caraserve/README.md, real mode only):
+does a real decode step follow the rank-aware cost law of :mod:`impl.caraserve.cost`?
 
 Times decode steps (one new token per request, ``context_len`` tokens of KV cache each) of the
 workload's tiny Llama for rank mixes at several batch sizes B, once with the pad kernel (BGMV:
 every row padded to the batch's max rank) and once with the segment kernel (SGMV: each request
-at its own rank; or MBGMV), then fits both spec 2.4 forms to every kernel with the cost model's
+at its own rank; or MBGMV), then fits both forms of :mod:`impl.caraserve.cost` to every kernel with the cost model's
 non-negative least squares:
 
 - ``max_r``: T = a0 + a1 B + a2 B max r   (the pad law)
@@ -16,9 +16,9 @@ disagree most; uniform mixes alone could not tell them apart (there B max r = su
 
 Caveats. The reference kernels compute in rank chunks of 32 (``kernels.RANK_CHUNK``), so ranks
 8, 16 and 32 cost the same arithmetic and only 64 costs more: every law is fitted twice, with
-the nominal r of spec 2.4 and with r rounded up to the chunk (metrics ``*_chunked``). On a CPU
+the nominal r of the cost law and with r rounded up to the chunk (metrics ``*_chunked``). On a CPU
 the per-call overhead of B small GEMMs is large next to the rank term, so the segment kernel's
-rank signal is weak (spec 5: "qualitative on CPU"). There is one adapter per rank, so MBGMV
+rank signal is weak (the law is only qualitative on a CPU). There is one adapter per rank, so MBGMV
 (rows grouped by adapter) computes each distinct rank once and follows those, not sum r.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from impl.common.execution import set_torch_threads
 
 LAWS = {"max_r": "bgmv", "sum_r": "mbgmv"}  # law -> cost_model's decode-feature variant
 EXPECTED = {"bgmv": "max_r", "sgmv": "sum_r", "mbgmv": "sum_r"}
-# Metric suffix -> rank granularity of the features: the nominal r of spec 2.4, and r rounded up
+# Metric suffix -> rank granularity of the features: the nominal r of the cost law, and r rounded up
 # to the reference kernels' rank chunk (what they compute with: 8, 16 and 32 cost the same).
 FEATURES = {"": 1, "_chunked": RANK_CHUNK}
 PLOT_NAME = "cost_law.png"
@@ -169,7 +169,7 @@ class CostLaw(System):
         warmup: int = 2  # untimed steps per kernel at the largest batch
         repeats: int = 7  # timed steps per mix and kernel (minimum), one per pass over the mixes
         plots: bool = True
-        # The Toppings kernel-latency law (spec caraserve.md 10) on our kernels alone: BGMV and
+        # The Toppings (ATC'25) kernel-latency law on our kernels alone: BGMV and
         # MBGMV timed on the batch 4/8/16/32 x rank 8/16/32/64 grid (impl/caraserve/kernel_law.py)
         # at one projection of kernel_hidden x kernel_hidden (the tiny model's 256 would time call
         # overhead, not the rank term; at the paper model's 4096 our reference BGMV's per-row weight

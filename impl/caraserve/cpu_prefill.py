@@ -1,4 +1,4 @@
-"""CPU LoRA worker (spec caraserve.md 2.2/2.3): a spawned, single-threaded process that holds
+"""CPU LoRA worker (the paper's CPU LoRA processes, arXiv 2401.11240): a spawned, single-threaded process that holds
 the host adapters and computes ``lora_delta`` for (adapter, layer, LoRA input) jobs.
 
 Data moves through ``multiprocessing.shared_memory`` with sequence-number flags: no pickling and
@@ -11,7 +11,7 @@ tensors (loaded from the same safetensors file), so a CPU delta is bit-identical
 one at the same thread count.
 
 The ring itself (:class:`ShmWorker`) knows nothing of LoRA: the job the worker runs is a
-parameter, so the IPC micro-benchmark (spec 5C, :func:`negate_job` vs :class:`QueueWorker`)
+parameter, so the IPC benchmark (impl/caraserve/README.md, "IPC and cost-law measurements"; :func:`negate_job` vs :class:`QueueWorker`)
 times this very transport.
 
 Control block (int64): [0] submitted seq, [1] completed seq, [2] stop, [3] ready;
@@ -85,7 +85,7 @@ def _lora_job(path, adapter_names):
 
 
 def negate_job():
-    """Job of the IPC micro-benchmark (spec 5C): y = -x. Exact in fp32, and unlike an echo it
+    """Job of the IPC benchmark: y = -x. Exact in fp32, and unlike an echo it
     proves the worker wrote the returned bytes (a stale or aliased slot fails the check)."""
 
     def run(job, x, y):
@@ -169,7 +169,7 @@ class ShmWorker:
         self.outstanding: list[_Handle] = []
         self.wait_s = 0.0
         self.jobs = 0
-        ctx = mp.get_context("spawn")  # CUDA + multiprocessing needs spawn (spec 8)
+        ctx = mp.get_context("spawn")  # CUDA + multiprocessing needs spawn
         self.req_sem, self.done_sem = ctx.Semaphore(0), ctx.Semaphore(0)
         self.proc = ctx.Process(target=_worker_main, daemon=True,
                                 args=([s.name for s in self._shm], (max_rows, d_in, d_out, outs), threads, slots,
@@ -247,7 +247,7 @@ def _check_shm_room(nbytes: int) -> None:
 
 
 class CPULoRAWorker(ShmWorker):
-    """One spawned CPU LoRA process (2 cores allow 1; spec 8). It computes in fp32 from its own
+    """One spawned CPU LoRA process (2 cores allow 1). It computes in fp32 from its own
     copy of the host adapters, whatever the device's dtype; the safetensors file it loads them
     from is removed once it is ready."""
 
@@ -277,9 +277,9 @@ def _queue_main(inq, outq):
 
 
 class QueueWorker:
-    """Spec 5C baseline: :func:`negate_job` behind ``multiprocessing.Queue``, so the array is
+    """The IPC benchmark's baseline: :func:`negate_job` behind ``multiprocessing.Queue``, so the array is
     pickled through a pipe both ways (numpy, not torch: torch tensors would travel by PyTorch
-    IPC, which is what spec 2.2 rules out, not what 5C compares against)."""
+    IPC, which the paper rules out, not what the IPC benchmark compares against)."""
 
     def __init__(self):
         ctx = mp.get_context("spawn")

@@ -17,7 +17,7 @@ from impl.common.plots.records import plottable  # noqa: E402
 from impl.common.papers import PAPER_DIR  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
-PAPER_BAND = (1.3, 1.7)  # spec caraserve.md 6, S1: CaraServe 1.3-1.7x below S-LoRA at lambda >= 7
+PAPER_BAND = (1.3, 1.7)  # our S1 target [R] (README "Reconstructed choices"): 1.3-1.7x below S-LoRA at lambda >= 7
 
 
 def _trace(r) -> dict:
@@ -44,7 +44,7 @@ def latency_ratios(records, base: str = "slora", mine: str = "caraserve") -> dic
 def latency_ratio_map(records, out_dir, base: str = "slora", mine: str = "caraserve") -> list[pathlib.Path]:
     """S1 sensitivity: mean-latency ratio ``base / mine`` per (output median, per-load overhead),
     one panel per arrival rate; cells inside the paper's band in bold with a '*'. Runs the
-    harness flagged invalid (e.g. CaraServe's TTFT below CACHED's, spec 7) are drawn with a '!'
+    harness flagged invalid (e.g. CaraServe's TTFT below CACHED's: README "TTFT-order check") are drawn with a '!'
     because the ratio itself is still the simulated one; cells without both systems stay blank."""
     ratios = latency_ratios(records, base, mine)
     keys = sorted(ratios)
@@ -105,7 +105,7 @@ def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
     return [path]
 
 
-# ---- the paper's own figures beside ours (spec caraserve.md 9; values in bench/data/paper/caraserve.yaml)
+# ---- the paper's own figures beside ours (v1 and Toppings; values in bench/data/paper/caraserve.yaml)
 PAPER_FILE = PAPER_DIR / "caraserve.yaml"
 
 
@@ -190,8 +190,8 @@ def s1_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Pat
     ax.set_ylabel("mean latency over CACHED (%)")
     bx.set_ylabel("S-LoRA / CaraServe mean latency (x)")
     bx.axhline(1.0, color="k", lw=0.6)
-    fig.suptitle("simulated (solid) vs paper (hatched; spec caraserve.md 9, bench/data/paper/caraserve.yaml)"
-                 "   !: a run flagged invalid (spec 7 TTFT order)", fontsize=8)
+    fig.suptitle("simulated (solid) vs paper (hatched; arXiv 2401.11240 v1, bench/data/paper/caraserve.yaml)"
+                 "   !: a run flagged invalid (TTFT order CACHED <= CaraServe <= ONDMD)", fontsize=8)
     name = "s1_maf_vs_paper.png" if all(s.startswith("maf") for s in settings) else "s1_synthetic_vs_paper.png"
     return [save_png(fig, pathlib.Path(out_dir) / name)]
 
@@ -273,7 +273,7 @@ def s3_vs_paper(records, out_dir) -> list[pathlib.Path]:
     kernels = sorted({_kernel_family(r) for r in plottable(records, "slo_attainment")}) or ["punica"]
     return _routers_vs_paper(records, out_dir, lambda n, k: f"s3_slo_{n}_{k}_kernel", kernels,
                              "S3 (60 servers, 340 RPS): SLO = 1.5x the reference's per-token latency (info.slo_reference; "
-                             "spec caraserve.md 10: the base model under the same load)",
+                             "Toppings: the base model under the same load)",
                              "s3_vs_paper.png")
 
 
@@ -361,14 +361,14 @@ def s2_vs_paper(records, out_dir) -> list[pathlib.Path]:
         a.legend(fontsize=7)
     ax.set_ylabel("mean latency over CACHED (%)")
     bx.set_ylabel("CaraServe faster than on-demand (%)")
-    fig.suptitle("S2 multi-GPU, 6 RPS, rank 64: simulated (solid) vs paper (hatched; spec caraserve.md 9)", fontsize=8)
+    fig.suptitle("S2 multi-GPU, 6 RPS, rank 64: simulated (solid) vs paper (hatched; arXiv 2401.11240 v1)", fontsize=8)
     return [save_png(fig, pathlib.Path(out_dir) / "s2_vs_paper.png")]
 
 
 def s3_testbed_vs_paper(records, out_dir) -> list[pathlib.Path]:
     """The Toppings testbed (8 instances, 30 / 40 / 50 RPS): SLO attainment and mean per-token
     latency against the load, one line per router. The sources give the paper's result in words
-    only (rank-aware highest at every load, spec caraserve.md 10), so it is written on the figure
+    only (rank-aware highest at every load), so it is written on the figure
     rather than drawn."""
     pts = collections.defaultdict(dict)
     for r in plottable(records, "slo_attainment"):

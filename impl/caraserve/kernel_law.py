@@ -1,4 +1,4 @@
-"""The multi-LoRA kernel-latency law of Toppings (spec caraserve.md 10), fitted on our kernels.
+"""The multi-LoRA kernel-latency law of Toppings (CaraServe's ATC'25 version), fitted on our kernels.
 
 Toppings fits the decode LoRA kernel's latency alone (not the whole step) with two parameters,
 R^2 0.96, on batch 4 / 8 / 16 / 32 x rank 8 / 16 / 32 / 64:

@@ -1,10 +1,10 @@
-"""Real mode (spec caraserve.md 5): the serving engine on a Llama with random weights and PEFT
+"""Real mode (the real experiments of impl/caraserve/README.md): the serving engine on a Llama with random weights and PEFT
 (or, ``system.adapter_source: random``, directly drawn) adapters.
 
 Where the work runs is the job's :class:`~impl.common.execution.Execution` (``execution=``):
 - ``cpu``: the model, the "device" path and the CPU path share the host; the adapter H2D copy is
   emulated: a loader thread sleeps ``load_rho x T_prefill(isolated) x bytes_paper(r) / mean
-  bytes_paper`` (so rho = T_load / T_prefill for a mean adapter, spec 5's tau), labelled in
+  bytes_paper`` (so rho = T_load / T_prefill for a mean adapter), labelled in
   ``provenance.emulated``.
 - ``cuda``: the base model and resident adapters on the GPU in the job's dtype; the host
   adapters pinned; a cold adapter's groups copied with non-blocking copies on a side stream
@@ -33,7 +33,7 @@ from impl.common.llm.model import build_llama, synthetic_prompt
 def build_models(job: JobContext, adapter_ranks: dict, seed: int, device=None, dtype=None, source: str = "peft"):
     """Base model (plain HF Llama) on ``device`` in ``dtype`` (default: the CPU, fp32) and host
     adapters in the same dtype, pinned for a CUDA device. ``source``: "peft" = created, saved
-    and re-loaded with PEFT (spec 5; the model is built on the CPU in fp32 first, as always);
+    and re-loaded with PEFT (the model is built on the CPU in fp32 first, as always);
     "random" = :func:`random_adapters` and the model built on the device (a 7B shape)."""
     from impl.common.llm.lora import random_adapters
 
@@ -129,7 +129,7 @@ def run_real(system, job: JobContext) -> RunResult:
 
     reqs = [EngineRequest(rid=r.rid, arrival_s=r.arrival_s, adapter=r.adapter, prompt=prompts[i],
                           output_len=r.output_len) for i, r in enumerate(trace.requests)]
-    # The SLO (spec caraserve.md 10): slo_scale x the mean per-token latency of the same trace on
+    # The SLO (the paper's, as Toppings states it): slo_scale x the mean per-token latency of the same trace on
     # the same engine and batching with the base model alone (no LoRA: no load, no delta), one
     # run before the measured ones; or (slo_reference=isolated) x the isolated batch-1 TPOT.
     slo_ref = {"kind": "isolated", "slo_scale": wl.slo_scale, "tpot_s": t_tpot, "slo_tpot_s": wl.slo_scale * t_tpot}
@@ -277,8 +277,8 @@ def run_real(system, job: JobContext) -> RunResult:
 
 def add_cold_start_metrics(metrics: dict, runs: dict, policies: list, me: str, load_by_rank: dict,
                            emulated: bool) -> None:
-    """The cold-start comparison as the paper states it (spec caraserve.md 9, v1 Fig. 11 and the
-    latency table), for bench/data/paper/caraserve.yaml's ``gpu_7b_*`` rows: per interleaved policy
+    """The cold-start comparison as the paper states it (v1 Fig. 11 and its
+    latency over CACHED), for bench/data/paper/caraserve.yaml's ``gpu_7b_*`` rows: per interleaved policy
     ``{p}_ttft_over_cached`` / ``{p}_latency_over_cached`` (mean over all rounds' records, minus
     1, as the paper's "+22%"), ``{p}_prefill_iter_mean_s`` (mean prefill iteration wall), and
     ``load_s_r{r}`` (median adapter copy per rank; measured only on a device, else emulated)."""

@@ -1,4 +1,4 @@
-"""Cluster routers (spec caraserve.md 2.5 and 3): rank-aware, MostIdle, Random, FirstFit, and
+"""Cluster routers (CaraServe, arXiv 2401.11240, and its baselines): rank-aware, MostIdle, Random, FirstFit, and
 Punica's "largest batch that still has room". A router is ``route(req, servers, now) -> index``;
 ties go to fewer active requests, then the lower server id. All decisions are deterministic for
 a seed."""
@@ -46,7 +46,8 @@ def make_router(kind: str, model=None, slo_of: Callable = None, max_batch: int =
 
 
 class RankAwareRouter:
-    """Spec caraserve.md 2.5, with T_pre and T_dec the fitted affine forms of 2.4:
+    """The rank-aware router (paper; weights [R], impl/caraserve/README.md "Router"), with T_pre and
+    T_dec the fitted affine forms of :mod:`impl.caraserve.cost`:
 
         dP = T_pre(queue + q) - T_pre(queue)          dD = T_dec(batch + q) - T_dec(batch)
         cost = dP + dD * (|batch| + 1) + penalty_s * viol

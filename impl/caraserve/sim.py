@@ -1,4 +1,4 @@
-"""Sim mode: the request-level simulator at paper scale (spec caraserve.md 6)."""
+"""Sim mode: the request-level simulator at paper scale (impl/caraserve/README.md, "Reconstructed choices")."""
 from __future__ import annotations
 
 from impl.caraserve.cost import fit_with_law, profile_grid
@@ -27,7 +27,7 @@ def _tpot_mean(records) -> float:
 
 
 def base_reference(system, job, trace, cost) -> dict:
-    """The paper's SLO reference (spec caraserve.md 10): the same trace served by the same engine
+    """The paper's SLO reference (as Toppings, ATC'25, states it): the same trace served by the same engine
     (this system's batching and prefill limits, the job's servers) on the base model alone, no
     LoRA: every adapter counted resident, no load, no LoRA compute; placed least-loaded
     (``mostidle``: one reference per setting, whichever router is under test). SLO = slo_scale
@@ -42,7 +42,7 @@ def base_reference(system, job, trace, cost) -> dict:
 
 
 def hf_peft_reference(system, job, trace, cost) -> dict:
-    """``slo_reference=hf_peft``, v1's literal wording (spec 9): HF-PEFT's mean per-token latency,
+    """``slo_reference=hf_peft``, v1's literal wording: HF-PEFT's mean per-token latency,
     from a sim run of policy hf_peft on the job's first ``slo_reference_requests`` requests and its
     servers (merged adapter, no batching across adapters)."""
     from impl.common.traces import Trace
@@ -57,8 +57,8 @@ def hf_peft_reference(system, job, trace, cost) -> dict:
 
 
 def router_model(system, job, cost, kernel: str):
-    """The rank-aware router's model: the base decode step fitted on the spec 2.4 grid plus the
-    kernel-latency law of Toppings fitted on the simulator's own LoRA kernel cost (spec 10)."""
+    """The rank-aware router's model: the base decode step fitted on the profiled grid [R] plus
+    the kernel-latency law of Toppings fitted on the simulator's own LoRA kernel cost."""
     law = fit_sim_law(cost, kernel, job.seed)
     dec, pre = profile_grid(job.seed)
     model = fit_with_law(dec, pre, lambda ctx, rs: cost.decode_s(ctx, rs, kernel, lora=False),
@@ -135,10 +135,10 @@ def run_sim(system, job: JobContext) -> RunResult:
                  "decode_s_b1": cost.decode_s([int(wl.trace.prompt_median)], [32])}})
     if model is not None:
         result.info["cost_model"] = model.to_dict()
-        # The router's model: the base decode step on the spec 2.4 grid plus the Toppings kernel
-        # law fitted on the simulator's LoRA kernel cost (spec 10; README "Kernel-latency law").
+        # The router's model: the base decode step on the profiled grid [R] plus the Toppings kernel
+        # law fitted on the simulator's LoRA kernel cost (README "Cost model").
         result.info["cost_model"]["kernel_law"] = res.kernel_law.to_dict()
-        result.info["cost_model"]["fitted_to"] = ("simulator cost function: base decode step on the spec 2.4 grid + "
+        result.info["cost_model"]["fitted_to"] = ("simulator cost function: base decode step on the profiled grid + "
                                                   "kernel law on the Toppings grid; not measured runs")
     if res.migrations is not None:
         result.info["migrations"] = res.migrations
@@ -149,7 +149,7 @@ def run_sim(system, job: JobContext) -> RunResult:
     if short:
         result.mark_invalid(f"{len(short)} requests finished faster than their isolated service time (first: {short[0]})")
     if c.policy == "caraserve" and wl.num_servers == 1:
-        # Spec 7: CACHED <= CaraServe <= ONDMD in mean TTFT on every seed, or the run is flagged.
+        # TTFT order [R]: CACHED <= CaraServe <= ONDMD in mean TTFT on every seed, or the run is flagged.
         # Each comparison is paired by request over the same trace: the runs' trajectories part
         # at the first iteration priced differently, and from there a mean over a few thousand
         # requests moves by a few tenths of a percent either way (README "TTFT order"). A run is

@@ -80,16 +80,16 @@ class ServingSystem(System):
         # Punica: round each adapter's rank up to {16, 32, 64} instead of rejecting the trace.
         pad_ranks_to_supported: bool = False
         # Adapter pool eviction: "lru" (a slot is reused only when needed), "on_finish" (S-LoRA's
-        # code, spec 9: when a request finishes, every adapter no remaining request uses is
+        # public code: when a request finishes, every adapter no remaining request uses is
         # evicted), "auto" = on_finish for the policies in evict_on_finish_policies, else lru.
         # CACHED never evicts.
         adapter_eviction: str = "auto"
         evict_on_finish_policies: List[str] = field(default_factory=lambda: ["slora"])
         # LoRA kernels: "auto" = the policy's own (impl/common/llm/scheduler.py KERNELS),
         # "punica" = SGMV prefill + BGMV decode (pads to the batch's max rank), "slora" = MBGMM /
-        # MBGMV (no padding, ~ sum r). The paper's S3 runs its router on both (spec 9).
+        # MBGMV (no padding, ~ sum r). The paper's S3 (v1) runs its router on both.
         lora_kernels: str = "auto"
-        # Real mode: where the adapters come from. "peft" (spec 5): created, saved and re-loaded
+        # Real mode: where the adapters come from. "peft": created, saved and re-loaded
         # with PEFT; "random": drawn directly in PEFT's layout and init, on the job's device
         # (a 7B-shaped base: PEFT's copy-save-load round trip would take minutes and 2x the model).
         adapter_source: str = "peft"
@@ -150,19 +150,19 @@ class ServingSystem(System):
 
     @staticmethod
     def popularity_groups(wl) -> int:
-        """workload.adapters.popularity_groups, 0 = one group per server (spec caraserve.md 10)."""
+        """workload.adapters.popularity_groups, 0 = one group per server (the papers' MAF mapping)."""
         g = wl.adapters.popularity_groups
         return wl.num_servers if g == 0 else g
 
     def popularity_info(self, wl) -> dict:
-        """What the record says of the adapter popularity (spec 10: say so where MAF's stand-in is used)."""
+        """What the record says of the adapter popularity (README "MAF stand-in": named wherever it is used)."""
         a = wl.adapters
         if wl.trace.file:
             return {"kind": "file", "file": str(wl.trace.file)}
         if a.per_request:
             return {"kind": "per_request"}
         if a.popularity == "lognormal":
-            return {"kind": "lognormal", "stand_in_for": "MAF (Azure Functions 2019), spec caraserve.md 10",
+            return {"kind": "lognormal", "stand_in_for": "MAF (Azure Functions 2019), impl/caraserve/README.md [R]",
                     "sigma": a.lognormal_sigma, "groups": self.popularity_groups(wl)}
         return {"kind": "zipf", "alpha": a.zipf_alpha}
 

@@ -1,4 +1,5 @@
-"""Real save and resharded-load runs of scenario A (spec ckpt_recovery 5), one function per
+"""Real save and resharded-load runs of scenario A (impl/ckpt_recovery/README.md,
+"Reconstructed choices"), one function per
 phase, run on every rank by :func:`impl.common.runtime.launch.launch`.
 
 Every rank builds the same seeded model and takes the same Adam steps on the full model, then

@@ -1,5 +1,5 @@
-"""torch DCP baselines (spec ckpt_recovery 3): the same per-rank state as DTensors on the stage's
-TP sub-mesh, saved with ``dcp.save`` / ``dcp.async_save`` and loaded with ``dcp.load`` into the
+"""torch DCP baselines (our choice [R]: impl/ckpt_recovery/README.md, "Reconstructed choices"):
+the same per-rank state as DTensors on the stage's TP sub-mesh, saved with ``dcp.save`` / ``dcp.async_save`` and loaded with ``dcp.load`` into the
 best homogeneous layout (a DeviceMesh is rectangular), all through the emulated store of
 :mod:`impl.common.storage.dcp_fs`."""
 from __future__ import annotations
@@ -52,7 +52,7 @@ def save_async(state: dict, path: str, storage: Storage, group, stager=None):
     """Returns the future; the caller waits on it before the next save (one in flight).
 
     ``stager`` None: DCP's default thread executor, staging a fresh CPU copy per save.
-    A :func:`process_stager`: spec 3's "process + pinned memory" variant, DCP's checkpoint
+    A :func:`process_stager`: the DCP-async baseline's "process + pinned memory" variant, DCP's checkpoint
     daemon process writing from the stager's reused shared-memory buffers."""
     writer = EmulatedFileSystemWriter(path, storage)
     if stager is None:

@@ -1,5 +1,5 @@
-"""Checkpoint-recovery figures from sim records (spec ckpt_recovery 6): time lost per failure
-by system and storage profile, and ETTR by system, one panel per scenario.
+"""Checkpoint-recovery figures from sim records (reconstructed [R]: impl/ckpt_recovery/README.md,
+"Sim"): time lost per failure by system and storage profile, and ETTR by system, one panel per scenario.
 
 Run on a results folder: ``python -m impl.ckpt_recovery.figures RESULTS_DIR OUT_DIR``.
 """

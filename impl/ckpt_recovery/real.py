@@ -1,4 +1,4 @@
-"""Real mode of the checkpoint-recovery system (spec ckpt_recovery 5, scenario A): gloo ranks
+"""Real mode of the checkpoint-recovery system (scenario A, impl/ckpt_recovery/README.md): gloo ranks
 train the tiny decoder TP x PP, a seeded rank is SIGKILLed at a seeded step (optionally in the
 middle of a save), the supervisor detects it, stops the survivors, re-lays them out and
 relaunches them from the last committed checkpoint (:mod:`impl.ckpt_recovery.recovery`).

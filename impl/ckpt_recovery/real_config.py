@@ -1,13 +1,36 @@
 """Real-mode knobs of the checkpoint-recovery system (the nested ``real:`` node of its config)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-STORAGES = ("nas", "local")
-RELAYOUTS = ("auto", "replan", "homogeneous", "same")
-# recovery: the multi-rank kill-and-recover loop (scenario A); one_gpu: one process (world 1)
-# saving and reloading its training state where the job runs (the GPU under execution=cuda).
-SCENARIOS = ("recovery", "one_gpu")
+
+class CkptStorage(enum.StrEnum):
+    """Where real-mode checkpoints go: an emulated NAS (5 ms per call, 200 MB/s per rank) or local disk."""
+
+    nas = "nas"
+    local = "local"
+
+
+class RelayoutChoice(enum.StrEnum):
+    """The layout after a loss: auto (this system re-plans on the survivors, the baselines take the
+    best homogeneous fit), or forced: replan, homogeneous, same (a replacement rank is there)."""
+
+    auto = "auto"
+    replan = "replan"
+    homogeneous = "homogeneous"
+    same = "same"
+
+
+class CkptScenario(enum.StrEnum):
+    """recovery: the multi-rank kill-and-recover loop (scenario A); one_gpu: one process (world 1)
+    saving and reloading its training state where the job runs (the GPU under execution=cuda)."""
+
+    recovery = "recovery"
+    one_gpu = "one_gpu"
+
+
+STORAGES, RELAYOUTS, SCENARIOS = tuple(CkptStorage), tuple(RelayoutChoice), tuple(CkptScenario)
 # The policies the one_gpu scenario runs (no re-layout: one process saves and reloads).
 ONE_GPU_POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async")
 # The policies real mode runs: policy -> (checkpoint backend, layout after a loss).
@@ -18,17 +41,15 @@ REAL_POLICIES = {"ckpt_recovery": ("elastor", "replan"), "dcp_sync": ("dcp_sync"
 
 @dataclass
 class CkptRealKnobs:
-    scenario: str = "recovery"  # recovery | one_gpu (SCENARIOS)
-    storage: str = "nas"  # emulated NAS (5 ms per call, 200 MB/s per rank) or local disk
+    scenario: CkptScenario = CkptScenario.recovery
+    storage: CkptStorage = CkptStorage.nas
     splits: int = 32  # S: splits per sharded tensor (divisible by every TP degree used)
     ckpt_every: int = 3  # steps between save attempts (a save in flight makes one skip)
     keep: int = 2  # committed copies kept
     dropout: float = 0.1  # on the embedding output, counter-based RNG (seed, step, sample)
     hb_timeout_s: float = 10.0  # a rank silent this long is dead (its process exiting is seen at once)
-    mem_budget: float = 0.6  # per-rank state / whole state: forbids unsharded layouts (spec 5)
-    # auto: this system re-plans on the survivors, the baselines take the best homogeneous fit;
-    # same: a replacement rank is there (repair done), the nominal layout again
-    relayout: str = "auto"
+    mem_budget: float = 0.6  # per-rank state / whole state: forbids unsharded layouts ([R]: README, scenario A)
+    relayout: RelayoutChoice = RelayoutChoice.auto
     timeout_s: float = 600.0  # per launch
     threads: int = 1  # torch threads per rank
     # Peer-memory tier (ckpt_recovery_peer, issue 27): each rank file also held in its node's

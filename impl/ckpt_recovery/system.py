@@ -1,5 +1,6 @@
-"""Checkpoint recovery under partial GPU loss (Elastor) and its baselines as harness systems
-(one class, the policy chosen by a knob; spec ckpt_recovery 2, 3).
+"""Checkpoint recovery under partial GPU loss (Elastor: Wang, Fu et al., PPoPP 2026, DOI
+10.1145/3774934.3786445) and its baselines as harness systems (one class, the policy chosen by
+a knob; baselines: impl/ckpt_recovery/README.md, "Reconstructed choices").
 
 | system         | save                                  | after a loss                                  | modes     |
 |----------------|---------------------------------------|-----------------------------------------------|-----------|

@@ -50,7 +50,7 @@ class MegatronKnobs:
     per-module activation bytes it derives. Each knob has a physical range
     (:data:`impl.common.megatron.fit.KNOB_RANGES`); the fit reports any knob at its bound. A
     profile without knobs prices Megatron from its datasheet figures through
-    :func:`impl.common.megatron.derive.step_knobs` (carried from ``step_model_from``)."""
+    :func:`impl.common.megatron.derive.step_knobs` (carried from ``megatron.carried_from``)."""
 
     # Megatron's kernels over the profile's tables (1 = the table's time): GEMMs (wgrad
     # accumulation into fp32 main grads, cuBLAS heuristics), causal flash attention (Megatron's
@@ -79,13 +79,27 @@ class MegatronKnobs:
 
 
 @dataclass
-class HardwareProfile:
-    name: str = "???"
-    # Where the numbers come from (datasheet URL/title, or "measured by system=calibrate").
-    source: str = "???"
-    measured: bool = False
-    # Peak dense FLOP/s per dtype (keys: fp32, tf32, fp16, bf16, fp8 as applicable).
-    peak_flops: Dict[str, float] = field(default_factory=dict)
+class MegatronSection:
+    """The Megatron-LM step model's inputs on this profile (``hardware.megatron``), each null where
+    this GPU has no measurement of its own; :func:`impl.common.megatron.derive.step_profile` then
+    carries them from ``carried_from`` by datasheet ratios (a measured host: its measured rates)."""
+
+    # Step-model knobs fitted to measured Megatron launches (``mlsys-bench-calibrate-megatron``).
+    knobs: Optional[MegatronKnobs] = None
+    # Kernel times by shape (GEMMs, causal attention), measured (``mlsys-bench-probe``) or carried
+    # from another GPU's measurements.
+    kernels: Optional[KernelTables] = None
+    # The fitted profile (``conf/hardware/<name>.yaml``) this one's missing knobs and tables come from.
+    carried_from: str = "h100-megatron"
+
+
+@dataclass
+class DiffusionRates:
+    """Measured rates of the diffusion engines' kernels (``hardware.diffusion``), per dtype, written by
+    ``system=calibrate`` on the host that runs the real UNet. Not on any datasheet: a profile without
+    them prices each op at its fallback (the matmul peak x ``mfu``, or ``memory_bw_bytes_per_s``), as
+    each field says. Read by :mod:`impl.common.diffusion.cost` and :mod:`impl.fisedit.cost` only."""
+
     # Achievable FLOP/s of a 3x3 convolution per dtype, FLOPs counted as the direct conv's
     # (2 B Ci Co k^2 Ho Wo): measured by calibrate, where conv libraries (oneDNN, cuDNN) run
     # well off the matmul rate; absent (datasheet profiles) = the matmul peak prices convs.
@@ -131,6 +145,21 @@ class HardwareProfile:
     # ops' ELEMENTWISE_PASSES stand for them.
     activation_bytes_per_s: Dict[str, float] = field(default_factory=dict)
     elementwise_bytes_per_s: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class HardwareProfile:
+    """One machine: datasheet (or measured) core figures, with the step model's section
+    (``megatron``: knobs, kernel tables) and the diffusion engines' measured rates (``diffusion``)."""
+
+    name: str = "???"
+    # Where the numbers come from (datasheet URL/title, or "measured by system=calibrate").
+    source: str = "???"
+    measured: bool = False
+    # Peak dense FLOP/s per dtype (keys: fp32, tf32, fp16, bf16, fp8 as applicable).
+    peak_flops: Dict[str, float] = field(default_factory=dict)
+    # The diffusion engines' measured kernel rates (empty on datasheet profiles).
+    diffusion: DiffusionRates = field(default_factory=DiffusionRates)
     memory_bytes: float = 0.0
     memory_bw_bytes_per_s: float = 0.0
     gpus_per_node: int = 8
@@ -149,17 +178,23 @@ class HardwareProfile:
     # Measured collective figures (calibration only; null for datasheet profiles).
     allreduce_bw_bytes_per_s: Optional[float] = None
     allreduce_latency_s: Optional[float] = None
-    # Kernel times by shape (GEMMs, causal attention), measured (mlsys-bench-probe) or carried
-    # from another GPU's measurements; null = carried from ``step_model_from`` when the Megatron
-    # step model prices this profile (impl.common.megatron.derive.step_profile).
-    kernels: Optional[KernelTables] = None
-    # Megatron step-model knobs fitted from measured runs; null = derived from ``step_model_from``
-    # by datasheet ratios (a measured host profile: its measured rates, see step_profile).
-    megatron: Optional[MegatronKnobs] = None
-    # The fitted profile a datasheet profile's step model (knobs and kernel tables) is carried from.
-    step_model_from: str = "h100-megatron"
+    # The Megatron step model's inputs: fitted knobs, kernel tables, the profile they are carried from.
+    megatron: MegatronSection = field(default_factory=MegatronSection)
     # Where fitted fields came from: input file and sha256, knob values, residuals (free-form).
     calibration: Dict[str, Any] = field(default_factory=dict)
+
+    def with_megatron(self, **parts: Any) -> "HardwareProfile":
+        """This profile with the given ``megatron`` parts (``knobs``, ``kernels``, ``carried_from``)
+        replaced (the others kept)."""
+        import dataclasses
+
+        return dataclasses.replace(self, megatron=dataclasses.replace(self.megatron, **parts))
+
+    def with_diffusion(self, **rates: Any) -> "HardwareProfile":
+        """This profile with the given ``diffusion`` rates replaced (the others kept)."""
+        import dataclasses
+
+        return dataclasses.replace(self, diffusion=dataclasses.replace(self.diffusion, **rates))
 
     def flops(self, dtype: str) -> float:
         """Achievable FLOP/s for ``dtype`` (peak x mfu)."""
@@ -170,59 +205,73 @@ class HardwareProfile:
 
     def conv_flops_per_s(self, dtype: str) -> float:
         """Achievable FLOP/s of a k>1 convolution: the measured conv rate, else :meth:`flops`."""
-        if dtype in self.conv_flops:
-            return self.conv_flops[dtype] * self.mfu
+        if dtype in self.diffusion.conv_flops:
+            return self.diffusion.conv_flops[dtype] * self.mfu
         return self.flops(dtype)
 
     def attn_flops_per_s(self, dtype: str) -> float:
         """Achievable FLOP/s of the attention core: the measured rate, else :meth:`flops`."""
-        if dtype in self.attn_flops:
-            return self.attn_flops[dtype] * self.mfu
+        if dtype in self.diffusion.attn_flops:
+            return self.diffusion.attn_flops[dtype] * self.mfu
         return self.flops(dtype)
 
     def linear_flops_per_s(self, dtype: str) -> float:
         """Achievable FLOP/s of a token linear: the measured rate, else :meth:`flops`."""
-        if dtype in self.linear_flops:
-            return self.linear_flops[dtype] * self.mfu
+        if dtype in self.diffusion.linear_flops:
+            return self.diffusion.linear_flops[dtype] * self.mfu
         return self.flops(dtype)
 
     def glue_bw(self, kind: str, dtype: str) -> Optional[float]:
         """Bytes/s of a glue op of ``kind`` (``activation`` | ``elementwise``), or None where the
         profile has no glue rates (then glue is not priced on its own)."""
-        if dtype not in self.elementwise_bytes_per_s:
+        if dtype not in self.diffusion.elementwise_bytes_per_s:
             return None
-        table = self.activation_bytes_per_s if kind == "activation" else self.elementwise_bytes_per_s
-        return table.get(dtype) or self.elementwise_bytes_per_s[dtype]
+        table = self.diffusion.activation_bytes_per_s if kind == "activation" else self.diffusion.elementwise_bytes_per_s
+        return table.get(dtype) or self.diffusion.elementwise_bytes_per_s[dtype]
 
     def conv_window_flops_per_s(self, dtype: str) -> float:
         """Achievable FLOP/s of a k>1 conv on gathered windows: measured, else :meth:`conv_flops_per_s`."""
-        if dtype in self.conv_window_flops:
-            return self.conv_window_flops[dtype] * self.mfu
+        if dtype in self.diffusion.conv_window_flops:
+            return self.diffusion.conv_window_flops[dtype] * self.mfu
         return self.conv_flops_per_s(dtype)
 
     def window_gather_bw(self, dtype: str) -> float:
         """Bytes/s of a window gather: measured, else the streaming memory bandwidth."""
-        return self.window_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+        return self.diffusion.window_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
 
     def window_scatter_bw(self, dtype: str) -> float:
         """Bytes/s of a block scatter: measured, else the streaming memory bandwidth."""
-        return self.window_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+        return self.diffusion.window_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
 
     def cell_gather_bw(self, dtype: str) -> float:
         """Bytes/s of a 1x1 conv's cell gather: measured, else the streaming memory bandwidth."""
-        return self.cell_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+        return self.diffusion.cell_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
 
     def cell_scatter_bw(self, dtype: str) -> float:
         """Bytes/s of a 1x1 conv's cell scatter: measured, else the streaming memory bandwidth."""
-        return self.cell_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+        return self.diffusion.cell_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
 
     def token_gather_bw(self, dtype: str) -> float:
         """Bytes/s of a token gather: measured, else the streaming memory bandwidth."""
-        return self.token_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+        return self.diffusion.token_gather_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
 
     def token_scatter_bw(self, dtype: str) -> float:
         """Bytes/s of a token scatter: measured, else the streaming memory bandwidth."""
-        return self.token_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+        return self.diffusion.token_scatter_bytes_per_s.get(dtype) or self.memory_bw_bytes_per_s
+
+
+def refuse_flat_diffusion_keys(node: Any, prefix: str = "") -> None:
+    """A profile written before the diffusion rates had their own section holds them at the top
+    level: one line naming the first such key and where it lives now."""
+    import dataclasses
+
+    from impl.common.api import ConfigError
+
+    keys = set(node.keys()) if hasattr(node, "keys") else set()
+    stale = [f.name for f in dataclasses.fields(DiffusionRates) if f.name in keys]
+    if stale:
+        raise ConfigError(f"{prefix}hardware.{stale[0]}: moved to hardware.diffusion.{stale[0]} (nest the diffusion rates "
+                          f"under 'diffusion:', or re-run system=calibrate)")
 
 
 def hardware_dir() -> "pathlib.Path":
@@ -251,8 +300,10 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
     if not p.is_file():
         known = ", ".join(sorted(x.stem for x in hardware_dir().glob("*.yaml")))
         raise ConfigError(f"hardware: no profile {name_or_path!r} (known: {known})")
+    raw = OmegaConf.load(p)
+    refuse_flat_diffusion_keys(raw, f"{p}: ")
     try:
-        node = OmegaConf.merge(OmegaConf.structured(HardwareProfile), OmegaConf.load(p))
+        node = OmegaConf.merge(OmegaConf.structured(HardwareProfile), raw)
     except OmegaConfBaseException as e:
         raise ConfigError(f"hardware {p}: {str(e).splitlines()[0]}") from None
     return OmegaConf.to_object(node)

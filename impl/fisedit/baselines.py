@@ -1,4 +1,5 @@
-"""Quality baselines of spec 3 built from stock diffusers pipelines (real mode, random weights).
+"""Quality baselines of the authors' evaluation scripts (`Hankpipi/diffusers-hetu`), built from
+stock diffusers pipelines (real mode, random weights).
 
 | system  | pipeline                                   | input                                   |
 |---------|--------------------------------------------|-----------------------------------------|
@@ -8,11 +9,12 @@
 
 Both report time and pixel-space fidelity outside the mask against the original image
 (``psnr_outside_image_db``), the figure FISEdit reports too. With random weights the
-semantic metrics of spec 4 (CLIP) are meaningless, so none are claimed.
+paper's semantic metrics (CLIP similarities) are meaningless, so none are claimed.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from dataclasses import dataclass
 
@@ -28,13 +30,20 @@ from impl.fisedit.mask import check_pool_factors
 from impl.fisedit.real import make_mask
 
 
+class QualityBaselineKind(enum.StrEnum):
+    """The quality baselines: SDEdit (re-noise and denoise the whole image) or masked inpainting."""
+
+    sdedit = "sdedit"
+    inpaint = "inpaint"
+
+
 class QualityBaseline(System):
     modes = ("real",)
 
     @dataclass
     class Config:
-        kind: str = "sdedit"  # sdedit | inpaint
-        strength: float = 0.75  # sdedit (spec 3: 0.75, about 37 of 50 steps)
+        kind: QualityBaselineKind = QualityBaselineKind.sdedit
+        strength: float = 0.75  # sdedit (the authors' SDEdit script: 0.75, about 37 of 50 steps)
 
     def __init__(self, cfg, name):
         super().__init__(cfg, name)

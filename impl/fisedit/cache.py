@@ -1,4 +1,5 @@
-"""Per-step activation cache of an original generation (spec 2.1).
+"""Per-step activation cache of an original generation (as in the executor of the authors' Hetu
+engine, branch `diffusers` of `Hankpipi/Hetu`).
 
 Entries are keyed by ``(step, op name)``. Record mode writes step ``i`` only between
 ``begin_step(i)`` and ``end_step(i)``; edit mode reads step ``i`` only while the edit is at
@@ -124,7 +125,7 @@ class ActivationCache:
         return sum(t.numel() * t.element_size() for t in self.entries.get(step, {}).values())
 
     def check_compatible(self, *, seed: int, scheduler: str, timesteps: list, latent_shape: tuple) -> None:
-        """One line per mismatch kind (spec 8): the same z_T and scheduler are mandatory."""
+        """One line per mismatch kind: the same z_T and scheduler are mandatory."""
         m = self.meta
         if m.get("seed") != seed:
             raise ConfigError(f"workload.edit_seed: the cache was recorded with seed {m.get('seed')} but the edit uses "

@@ -1,4 +1,5 @@
-"""FISEdit's sparse-step cost over the traced UNet ops (spec 6), shared by sim mode and by the
+"""FISEdit's sparse-step cost over the traced UNet ops (`impl/fisedit/README.md`, "Reconstructed
+choices": Sim), shared by sim mode and by the
 real mode's theoretical caps.
 
 Which ops go sparse mirrors the engine: convs (3x3, stride-2, 1x1), GroupNorm (fused with
@@ -182,7 +183,7 @@ def op_fraction(op: UNetOp, mf: Optional[MaskFractions], th: Thresholds, latent_
 
 
 def is_cached(op: UNetOp, th: Thresholds) -> bool:
-    """Ops whose outputs the cache holds (spec 2.1)."""
+    """Ops whose outputs the cache holds (those the authors' Hetu executor caches)."""
     if op.cells == 0:
         return False
     if op.kind == "conv":
@@ -282,8 +283,8 @@ def step_cost(ops, mask: Optional[torch.Tensor], th: Thresholds, latent_hw, bloc
             if hw.glue_bw(g.kind, dtype):
                 dense_k.append((glue_time_s(g, hw, dtype), 1))
                 sparse_k.append((glue_time_s(g, hw, dtype, block_frac.get(g.block, 1.0) if mf is not None else 1.0), 1))
-    dense_s = stream_time_s(dense_k, launch_s) + torch_calls * hw.host_dispatch_s if hw is not None else 0.0
-    sparse_s = stream_time_s(sparse_k, launch_s) + sparse_calls * hw.host_dispatch_s if hw is not None else 0.0
+    dense_s = stream_time_s(dense_k, launch_s) + torch_calls * hw.diffusion.host_dispatch_s if hw is not None else 0.0
+    sparse_s = stream_time_s(sparse_k, launch_s) + sparse_calls * hw.diffusion.host_dispatch_s if hw is not None else 0.0
     cost = StepCost(dense_f, sparse_f, dense_s, sparse_s)
     if hw is not None:
         h2d = 0.0 if cache_on_gpu or mask is None else cache_bytes / (hw.host_link_bw_bytes_per_s * pcie_efficiency)

@@ -1,9 +1,10 @@
 """One-shot device check of the fast engine (issue 38), independent of Hydra and the text encoder.
 
 ``python -m impl.fisedit.gpu_check --shapes tiny sd15 sd21 --out DIR`` builds random-weight
-UNets of the given sizes on the device (``tiny``: spec 5's UNet at 16^2; ``sd15``: SD 1.5's UNet,
-64^2 latents, fp16; ``sd21``: SD 2.1's UNet, 96^2 latents, fp32, the authors' setting), records
-an original generation and then, per shape:
+UNets of the given sizes on the device (``tiny``: the tiny UNet of
+`conf/workload/diffusion_edit_tiny.yaml` at 16^2; ``sd15``: SD 1.5's UNet, 64^2 latents, fp16;
+``sd21``: SD 2.1's UNet, 96^2 latents, fp32, the authors' setting), records an original generation
+and then, per shape:
 
 - ``max_abs_eps_fast_vs_reference``: the fast engine's edit against the reference engine's;
 - ``host_syncs_per_sparse_step`` / ``host_syncs_per_dense_step``: synchronising calls counted by

@@ -1,4 +1,4 @@
-"""Target-area capture (spec 2.2) and per-layer masks (spec 2.3).
+"""Target-area capture and per-layer masks, as in the authors' code (`Hankpipi/diffusers-hetu`).
 
 Online capture: D_i = minmax(sum_c |z_i^edit - z_i^orig|) for the first k steps,
 S = uint8(255 * minmax(sum_i D_i)), M = S > Otsu(S) (scikit-image), then a 2x2 opening.

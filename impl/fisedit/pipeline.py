@@ -2,9 +2,9 @@
 
 The loop mirrors ``StableDiffusionPipeline`` (CFG batch 2, ``scale_model_input``,
 ``scheduler.step``) so that the dense path is the stock computation and the edit run's
-scheduler state evolves from its own outputs (spec 7).
+scheduler state evolves from its own outputs (`impl/fisedit/README.md`, "Reconstructed choices").
 
-Schedules (spec 2.2), for N steps and k = ``mask_steps``:
+Schedules (the authors' code, `Hankpipi/diffusers-hetu`), for N steps and k = ``mask_steps``:
 - ``online``: steps 0..k-1 dense with the edited prompt, the mask captured from their latents
   against the cached ones, steps k..N-1 sparse;
 - ``supplied``: the mask is given; steps 0..N-k-1 sparse, the last k dense.

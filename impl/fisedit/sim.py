@@ -1,10 +1,11 @@
 """Sim mode: FISEdit at paper scale (SD 2.1, 768^2 -> latent 96^2, CFG batch 2, 50 steps) over
-the per-op roofline cost model (spec 6). Deterministic: no randomness beyond seeded
+the per-op roofline cost model (`impl/fisedit/README.md`, "Reconstructed choices": Sim).
+Deterministic: no randomness beyond seeded
 generators, no timing.
 
 Step times
 - diffusers dense step: sum of roofline op times (``impl.common.diffusion.cost``);
-- dense-engine step: diffusers step / ``engine_gain`` (fused kernels, spec 2.6, [R] 1.3-1.6x);
+- dense-engine step: diffusers step / ``engine_gain`` (the authors' Hetu fused kernels, [R] 1.3-1.6x);
 - sparse step: the sparse op times (``cost.step_cost``, real per-layer masks; of the
   paper's fused engine, or with ``system.sim_engine=reference`` of this repo's engine), divided by
   ``engine_gain`` only when the engine's gains are included, plus the cache's H2D over PCIe
@@ -121,7 +122,7 @@ def build_model(system, job: JobContext) -> Model:
         raise ConfigError(f"system.cache_dtype: unknown value {cache_dtype!r} (one of: auto, {', '.join(BYTES)})")
     step_bytes = cache_bytes_per_step(ops, th, cache_dtype, latent_elems=shape.in_channels * latent_hw[0] * latent_hw[1])
     # a CPU profile charges host dispatch per torch call; the count needs one meta-device forward
-    calls = forward_torch_calls(shape, batch=sp.batch, attention_head_dim=heads) if hw.host_dispatch_s else 0
+    calls = forward_torch_calls(shape, batch=sp.batch, attention_head_dim=heads) if hw.diffusion.host_dispatch_s else 0
     # a profile with glue rates prices the forward's non-module ops; tracing them needs one more
     glue = trace_unet_glue(shape, batch=sp.batch, attention_head_dim=heads) if hw.glue_bw("elementwise", sp.dtype) else []
     dense = dense_step_time_s(ops, hw, sp.dtype, sp.launch_overhead_s, torch_calls=calls, glue=glue)

@@ -1,4 +1,5 @@
-"""Sparse operators (spec 2.4, 2.5): block-sparse conv, sparse token-linear, sparse attention.
+"""Sparse operators (after the authors' Hetu operators, branch `diffusers` of `Hankpipi/Hetu`):
+block-sparse conv, sparse token-linear, sparse attention.
 
 Every operator takes the *current* full input (fresh inside the mask, cached-derived outside),
 the boolean output-cell mask of its layer and the cached output of the same op at the same

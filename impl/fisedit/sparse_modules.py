@@ -1,4 +1,4 @@
-"""The sparse engine: wrapper modules swapped into a real diffusers UNet (spec 2.4-2.5).
+"""The sparse engine: wrapper modules swapped into a real diffusers UNet.
 
 :func:`install` replaces, in place, every ``nn.Conv2d`` with :class:`CachedConv2d`, every
 ``nn.GroupNorm`` with :class:`CachedGroupNorm`, the token-wise ``proj_in``/``proj_out`` Linear

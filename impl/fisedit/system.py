@@ -7,13 +7,14 @@
 | dense_edit      | the same engine (wrappers installed, pass-through), edited prompt, dense   |
 | diffusers_dense | stock ``StableDiffusionPipeline`` regenerating with the edited prompt      |
 
-Records keep the numbers apart (spec 4): ``sparse_step_speedup`` (sparse-phase step against
-a dense step of the same model, interleaved pairs), ``e2e_speedup_vs_dense_edit``,
-``e2e_speedup_vs_diffusers_dense``, each next to its theoretical cap, and the fidelity
-figures (``psnr_outside_db`` etc.).
+Records keep the numbers apart (`impl/fisedit/README.md`, same heading): ``sparse_step_speedup``
+(sparse-phase step against a dense step of the same model, interleaved pairs),
+``e2e_speedup_vs_dense_edit``, ``e2e_speedup_vs_diffusers_dense``, each next to its theoretical cap,
+and the fidelity figures (``psnr_outside_db`` etc.).
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import List
 
@@ -22,7 +23,21 @@ from impl.common.api import ConfigError, JobContext, RunResult, System
 from impl.fisedit.cost import SIM_ENGINES
 
 VARIANTS = ("fisedit", "dense_edit", "diffusers_dense")
-SCHEDULES = ("supplied", "online")
+class EditSchedule(enum.StrEnum):
+    """FISEdit's two schedules: the edit mask supplied up front, or found online after k dense steps."""
+
+    supplied = "supplied"
+    online = "online"
+
+
+class MaskMethod(enum.StrEnum):
+    """How the online schedule turns the latent difference into a mask (impl/fisedit/mask.py)."""
+
+    otsu = "otsu"
+    offline = "offline"
+
+
+SCHEDULES = tuple(EditSchedule)
 ENGINES = ("fast", "reference")
 CACHE_DEVICES = ("auto", "host", "device")
 CUDA_GRAPH = ("auto", "off")
@@ -32,10 +47,10 @@ class FISEditSystem(System):
     @dataclass
     class Config:
         variant: str = "fisedit"
-        schedule: str = "supplied"  # supplied | online (spec 2.2)
+        schedule: EditSchedule = EditSchedule.supplied
         # k: dense steps that capture the mask (online) / dense tail (supplied); 0 = N/5 (10 of 50)
         mask_steps: int = 0
-        mask_method: str = "otsu"  # otsu | offline
+        mask_method: MaskMethod = MaskMethod.otsu
         block: int = 2  # output block side of the sparse conv (paper: 2x2)
         approx_groupnorm: bool = True  # cached scale/shift (paper); false = exact statistics
         radical_attn: bool = False
@@ -66,9 +81,9 @@ class FISEditSystem(System):
         block_sweep: List[int] = field(default_factory=lambda: [1, 2, 4, 8])
         # sim-mode
         include_engine_gain: bool = True  # F2's headline figure includes the dense-engine gain
-        pcie_efficiency: float = 0.7  # achieved / datasheet host link (spec: A100 ~22, TITAN ~11 GB/s)
+        pcie_efficiency: float = 0.7  # achieved / datasheet host link ([R] A100 ~22, TITAN ~11 GB/s: README)
         # sim: dtype of the cached activations; auto = the compute dtype (workload.sim.dtype): the
-        # cache holds the ops' own outputs (the reference engine runs fp32, hence the spec's fp32)
+        # cache holds the ops' own outputs (the authors' code runs fp32: README, "Cache dtype")
         cache_dtype: str = "auto"
         # sim: true = the cache's H2D is hidden (GPU-resident / fully overlapped prefetch), the
         # headline; false = host cache over PCIe at cache_dtype, excess H2D exposed. Both reported.

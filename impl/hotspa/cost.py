@@ -1,5 +1,6 @@
 """Pricing one training step of HotSPa (or of a static baseline) over the analytic cost model
-(spec hotspa 2.3, 2.4, 2.7, 6): the environment that caches per-strategy costs, memory limits,
+(packing and schedule as in the authors' code, `examples/hotspa`; the switch model and the
+static baselines are ours, impl/hotspa/README.md "Reconstructed choices"): the environment that caches per-strategy costs, memory limits,
 placements and switch plans, and the step pricers both the simulator and the planner call."""
 from __future__ import annotations
 
@@ -79,14 +80,14 @@ class PricingEnv:
 
     def transfers(self, src: Strategy, dst: Strategy, policy: str) -> list[Transfer]:
         """The switch plan src -> dst at 1 byte per parameter (scaled by the caller); cached,
-        as HotSPa caches each (from, to) plan after its first occurrence (spec 2.5)."""
+        as HotSPa caches each (from, to) plan after its first occurrence."""
         key = (src, dst, policy)
         if key not in self._transfers:
             self._transfers[key] = plan_migration(self.plan(src), self.plan(dst), self.unit_params, policy)[0]
         return self._transfers[key]
 
     def switch_s(self, src: Strategy, dst: Strategy, bytes_per_param: float, policy: str, fused: bool) -> float:
-        """Spec 2.7 switch model: the busiest GPU's intra-node bytes / NVLink bw + inter-node
+        """Our switch model (impl/hotspa/README.md, "Reconstructed choices"): the busiest GPU's intra-node bytes / NVLink bw + inter-node
         bytes / IB bw (:func:`migration_time_s`), plus one latency per batched send group
         (fused: one buffer per peer pair) or per slice (unfused) at the busiest endpoint."""
         if src == dst:
@@ -140,7 +141,7 @@ def mb_time_s(cost: SeqCost, mb: MicroBatch) -> float:
 
 def pipeline_time_s(cost: SeqCost, ranks: Sequence[Sequence[MicroBatch]], pp: int) -> float:
     """1F1B: Σ_mb T + (pp-1)·max T per DP rank (empty placeholders cost nothing); the slowest
-    rank gates (spec 2.7 step 3)."""
+    rank gates."""
     worst = 0.0
     for rank in ranks:
         ts = [mb_time_s(cost, mb) for mb in rank if not mb.is_empty]
@@ -168,7 +169,7 @@ class GroupedStepPrice:
 
 
 def _schedule(gp: GroupPlan, nonempty: Sequence[bool]) -> list[Strategy]:
-    """Spec 2.4: home, then the non-empty groups from shortest to longest, home last (the
+    """The authors' iteration schedule (`examples/hotspa`): home, then the non-empty groups from shortest to longest, home last (the
     longest group runs there and the optimizer steps there, even when that group is empty)."""
     rest = [gp.strategies[g] for g in range(len(gp.strategies) - 1, 0, -1) if nonempty[g]]
     return [gp.home] + rest + [gp.home]
@@ -193,12 +194,12 @@ def switches_s(env: PricingEnv, layouts: Sequence[Strategy], policy: str, fused:
 def price_grouped_step(env: PricingEnv, ids, lengths, gp: GroupPlan, *, pad: str, align: int, policy: str,
                        fused: bool = True, replicas: bool = False,
                        report_policies: Sequence[str] = ()) -> GroupedStepPrice:
-    """HotSPa's engine: group, pack (2.3), assign to DP ranks, price each group under its
+    """HotSPa's engine: group, pack (the authors' packing rule), assign to DP ranks, price each group under its
     strategy, add switches, the per-strategy DP gradient reductions, ZeRO-1 and the update."""
     groups = group_by_boundaries(ids, lengths, gp.boundaries, field="system.boundaries")
     out = GroupedStepPrice(tokens=int(sum(int(x) for x in lengths)))
     for g, grp in zip(gp.strategies, groups):
-        if grp.is_empty:  # spec 7: an empty group runs no compute and contributes nothing
+        if grp.is_empty:  # an empty group runs no compute and contributes nothing
             out.group_compute_s.append(0.0)
             out.group_micro_batches.append(0)
             continue
@@ -216,7 +217,7 @@ def price_grouped_step(env: PricingEnv, ids, lengths, gp: GroupPlan, *, pad: str
     out.switch_s = switches_s(env, layouts, policy, fused, replicas)
     for p in report_policies:
         out.switch_by_policy[p] = switches_s(env, layouts, p, fused, replicas)
-    # Grads are reduced over each strategy's DP before they leave it (spec 2.4): an all-reduce,
+    # Grads are reduced over each strategy's DP before they leave it (as in `examples/hotspa`): an all-reduce,
     # so every replica owns the reduced slice the switch plan reads from.
     for i, (x, y) in enumerate(zip(layouts, layouts[1:])):
         if i > 0 and x != y:
@@ -246,7 +247,7 @@ def price_static_step(env: PricingEnv, ids, lengths, s: Strategy, capacity: int,
 def enumerate_strategies(num_gpus: int, gpus_per_node: int, num_layers: int, heads: int,
                          max_tp: int) -> list[Strategy]:
     """(dp, tp, pp) with dp·tp·pp = N, tp <= max_tp dividing the node (or whole nodes past
-    it), tp | heads, pp | L (spec 2.7 step 1)."""
+    it), tp | heads, pp | L."""
     out = []
     for tp in range(1, min(max_tp, num_gpus) + 1):
         if num_gpus % tp or heads % tp:
@@ -262,7 +263,7 @@ def enumerate_strategies(num_gpus: int, gpus_per_node: int, num_layers: int, hea
 
 def best_static(env: PricingEnv, batches, context: int, *, parallel: str, max_tp: int, pad: str, align: int
                 ) -> tuple[Strategy, dict]:
-    """Grid search (spec 3): the feasible strategy (maxlen >= context) with the lowest mean
+    """Grid search (our static baseline, impl/hotspa/README.md "Reconstructed choices"): the feasible strategy (maxlen >= context) with the lowest mean
     priced step over ``batches``; ties to the smaller (dp, tp, pp)."""
     cands = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
     feasible = [s for s in cands if env.maxlen(s, parallel) >= context]

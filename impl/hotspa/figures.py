@@ -87,7 +87,7 @@ def switch_time_by_policy(records, out_dir) -> list[pathlib.Path]:
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
     ax.set_xticklabels([f"{k[0]}\n{k[1]}\n{k[2] // 1024}K" for k in keys], fontsize=6)
     ax.set_ylabel("switch time per step (s, sim)")
-    ax.set_title("HotSPa switch planner policies (spec 2.5), same batches", fontsize=9)
+    ax.set_title("HotSPa switch planner policies, same batches", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     path = save_png(fig, pathlib.Path(out_dir) / "switch_time_by_policy.png")
@@ -99,7 +99,7 @@ ABLATION_ARMS = (((False, True), "HotSPa (switch params, fused)"), ((True, True)
 
 
 def ablation_table(records) -> dict:
-    """(workload, system, context) -> {(replicas, buffer_fusion): {metric: value}} (spec 3's
+    """(workload, system, context) -> {(replicas, buffer_fusion): {metric: value}} (our
     "two replicas" and buffer-fusion ablations, read from each record's own ``system.sim``)."""
     out: dict = {}
     for r in plottable(records, "step_time_s"):
@@ -132,7 +132,7 @@ def ablation(records, out_dir) -> list[pathlib.Path]:
                        if "memory_capacity_gib" in r.get("info", {})}):
         axes[-1].axhline(cap, color="k", lw=0.8, ls="--")
     axes[0].legend(fontsize=7)
-    axes[0].set_title("HotSPa ablations (spec 3): parameter replicas, buffer fusion; same batches", fontsize=9)
+    axes[0].set_title("HotSPa ablations: parameter replicas, buffer fusion; same batches", fontsize=9)
     axes[-1].set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
     axes[-1].set_xticklabels([f"{k[0]}\n{k[1]}\n{k[2] // 1024}K" for k in keys], fontsize=6)
     path = save_png(fig, pathlib.Path(out_dir) / "ablation.png")

@@ -1,5 +1,5 @@
-"""Strategy and group planning from a length histogram (spec hotspa 2.7, [R]: the paper's
-presets were hand-tuned offline): enumerate (dp,tp,pp), keep those whose ``maxlen`` covers a
+"""Strategy and group planning from a length histogram ([R], ours: the authors'
+presets were hand-tuned offline; impl/hotspa/README.md "Reconstructed choices"): enumerate (dp,tp,pp), keep those whose ``maxlen`` covers a
 group's bound, give each group the strategy with the lowest estimated group time, and pick the
 boundary set (from ``candidates``, at most ``max_groups`` groups) that minimises the whole
 priced step: Σ group times + Σ switch times (+ the DP reductions and the update)."""

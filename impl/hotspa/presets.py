@@ -1,4 +1,4 @@
-"""The paper's preset groupings (c1, c2) and per-group strategies (spec hotspa 2.1, 2.2), loaded
+"""The authors' preset groupings (c1, c2) and per-group strategies (Hetu `examples/hotspa` [C]), loaded
 from ``impl/hotspa/data/presets.yaml`` and validated with one-line errors."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from impl.common.varlen.packing import check_boundaries
 from impl.hotspa.strategy import GroupPlan, Strategy, parse_strategy
 
 
-# The named groupings of impl/hotspa/data/presets.yaml (spec 2.1): c1, c2 and the A100 preset.
+# The named groupings of impl/hotspa/data/presets.yaml: c1, c2 and the A100 preset.
 PRESET_GROUPINGS = ("c1", "c2", "a100")
 
 

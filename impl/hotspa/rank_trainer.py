@@ -1,4 +1,5 @@
-"""One rank's HotSPa training engine (spec 2.4 iteration schedule, spec 5 real experiment).
+"""One rank's HotSPa training engine (the authors' iteration schedule, `examples/hotspa`;
+the real CPU experiment of impl/hotspa/README.md, "Real mode").
 
 State: the fp32 master weights, Adam's state and the gradient accumulator live only in the
 home layout (rank r of W holds fraction ``[r/W, (r+1)/W)`` of every tensor, see
@@ -66,7 +67,7 @@ def plan_step(ids, lengths, plan: GroupPlan, pad: str, align: int) -> StepBatchP
 
 
 def schedule_order(n_groups: int) -> list[int]:
-    """Spec 2.4: strategies 1..n-1 serve the groups from shortest to longest, home last."""
+    """The authors' schedule: strategies 1..n-1 serve the groups from shortest to longest, home last."""
     return list(range(n_groups - 1, 0, -1)) + [0]
 
 

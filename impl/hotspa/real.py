@@ -1,11 +1,12 @@
-"""HotSPa real mode (spec hotspa 5): W gloo ranks (spec: 2), the tiny varlen decoder, fp32.
+"""HotSPa real mode (the real CPU experiment, impl/hotspa/README.md "Real mode"): W gloo
+ranks (there: 2), the tiny varlen decoder, fp32.
 
 Policies (``system.policy``, or several with ``system.real.interleave``):
-- ``hotspa``: the system's group plan (``grouping: explicit``; spec 5: ``boundaries
+- ``hotspa``: the system's group plan (``grouping: explicit``; the real CPU experiment: ``boundaries
   [2048, 1024, 0]``, strategies ``[[1,2,1], [2,1,1]]``: sequences <= 1024 under DP2, 1024-2048
   under TP2 = home), hot switching inside the step (:mod:`impl.hotspa.rank_trainer`).
 - ``hotspa_static`` / ``megatron_static``: the home strategy for every sequence (one group up to
-  the top boundary), same engine and packing rule: the static TP2 baseline of spec 5 (in real
+  the top boundary), same engine and packing rule: the static TP2 baseline of the real CPU experiment (in real
   mode the two names run the same thing).
 Interleaved policies train their own copy of the model from the same initialisation on the
 same mini-batches, one step each per round (the order rotates every round). Timing: the step
@@ -191,7 +192,7 @@ def _fit(samples: list, field: str) -> dict:
 
 
 def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: float) -> RunResult:
-    res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each (spec hotspa 5)"])
+    res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each"])
     W = len(results)
     per: dict[str, dict] = {}
     for pol in job.policies:

@@ -17,7 +17,7 @@ class HotSPaRealKnobs:
     check_grads: bool = True
     check_steps: int = 1
     grad_rtol: float = 1e-5
-    # Micro-batch capacity of a strategy = tokens_per_tp * tp * pp (spec 5: DP2 holds 1024
+    # Micro-batch capacity of a strategy = tokens_per_tp * tp * pp (the real CPU experiment: DP2 holds 1024
     # tokens per micro-batch, TP2 2048), the CPU stand-in for the memory model's maxlen.
     tokens_per_tp: int = 1024
     timeout_s: float = 600.0

@@ -1,12 +1,12 @@
-"""HotSPa sim mode (spec hotspa 6): per step, draw ``global_batch_seqs`` lengths, then
-- hotspa: group by the boundaries, pack (2.3), assign to DP ranks, price each group under its
-  strategy, add the switches of the 2.4 schedule (planner policy ``system.switch_policy``),
+"""HotSPa sim mode (the paper-scale simulation, impl/hotspa/README.md): per step, draw ``global_batch_seqs`` lengths, then
+- hotspa: group by the boundaries, pack (the authors' packing rule), assign to DP ranks, price each group under its
+  strategy, add the switches of the authors' schedule (planner policy ``system.switch_policy``),
   the DP gradient reductions, ZeRO-1 and the update in the home layout;
 - hotspa_static: the same engine with the home strategy only (one group, no switching);
 - megatron_static / deepspeed_static: the grid-searched best single strategy (TP, or Ulysses
-  SP) that fits the context, greedy packing, 1F1B, ZeRO-1 (spec 3).
+  SP) that fits the context, greedy packing, 1F1B, ZeRO-1 (our baseline setup, impl/hotspa/README.md "Reconstructed choices").
 Seeded and deterministic: the same config gives the same metrics bit for bit. Prices come from
-:mod:`impl.hotspa.cost`; the 2.7 planner is :mod:`impl.hotspa.planner`.
+:mod:`impl.hotspa.cost`; our planner is :mod:`impl.hotspa.planner`.
 """
 from __future__ import annotations
 

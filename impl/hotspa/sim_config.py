@@ -7,7 +7,7 @@ from typing import List, Optional
 
 @dataclass
 class HotSPaSimKnobs:
-    # ZeRO-1 optimizer sharding in every strategy (spec 2.2: on in every config).
+    # ZeRO-1 optimizer sharding in every strategy (on in every config of the authors' scripts).
     zero1: bool = True
     # Memory: the step model's (activations by module x the profile's activation_factor, its
     # logits and overhead; impl.common.cost.varlen_model.MemoryModel) under memory - this headroom;
@@ -19,7 +19,7 @@ class HotSPaSimKnobs:
     # --sequence-parallel), norms, residuals and layer inputs stay whole per TP rank [R: the paper does not say]
     sequence_parallel: bool = True
     # Static baselines' grid search: the largest TP (or Ulysses SP) degree; 8 = intra-node only
-    # (spec 2.7 step 1). 16 admits the paper's cross-node (1,16,2) for 32B.
+    # (as our planner). 16 admits the authors' cross-node 32B preset (1,16,2).
     static_max_tp: int = 8
     # Static baselines: skip the grid search and run this [dp, tp, pp] (e.g. [1, 16, 2], the
     # paper's 32B home strategy) - the sensitivity input of the headline (README).
@@ -30,12 +30,12 @@ class HotSPaSimKnobs:
     # Also price every switch of the step under these planner policies (same batches),
     # reported as ``switch_time_s@<policy>``; the step uses system.switch_policy.
     report_policies: List[str] = field(default_factory=list)
-    # Ablations (spec 3): keep a bf16 parameter replica per strategy (no parameter switches;
+    # Ablations (ours): keep a bf16 parameter replica per strategy (no parameter switches;
     # the updated home params are copied to each replica after the step), and one fused
     # buffer per peer pair (off: one message, one latency, per slice).
     replicas: bool = False
     buffer_fusion: bool = True
-    # Planner (grouping=planned, spec 2.7): candidate boundaries, most groups, and how many
+    # Planner (grouping=planned, ours; impl/hotspa/README.md "Reconstructed choices"): candidate boundaries, most groups, and how many
     # steps of lengths (from a stream seeded seed+1) form the histogram it plans on.
     plan_candidates: List[int] = field(default_factory=lambda: [2048, 4096, 8192, 16384, 32768])
     plan_max_groups: int = 4

@@ -1,5 +1,5 @@
 """A parallel strategy (dp, tp, pp) as data, and the group plan of one HotSPa step: descending
-length boundaries with one strategy per group (spec hotspa 2.1, 2.2)."""
+length boundaries with one strategy per group."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,6 @@
-"""Hot switching of parameters and gradients between layouts (HotSPa spec 2.4, 2.5, 5).
+"""Hot switching of parameters and gradients between layouts (the schedule and switch
+planner of the authors' code, `examples/hotspa` and `hetu/graph/switch_exec_graph.*`, on the real
+CPU experiment's layouts).
 
 A *layout* says which fraction of every tensor each rank holds:
 - ``home``: the state layout. Rank r of W holds fraction ``[r/W, (r+1)/W)`` of every tensor
@@ -9,7 +11,7 @@ A *layout* says which fraction of every tensor each rank holds:
 Each layout maps a tensor to a Malleus :class:`~impl.common.parallel.plan.Plan` (home: one TP
 group of W; compute: ``uniform_plan(dp, tp)`` for split weights and ``uniform_plan(W, 1)``
 for whole ones), so :func:`impl.common.parallel.migration.plan_migration` (the bandwidth-aware
-greedy of 2.5; units = embeddings, layers, head) plans every switch: the slice cover, local
+greedy of the authors' switch planner; units = embeddings, layers, head) plans every switch: the slice cover, local
 rebinding of what the needer already holds, and the sender of every other slice.
 
 A :class:`Switch` is that plan as data for every rank: local pieces and, per peer pair, the
@@ -17,7 +19,7 @@ ordered pieces of one send and one receive buffer. :meth:`Switch.run` packs the 
 issues **one** ``dist.batch_isend_irecv`` group (copy, or add into the destination). Switches
 are built once per (from, to) and cached (:class:`SwitchCache`); later steps only transfer.
 
-Gradients leave a strategy reduced over its DP group (2.4): with DP replicas (tp = 1) the
+Gradients leave a strategy reduced over its DP group (as in the authors' code): with DP replicas (tp = 1) the
 partial sums are reduce-scattered onto the home owners by the *transpose* of the home->DP
 all-gather switch (each piece travels the other way and is added), so every partial is sent
 once and no summed value moves twice; with TP (dp = 1) the gradients are already complete
@@ -132,7 +134,7 @@ class Switch:
 def plan_switch(layouts: Layouts, src: str, dst: str, shapes: Mapping[str, tuple[int, ...]],
                 policy: str = "bandwidth_greedy") -> Switch:
     """The switch ``src -> dst`` for tensors of ``shapes`` (full shapes), via plan_migration
-    with the system's ``switch_policy`` (spec 2.5)."""
+    with the system's ``switch_policy``."""
     L = layouts.num_layers
     unit_of = {n: u for u, ns in _units(shapes, L).items() for n in ns}
     by_pair: dict[tuple, list[str]] = {}
@@ -227,7 +229,7 @@ class TensorViews:
 
 
 class SwitchCache:
-    """Switches built on first use and reused (spec 2.5: plans cached after step 0)."""
+    """Switches built on first use and reused (as the authors' code caches plans after step 0)."""
 
     def __init__(self, layouts: Layouts, rank: int, shapes: Mapping[str, tuple[int, ...]],
                  policy: str = "bandwidth_greedy") -> None:

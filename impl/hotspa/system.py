@@ -32,14 +32,14 @@ class HotSPa(System):
     @dataclass
     class Config:
         policy: str = "hotspa"
-        # c1 / c2: the paper's preset groups (spec 2.1) with the preset strategies (2.2);
-        # planned: boundaries and strategies from the length histogram (2.7);
+        # c1 / c2: the authors' preset groups with their preset strategies (`examples/hotspa`);
+        # planned: boundaries and strategies from the length histogram (our planner);
         # explicit: ``boundaries`` and ``strategies`` below.
         grouping: str = "c1"
         boundaries: List[int] = field(default_factory=list)  # descending, last 0 (explicit)
         strategies: List[List[int]] = field(default_factory=list)  # [dp, tp, pp] per group, longest first
         switch_policy: str = "bandwidth_greedy"
-        # Packing pad (spec 2.3): "align" pads a packed row to a multiple of ``align``;
+        # Packing pad (both options of the authors' code): "align" pads a packed row to a multiple of ``align``;
         # "bound" pads to the group's upper bound (static shapes).
         pad: str = "align"
         align: int = 128

@@ -1,4 +1,4 @@
-"""Hydraulis' per-step batches (spec hydraulis 2.4): sample until Σ ≥ G, truncate the last
+"""Hydraulis' per-step batches (as the authors' code, `examples/hydraulis/`, builds them): sample until Σ ≥ G, truncate the last
 sequence so Σ = G exactly. Every Hydraulis policy and baseline draws its steps here, so all of
 them consume identical batches for a (workload, seed). The substrate's stream never truncates
 (a cut document is a different sample): the cut is Hydraulis' rule and lives here.

@@ -1,4 +1,4 @@
-"""Optimization–propagation disaggregation (spec hydraulis 2.2) over ``W`` torch.distributed ranks.
+"""Optimization–propagation disaggregation (paper abstract; the authors' code) over ``W`` torch.distributed ranks.
 
 The optimizer layout is fixed for the whole run: ZeRO-1-like over all ranks (os_dp = W,
 os_tp = os_pp = 1), rank ``o`` holding the fp32 master weights and Adam state of the fraction

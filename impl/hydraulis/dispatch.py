@@ -1,20 +1,21 @@
 """Stage 1 of Hydraulis' per-step data assignment: dispatch sequences across replicas by a
-randomized greedy min-max (spec hydraulis 2.4, 8, 9).
+randomized greedy min-max of the authors' planner (Hetu
+``examples/hydraulis/strategy/new_dynamic.py``).
 
 - Replicas are visited in capacity order (largest first, stable). A sequence that fits only
   one replica goes to it up front; the rest are shuffled (``shuffles`` seeded orders, the
   authors' stream, see ``refine``) and each is placed on the replica that minimises
   ``max(global_max, acc_r + cost_r(x) + max(warm_r, cost_r(x)·(pp_r − 1)))``.
-- Ties (spec 9): the first tied replica, unless a tied replica is still empty: then the last
+- Ties (the authors' rule): the first tied replica, unless a tied replica is still empty: then the last
   such one. The best shuffle (smallest makespan) is kept; if the best shuffle so far leaves a
-  replica empty the candidate is infeasible at once (spec 8, 9: the authors' rule; never a
+  replica empty the candidate is infeasible at once (the authors' rule; never a
   silent idle replica).
-- ``includes_c`` (pitfall 8: packing prices the constant c per micro-batch, the authors'
+- ``includes_c`` (README "Pitfall 8": packing prices the constant c per micro-batch, the authors'
   dispatch ignores it). False = the authors' code: ``cost_r(x) = a x² + b x``. True (default,
   consistent with packing): a sequence also carries its share of its micro-batches' constant,
   ``c_r · x / cap_r`` (micro-batches filled to capacity, the v_min packing), and the warm-up
   term prices a full micro-batch ``(cost_r(x) + c_r)·(pp_r − 1)``.
-- ``refine`` (spec 10, issue 40; default True; False = the authors' dispatch alone): the kept
+- ``refine`` (issue 40, README "Issue 40 (item 3)"; default True; False = the authors' dispatch alone): the kept
   result is the best of a portfolio, all priced by the same greedy estimate
   ``max_r (acc_r + warm_r)``:
   1. the seeded shuffles, drawn as the authors draw them (Python ``random.seed(t);
@@ -92,7 +93,7 @@ def _times(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray, R: int) -> tuple
 
 def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray,
             max_scans: int = 100000) -> tuple[np.ndarray, int, int]:
-    """Local improvement of the greedy estimate ``max_r (acc_r + warm_r)`` (spec 10): take the
+    """Local improvement of the greedy estimate ``max_r (acc_r + warm_r)`` (our addition, issue 40): take the
     critical replica k; among every move of one of its sequences to another replica that
     holds it, and every swap of one of its sequences with one elsewhere, apply the one whose
     ``max(t_k', t_j')`` is smallest, if it is below ``t_k``. Stops when none is, or after
@@ -178,7 +179,7 @@ def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray,
 
 def _greedy(seq_order: Sequence[int], cost_l: list, warm_l: list, R: int,
             earliest_finish: bool = False) -> tuple[float, list, list]:
-    """One greedy pass: (makespan, sequences per replica, counts). The min-max rule with spec 9's
+    """One greedy pass: (makespan, sequences per replica, counts). The min-max rule with the authors'
     tie rule, or (``earliest_finish``) each sequence to the replica whose own time after it is
     smallest (ties: the first)."""
     acc = [0.0] * R
@@ -314,7 +315,7 @@ def dispatch(lengths: Sequence[int], replicas: Sequence[ReplicaCost], shuffles: 
 
 
 def token_balanced(lengths: Sequence[int], replicas: Sequence[ReplicaCost]) -> SequenceDispatch:
-    """[R] ablation (spec 3, hetero + token-balanced dispatch): longest first, each sequence to
+    """[R] ablation (hetero + token-balanced dispatch, README "What is built"): longest first, each sequence to
     the fitting replica with the fewest tokens per GPU (ties: the first). Memory-balanced, not
     time-balanced; the makespan is reported by the same greedy estimate (includes_c=False)."""
     lengths = [int(x) for x in lengths]

@@ -1,15 +1,15 @@
-"""Our stage 1 dispatch against the authors' planner on their planning cases (spec hydraulis
-2.4, 9, 10; issue 40 item 3).
+"""Our stage 1 dispatch against the authors' planner on their planning cases (issue 40
+item 3; README "Issue 40 (item 3)").
 
 - :func:`authors_dispatch` re-states the authors' randomized greedy (Hetu
   ``examples/hydraulis/strategy``, ``process_trial`` of their planner) as they run it, random
   stream included: the batch sorted ascending (their ``sorted_len``), replicas by capacity
   descending, trial t in ``start .. start + trials - 1`` shuffles the sorted batch with Python's
   ``random.seed(t); random.shuffle``; sequences fitting only the first replica go there first,
-  the rest in shuffled order by the min-max rule and spec 9's tie rule; the best trial wins, and
+  the rest in shuffled order by the min-max rule and their tie rule; the best trial wins, and
   the candidate is infeasible as soon as the best trial so far leaves a replica empty.
-- :func:`planning_cases` builds their cases: the candidate lists of their scripts (spec 10:
-  ``train_hetu_tencent.sh`` 32B@64; the 32-GPU lists [(16,1)x2], [(16,1),(2,2),(1,4)x3] on 13B;
+- :func:`planning_cases` builds their cases: the candidate lists of their scripts
+  (``scripts/train_hetu_tencent.sh`` 32B@64; the 32-GPU lists [(16,1)x2], [(16,1),(2,2),(1,4)x3] on 13B;
   the 16-GPU 80 GB lists [(4,2)x2], [(4,2),(1,4)x2] (their [(4,2),(1,8)] has no 80 GB 7B price);
   the A100-40G 16-GPU test lists; ``test_planner.sh`` at 1,024 GPUs), priced as the sim prices
   them, on the sim's batches (seed 0).

@@ -1,4 +1,5 @@
-"""Hydraulis' offline strategy generator (spec hydraulis 2.3, 9): a DP over (GPUs, max length)
+"""Hydraulis' offline strategy generator (the authors' code, Hetu
+``examples/hydraulis/strategy/``): a DP over (GPUs, max length)
 on the dataset's length histogram, backtracked into heterogeneous replica lists, deduplicated
 into the candidate pool (the homogeneous optimizer-layout strategy first).
 
@@ -13,12 +14,12 @@ lengths in ``((i−1)·step, i·step]``. With ``cnt`` the (per-step) histogram a
     Cost_k(lo, hi] = Σ_{x∈(lo,hi]} cnt[x]·T_k(x) + (pp_k − 1)·T_k(max x in the range)
 
 (Bucket sums use the exact Σx, Σx² of the sampled lengths, and "max x" is the longest sampled
-length of the range; an empty range costs 0.) ``maxlen_k`` is the unrounded capacity (spec 9).
+length of the range; an empty range costs 0.) ``maxlen_k`` is the unrounded capacity, as theirs.
 Backtracking ``trace[N][s]`` for every s with data gives one replica list per s, for steps
 whose longest sequence is at most s·step; GPUs the list leaves unused (the ``t[n−ΔN]`` branch)
 are filled [R] with replicas of the largest strategy that fits the remainder and holds the
 list's longest range, so every list has Σ tp·pp = N. Lists are deduplicated as multisets in
-descending-s order and capped at ``max_candidates`` (spec 8, ≤ 6; evenly spaced over s, the
+descending-s order and capped at ``max_candidates`` ([R] ≤ 6, README "Design choices for the [R] details"; evenly spaced over s, the
 largest s kept).
 """
 from __future__ import annotations

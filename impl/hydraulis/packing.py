@@ -1,5 +1,5 @@
 """Stage 2 of Hydraulis' per-step data assignment: balanced packing of one replica's sequences
-into micro-batches (spec hydraulis 2.4, 8, 9).
+into micro-batches, as the authors' planner packs (Hetu ``examples/hydraulis/strategy/new_dynamic.py``).
 
 For v in ``[v_min, min(v_max, v_min + v_window − 1)]`` (``v_min = ⌈ΣU/cap⌉``,
 ``v_max = max(v_min, min(|U|, ⌊ΣU/util⌋))``) the ILP
@@ -7,7 +7,7 @@ For v in ``[v_min, min(v_max, v_min + v_window − 1)]`` (``v_min = ⌈ΣU/cap�
     o_ij ∈ {0,1};  Σ_j o_ij = 1;  Σ_i o_ij·s_i ≤ cap;  z ≥ Σ_i o_ij·cost(s_i);  minimise z
 
 is solved by HiGHS (``scipy.optimize.milp``) under a time limit and, optionally, a node limit;
-a feasible incumbent at a limit is accepted (spec 8). The planning score of a packing is
+a feasible incumbent at a limit is accepted (as theirs). The planning score of a packing is
 ``(z + c)·(pp − 1 + v)``; the best v wins.
 
 Exactness-preserving shortcuts [R] (they never change the optimum, only skip work):

@@ -1,4 +1,4 @@
-"""Hydraulis sim mode (spec hydraulis 6): every policy of :mod:`impl.hydraulis.system` on the
+"""Hydraulis sim mode (scenarios S1-S6: ``conf/experiment/hydraulis/``): every policy of :mod:`impl.hydraulis.system` on the
 same per-step batches (:func:`impl.hydraulis.batches.step_batches`, seed = job seed), priced by
 :mod:`impl.hydraulis.cost.step` on the cost model of :mod:`impl.hydraulis.cost.strategy` (the Megatron step
 model's time and memory by default: one pricing path, issue 40).
@@ -7,9 +7,9 @@ Setup per job (all from a second stream seeded seed+1, ``system.sim.sample_steps
 policy never sees the batches it is measured on):
 - Megatron-like grid: every homogeneous (dp, tp, pp) with tp <= ``sim.megatron_max_tp`` whose
   capacity holds the context (the shared step-model memory, ZeRO-1 over the N GPUs); the best mean step
-  time wins (spec 3). It is also the default optimizer layout of the Hydraulis policies
+  time wins (README "Design choices for the [R] details": Baselines). It is also the default optimizer layout of the Hydraulis policies
   (``system.opt_layout`` overrides it).
-- The candidate pool: the optimizer-layout strategy, then the generator's lists (2.3) on the
+- The candidate pool: the optimizer-layout strategy, then the generator's lists (:mod:`impl.hydraulis.generator`) on the
   sample's per-step histogram.
 Deterministic: ILPs stop at a node limit (``sim.ilp_node_limit``), never at the wall clock in
 practice; only ``plan_time_s`` (the planner's wall time on this host) varies between runs.
@@ -82,7 +82,7 @@ class SimEnv:
 def price_homo_greedy(env: SimEnv, r: ReplicaCost, dp: int, lengths: Sequence[int], capacity: int,
                       pad: str = "align") -> StepPrice:
     """Greedy packing of the whole step to ``capacity``, micro-batch i to DP rank i mod dp
-    (equal packed micro-batch counts per rank, spec 3), 1F1B per rank, the exchange."""
+    (equal packed micro-batch counts per rank), 1F1B per rank, the exchange."""
     ids = list(range(len(lengths)))
     mbs = greedy_pack(ids, lengths, capacity, pad=pad, align=env.system.cfg.align)
     ranks = [from_micro_batches(rk) for rk in assign_dp(mbs, dp)]
@@ -197,12 +197,12 @@ class _Docs:
 
 
 def megatron_grid_prices(env: SimEnv, sample, batches) -> tuple[list, dict]:
-    """Megatron-like by the HotSPa authors' grid rule (spec 10; :mod:`impl.common.megatron.grid`:
+    """Megatron-like by the HotSPa authors' grid rule (:mod:`impl.common.megatron.grid`:
     every (dp, tp, pp, mbs), tp across nodes allowed, the fork's packing, SP, the distributed
     optimizer) on the calibrated Megatron step model; the fastest mean step on the sample steps
     wins among layouts that fit. Each step's documents are padded to a multiple of dp x mbs with
     zero-length documents (:func:`_padded_docs`). Any profile: a datasheet one is priced with the
-    knobs and kernel tables carried from ``step_model_from`` (impl.common.megatron.derive)."""
+    knobs and kernel tables carried from ``hardware.megatron.carried_from`` (impl.common.megatron.derive)."""
     from impl.common.megatron.grid import candidates, model_of, step_prices
 
     wl, hw = env.wl, env.hw
@@ -426,7 +426,7 @@ def script_pool(env: SimEnv) -> tuple[list, str]:
 
 
 def fixed_pool(env: SimEnv, mem: StrategyMemory, strategies: list, opt: OptLayout, text: Sequence[str], src: str) -> Pool:
-    """Fixed candidate lists (the authors' scripts, spec 10), each strategy priced like the
+    """Fixed candidate lists (the authors' scripts, ``impl/hydraulis/data/pools.yaml``), each strategy priced like the
     generator's (also outside the enumerated degrees, e.g. (8,3))."""
     lists = parse_pool(text, env.n)
     known = {(r.tp, r.pp): r for r in strategies}
@@ -510,7 +510,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         text, _ = script_pool(env)
         if text and not cfg.opt_layout:
             first = parse_pool(text[:1], env.n)[0]
-            if len(set(first)) == 1:  # spec 10: the scripts' first list is the optimizer layout
+            if len(set(first)) == 1:  # the scripts' first list is the optimizer layout
                 opt = OptLayout(len(first), *first[0])
         pool, strategies, mem = build_pool(env, sample, opt)
         info.update(opt_layout=str(opt), pool=pool.describe(), pool_raw_lists=pool.raw_lists,
@@ -572,7 +572,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     if any(p.plan_time_s for p in prices):
         m["plan_time_s"] = Metric.from_samples([p.plan_time_s for p in prices], "s")
         m["plan_to_step_ratio"] = Metric.scalar(max(p.plan_time_s / p.step_s for p in prices), "ratio")
-        # spec 10 (S5): the share of steps whose plan hides behind the step before it
+        # S5 (planner scalability, README "Issue 24"): the share of steps whose plan hides behind the step before it
         m["plan_hidden_fraction"] = Metric.scalar(sum(p.plan_time_s < p.step_s for p in prices) / len(prices),
                                                   "ratio", "higher")
     status = Counter()

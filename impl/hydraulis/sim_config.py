@@ -1,8 +1,23 @@
 """Knobs only sim mode reads (``system.sim.*``)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import List
+
+
+class CostSource(enum.StrEnum):
+    """derived = the Megatron step model for every strategy; published = the authors' 7B table."""
+
+    derived = "derived"
+    published = "published"
+
+
+class IlpScope(enum.StrEnum):
+    """Which replicas stage 2 packs by ILP: the ones that can be the slowest (critical), or all."""
+
+    critical = "critical"
+    all = "all"
 
 
 @dataclass
@@ -11,7 +26,7 @@ class SimCost:
     (``impl.common.cost.varlen_model.seq_cost``) for every strategy, the one pricing path;
     published = the authors' 7B coefficient table (opt-in sensitivity input; 7B only)."""
 
-    source: str = "derived"  # derived | published
+    source: CostSource = CostSource.derived
 
 
 @dataclass
@@ -25,7 +40,7 @@ class HydraulisSimKnobs:
     # baselines' grid searches.
     sample_steps: int = 4
     # Megatron-like grid search: the largest TP degree (16 spans two nodes: the only way a
-    # 32B model holds 32K tokens without CP, spec 6).
+    # 32B model holds 32K tokens without CP).
     megatron_max_tp: int = 16
     # DeepSpeed-like: ZeRO stages tried (1 = optimizer sharded; 3 = parameters too, gathered
     # per micro-batch, overlapped with compute).

@@ -1,12 +1,14 @@
-"""Hydraulis per-step planning (spec hydraulis 2.4): for each candidate replica list, stage 1
+"""Hydraulis per-step planning (the authors' planner, Hetu
+``examples/hydraulis/strategy/new_dynamic.py``): for each candidate replica list, stage 1
 dispatch (:mod:`.dispatch`) then stage 2 packing per replica (:mod:`.packing`); the candidate
-with the smallest max-over-replicas packing score wins (spec 9: the intended rule, not the
-entry point's largest-index ranking).
+with the smallest max-over-replicas packing score wins (the intended rule, as the authors' older
+distributed code path ranks; not the largest-index ranking of their entry point
+``new_find_optimal_strategy``).
 
 - Candidates whose largest capacity is below the longest sequence are dropped; if none is
   left the pool cannot hold the batch: one-line :class:`ConfigError`.
-- A candidate whose dispatch leaves a replica empty is dropped (spec 8), never run with an
-  idle replica.
+- A candidate whose dispatch leaves a replica empty is dropped (infeasible in the authors' code
+  too), never run with an idle replica.
 - Exact shortcuts [R]: a candidate whose replica bound already reaches the best score so far
   is pruned, replicas are packed highest bound first, and with ``ilp_scope="critical"`` a
   replica that cannot be the slowest keeps its LPT packing (see :data:`ILP_SCOPES`).
@@ -26,12 +28,13 @@ from impl.common.api import ConfigError
 from impl.hydraulis.cost.strategy import ReplicaCost, fmt_strategy
 from impl.hydraulis.dispatch import DEFAULT_BUDGET, dispatch, token_balanced
 from impl.hydraulis.packing import Packing, pack_replica, packing_score, score_lower_bound
+from impl.hydraulis.sim_config import IlpScope
 
 DISPATCHES = ("greedy", "token_balanced")
 # ILPs for every replica (the authors' code) or only where they can move the candidate's max
 # score ("critical": a replica whose LPT packing already scores below the candidate's slowest
 # replica keeps it; exact for the candidate's score, so the winner is unchanged).
-ILP_SCOPES = ("critical", "all")
+ILP_SCOPES = tuple(IlpScope)
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
                    refine: bool = True, budget: int = DEFAULT_BUDGET) -> tuple[Optional[list], float, int, str]:
     """(replica plans or None, max score, ILP solves, outcome) of one candidate. Outcome:
     ``ok``; ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch
-    leaves a replica without data: dropped, spec 8); ``pruned`` (its score provably cannot go
+    leaves a replica without data: dropped); ``pruned`` (its score provably cannot go
     below ``cutoff``, the best candidate so far: the returned score is that lower bound)."""
     if max(r.cap for r in replicas) < max(lengths):
         return None, math.inf, 0, "no_fit"
@@ -149,7 +152,7 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
             best = (score, ci, plans)
     if best is None:
         raise ConfigError(f"strategy pool: every one of {len(candidates)} candidates leaves a replica without "
-                          f"data for this batch of {len(lengths)} sequences (spec 8: such a candidate is dropped)")
+                          f"data for this batch of {len(lengths)} sequences (such a candidate is dropped)")
     score, ci, plans = best
     statuses: dict[str, int] = {}
     for p in plans:
@@ -160,7 +163,7 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
 
 
 def check_plan(lengths: Sequence[int], plan: StepPlan, num_gpus: Optional[int] = None, mem=None) -> None:
-    """Spec 7's planner-side invariants; raises AssertionError naming the first broken one."""
+    """The planner-side invariants (README "Invariants and tests"); raises AssertionError naming the first broken one."""
     seen: dict[int, int] = {}
     for r in plan.replicas:
         assert r.micro_batches, f"replica {r.replica.label()} received no sequences"

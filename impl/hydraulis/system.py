@@ -15,7 +15,7 @@
 | deepspeed_like             | ZeRO-1/3 + Ulysses SP, grid-searched| greedy packing                       | sim   |
 | hotspa_like                | one homogeneous strategy per bucket | HotSPa packing, hot switching        | sim   |
 
-Real mode (policies of the spec 5 CPU experiment) lives in :mod:`impl.hydraulis.real.run`; sim in
+Real mode (policies of the CPU experiment, README "Real mode") lives in :mod:`impl.hydraulis.real.run`; sim in
 :mod:`impl.hydraulis.sim`. Knobs both modes' planner reads are top level; one-mode knobs sit in
 the nested ``real`` / ``sim`` nodes.
 """
@@ -27,7 +27,7 @@ from typing import List
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from impl.hydraulis.real.config import HydraulisRealKnobs
-from impl.hydraulis.sim_config import HydraulisSimKnobs
+from impl.hydraulis.sim_config import HydraulisSimKnobs, IlpScope
 
 SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
                 "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
@@ -38,25 +38,26 @@ class Hydraulis(System):
     @dataclass
     class Config:
         policy: str = "hydraulis"
-        # Planner (spec 2.4, 9): seeded dispatch shuffles (100; the artifact path uses 50), the
-        # v window (16; artifact 20), the ILP limits and the c treatment of pitfall 8.
+        # Planner (the authors' new_dynamic.py): seeded dispatch shuffles (100; their artifact path
+        # uses 50), the v window (16; artifact 20), the ILP limits and the c treatment (README
+        # "Pitfall 8").
         shuffles: int = 100
         v_window: int = 16
         ilp_time_limit_s: float = 0.5
         mip_rel_gap: float = 0.01  # [R] HiGHS relative gap (README: 0 vs 0.01 on S3)
         dispatch_includes_c: bool = True
-        # Spec 10, issue 40: besides the seeded shuffles (the authors' stream), two longest-first
+        # Issue 40: besides the seeded shuffles (the authors' stream), two longest-first
         # orders and a local search (moves/swaps off the critical replica); False = the authors'
         # dispatch alone. The search stops after dispatch_budget scans (README "Issue 40").
         dispatch_refine: bool = True
         dispatch_budget: int = 100
-        ilp_scope: str = "critical"  # critical | all (step_plan.ILP_SCOPES)
+        ilp_scope: IlpScope = IlpScope.critical
         # Optimizer layout [dp, tp, pp]; [] = the Megatron-like grid search's best layout.
         opt_layout: List[int] = field(default_factory=list)
-        # Generator (spec 2.3): heterogeneous lists kept, the length step (0 = 128, or 1024 for
+        # Generator (impl/hydraulis/generator.py): heterogeneous lists kept, the length step (0 = 128, or 1024 for
         # models of hidden >= 6144) and the GPU step ΔN (0 = 1, or 4 from 256 GPUs).
         max_candidates: int = 6
-        # Fixed candidate lists instead of the generator (spec 10: the authors' scripts), e.g.
+        # Fixed candidate lists instead of the generator (as the authors' scripts give them), e.g.
         # ["(16,1)x4", "(16,1) + (8,1)x6"]; the first should be the optimizer layout. [] = generator.
         pool: List[str] = field(default_factory=list)
         # auto: the scripts' lists of impl/hydraulis/data/pools.yaml where one matches (model,
@@ -64,7 +65,7 @@ class Hydraulis(System):
         pool_source: str = "auto"
         generator_step: int = 0
         generator_delta_n: int = 0
-        align: int = 128  # micro-batches padded to a multiple of this (spec 2.4)
+        align: int = 128  # micro-batches padded to a multiple of this (the authors' 128)
         real: HydraulisRealKnobs = field(default_factory=HydraulisRealKnobs)
         sim: HydraulisSimKnobs = field(default_factory=HydraulisSimKnobs)
 

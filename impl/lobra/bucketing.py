@@ -1,4 +1,5 @@
-"""Bucketing of one step's lengths (spec 2.5, 9).
+"""Bucketing of one step's lengths (the authors' dynamic bucketing, Hetu `examples/lobra`, as the
+artifact github.com/ccchengff/LobRA runs it).
 
 - :func:`dynamic_buckets`: candidates are the lengths rounded up to a multiple of ``align``
   (16); a DP over the sorted distinct candidates picks at most ``max_buckets`` boundaries
@@ -8,8 +9,8 @@
       pad[j][i] = min_k pad[j−1][k] + cand_i·(cnt_i − cnt_k) − (sum_i − sum_k)
 
   (cnt, sum: prefix count and prefix token sum of the lengths up to candidate i). B is a
-  maximum, not an exact count. ``min_len`` (the original code's 256 floor, off by default,
-  spec 9) raises every bucket to at least that many tokens. ``cuts`` (the deployment's
+  maximum, not an exact count. ``min_len`` (the original code's 256 floor, off by default:
+  the artifact applies none) raises every bucket to at least that many tokens. ``cuts`` (the deployment's
   max_tokens, :func:`impl.lobra.joint_step.plan_bucketed`) are boundaries no bucket may straddle:
   a bucket spanning a replica's max_tokens would pad sequences that fit the smaller replica
   past its limit, so only the larger replicas could take them (the dispatcher never sees that

@@ -1,10 +1,11 @@
-"""Per-step data dispatch over a heterogeneous deployment (spec 2.4), as data in, data out.
+"""Per-step data dispatch over a heterogeneous deployment (the authors' code, Hetu `examples/lobra`), as data in,
+data out.
 
 A deployment is a list of :class:`ReplicaGroup` (a scheme and its replica count ``dp``). A step's
 work is ``counts``: per bucket length s_i, the number of sequences N_i (over all tasks).
 Dispatchers return a :class:`BucketDispatch`: ``n[i][j]`` sequences of bucket i to group j.
 
-- :func:`balanced` (LobRA): the ILP of spec 2.4, minimising the slowest group's replica time
+- :func:`balanced` (LobRA): the authors' ILP, minimising the slowest group's replica time
   ``T_j = Σ_i [t_j(mbs_ij, s_i)·m_ij + t_j(r_ij, s_i)·w_ij] + (pp_j−1)·B_j`` where each replica
   of j runs m_ij full micro-batches and one remainder of r_ij sequences (the ceil split of
   n_ij over dp_j replicas). Solved with scipy's HiGHS (``scipy.optimize.milp``) under a time
@@ -21,10 +22,10 @@ remainder per bucket (fused: tasks mixed, sorted by length; single: one task per
 """
 from __future__ import annotations
 
-import math
+import enum
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -32,7 +33,15 @@ from impl.common.api import ConfigError
 
 from impl.lobra.cost.replica import Scheme, replica_time
 
-DISPATCHERS = ("balanced", "length", "even")
+class Dispatcher(enum.StrEnum):
+    """How a step's sequences go to replicas: the balanced ILP (LobRA), by length, or evenly."""
+
+    balanced = "balanced"
+    length = "length"
+    even = "even"
+
+
+DISPATCHERS = tuple(Dispatcher)
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ def even(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequenc
 
 def balanced(groups: Sequence[ReplicaGroup], buckets: Sequence[int], counts: Sequence[int], *,
              time_limit_s: float = 5.0, mip_gap: float = 0.005, every_group_works: bool = True) -> BucketDispatch:
-    """The spec 2.4 ILP (see the module doc); falls back to :func:`length_based` without an incumbent."""
+    """The balanced-dispatch ILP (see the module doc); falls back to :func:`length_based` without an incumbent."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     check_counts(groups, buckets, counts)
@@ -227,7 +236,7 @@ def dispatch(kind: str, groups, buckets, counts, **kw) -> BucketDispatch:
 def split_samples(samples_by_bucket: Sequence[Sequence], groups: Sequence[ReplicaGroup],
                   d: BucketDispatch) -> list[list[list]]:
     """``out[j][k]``: the samples of replica k of group j. ``samples_by_bucket[i]`` holds bucket
-    i's samples in task order (fill rule of spec 2.4); counts are conserved exactly."""
+    i's samples in task order (the authors' fill rule); counts are conserved exactly."""
     out = [[[] for _ in range(g.dp)] for g in groups]
     for i, seqs in enumerate(samples_by_bucket):
         if sum(d.n[i]) != len(seqs):

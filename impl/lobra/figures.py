@@ -94,7 +94,7 @@ def buckets_sweep(records, out_dir) -> list[pathlib.Path]:
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
     ax.plot(B, [r["metrics"]["padding_ratio"]["value"] for r in recs], style["linestyle"], marker="o",
             color="C0", label="padding ratio (median step)")
-    ax.set_xlabel("bucket count B (dynamic bucketing, spec 2.5)")
+    ax.set_xlabel("bucket count B (dynamic bucketing)")
     ax.set_ylabel("padding ratio", color="C0")
     ax2 = ax.twinx()
     ax2.plot(B, [r["metrics"]["step_time_s"]["value"] for r in recs], style["linestyle"], marker="s", color="C1",

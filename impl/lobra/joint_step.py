@@ -6,6 +6,7 @@ Sequence ids are unique per task (a per-task seeded stream), so a :class:`Sample
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -16,8 +17,22 @@ from impl.common.varlen.sampling import LengthStream
 from impl.lobra import bucketing
 from impl.lobra.dispatch import BucketDispatch, ReplicaGroup, dispatch, micro_batches, split_samples
 
-BUCKETINGS = ("dynamic", "fixed")
-BUCKET_CUTS = ("auto", "on", "off")
+class Bucketing(enum.StrEnum):
+    """Length buckets per step: chosen for the step's lengths (dynamic) or the fixed list."""
+
+    dynamic = "dynamic"
+    fixed = "fixed"
+
+
+class BucketCuts(enum.StrEnum):
+    """Dynamic buckets cut at the deployed replicas' max_tokens: on, off, or whichever dispatches faster (auto)."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+BUCKETINGS, BUCKET_CUTS = tuple(Bucketing), tuple(BucketCuts)
 
 
 class TaskStreams:

@@ -1,7 +1,8 @@
-"""Scheme pool (spec 2.2, 9) and the static deployment planners (spec 2.3), data in, data out.
+"""Scheme pool and the static deployment planners (the artifact's rules, github.com/ccchengff/LobRA
+`scripts/pruning_static_planner.sh`), data in, data out.
 
 - :func:`scheme_pool`: per max_tokens, the best per-GPU-throughput scheme and the fewest-GPU
-  scheme (the artifact's rule, spec 9).
+  scheme (the artifact's rule).
 - :func:`multisets`: every multiset of pool schemes whose GPUs sum to N (unbounded knapsack).
 - :func:`plan` with ``planner``:
   - ``prune`` (default): multisets whose largest max_tokens is 2^⌈log2 max length⌉; a lower
@@ -10,13 +11,14 @@
     the winner. The bound is the LP relaxation of balanced dispatch with every micro-batch full
     (a true lower bound of the ILP's makespan); the artifact's GPU-weighted average of
     length-based times is computed too and ``info.pruning_disagreements`` lists the candidates
-    the two rules keep differently (spec 9).
+    the two rules keep differently.
   - ``group``: every eligible multiset under length-based dispatch (exact), the minimum.
   - ``balance``: every eligible multiset under the balanced ILP (the joint optimum over dp_j
     and n_ij, by enumeration), the minimum.
 """
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -28,7 +30,15 @@ from impl.common.api import ConfigError
 from impl.lobra.cost.replica import Scheme, pow2_ceil
 from impl.lobra.dispatch import ReplicaGroup, balanced, length_based
 
-PLANNERS = ("prune", "group", "balance")
+class DeploymentPlanner(enum.StrEnum):
+    """The deployment planner: pruned scheme pool (LobRA), task grouping, or load balance only."""
+
+    prune = "prune"
+    group = "group"
+    balance = "balance"
+
+
+PLANNERS = tuple(DeploymentPlanner)
 
 
 def scheme_pool(schemes: Sequence[Scheme]) -> list[Scheme]:

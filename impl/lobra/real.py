@@ -1,20 +1,20 @@
-"""LobRA real mode (spec 5): 2 gloo processes as fine-tuning replicas of one frozen base with one
+"""LobRA real mode (the real experiments of impl/lobra/README.md, "Reconstructed choices"): 2 gloo processes as fine-tuning replicas of one frozen base with one
 LoRA adapter per task, through the one launcher (:func:`impl.common.runtime.launch.launch`).
 
 Replica kinds (the CPU proxy for TP differences): ``R_L`` = activation checkpointing,
 ``R_S`` = no checkpointing. Their ``max_tokens``: ``system.real.large_max_tokens`` /
-``small_max_tokens`` as given (spec 5: 2048 / 512), or with ``memory_budget_bytes`` > 0 the
-authors' profile_memory rule on that per-rank budget (spec 10, :mod:`impl.lobra.real_memory`:
+``small_max_tokens`` as given (the first real experiment: 2048 / 512), or with ``memory_budget_bytes`` > 0 the
+authors' profile_memory rule on that per-rank budget (:mod:`impl.lobra.real_memory`:
 checkpointing holds more tokens in the same bytes). A micro-batch holds up to
 ``max_tokens // s`` sequences of bucket s.
 
 1. Profile: rank 0 times R_L micro-batches and rank 1 R_S ones (concurrently, 1 thread each) on
-   the ``profile_mbs`` x ``profile_lengths`` grid (mbs·s <= max_tokens); rank 0 fits the 2.1 form
+   the ``profile_mbs`` x ``profile_lengths`` grid (mbs·s <= max_tokens); rank 0 fits the authors' cost form
    f(mbs, s) per kind (:func:`impl.lobra.cost.replica.fit_tp_cost`, R² kept). A refused fit is recorded
    and that kind's deployment dispatches length-based (GROUP) instead of the ILP.
 2. Per round, every policy runs one joint step on the same sampled batch (order rotated):
    - ``lobra``: rank 0 = R_L, rank 1 = R_S; dynamic buckets (DP, ``num_buckets``); the balanced
-     dispatch ILP of 2.4 (``dispatch=length`` gives GROUP) assigns sequences by bucket;
+     dispatch ILP (``dispatch=length`` gives GROUP) assigns sequences by bucket;
    - ``task_fused``: R_L + R_L, ``fixed_buckets``, even split;
    - ``task_sequential``: one sub-step per task (its batch alone, its adapter's all-reduce and
      Adam step), both replicas R_S if the task's maximum <= R_S's max_tokens, else R_L.
@@ -54,7 +54,7 @@ def policies(system) -> list[str]:
 
 def max_tokens_of(system, wl) -> dict[str, int]:
     """Each kind's cap: ``large/small_max_tokens`` as given, or, with ``memory_budget_bytes`` > 0,
-    the profiling rule on that per-rank budget (:mod:`impl.lobra.real_memory`, spec 10)."""
+    the profiling rule on that per-rank budget (:mod:`impl.lobra.real_memory`)."""
     rk = system.cfg.real
     if rk.memory_budget_bytes <= 0:
         return {"R_L": int(rk.large_max_tokens), "R_S": int(rk.small_max_tokens)}
@@ -71,7 +71,7 @@ def memory_rule_info(system, wl) -> dict:
     from impl.lobra.real_memory import profile_memory
 
     mem = profile_memory(wl.model, len(wl.tasks), wl.lora_rank, tuple(rk.memory_profile_lengths))
-    return {"rule": "profile_memory on a per-rank budget (spec 10)", "budget_bytes": rk.memory_budget_bytes,
+    return {"rule": "profile_memory on a per-rank budget", "budget_bytes": rk.memory_budget_bytes,
             "peak_bytes": {k: {str(s): b for s, b in km.peak_bytes.items()} for k, km in mem.items()},
             "states_bytes": {k: km.states_bytes for k, km in mem.items()}, "caps": max_tokens_of(system, wl)}
 
@@ -83,7 +83,7 @@ def check_real(system, wl, hardware) -> None:
         raise ConfigError(f"system.real.memory_profile_lengths: need lengths >= 1, got {list(rk.memory_profile_lengths)}")
     caps = max_tokens_of(system, wl)
     if wl.num_gpus != 2:
-        raise ConfigError(f"workload.num_gpus: real mode runs 2 replicas (R_L + R_S, spec 5), got {wl.num_gpus}")
+        raise ConfigError(f"workload.num_gpus: real mode runs 2 replicas (R_L + R_S), got {wl.num_gpus}")
     if wl.dtype != "fp32":
         raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
     if not 1 <= caps["R_S"] <= caps["R_L"]:
@@ -320,7 +320,7 @@ def run_job(job: LobRARealJob, timeout_s: float) -> list:
 
 def summarise(results: list, job: LobRARealJob, warmup: int, main: str, rtol: float) -> RunResult:
     res = RunResult(metrics={}, emulated=["GPUs: 2 CPU processes over gloo, fp32, 1 thread each; TP differences "
-                                          "proxied by activation checkpointing + max_tokens (spec lobra 5)"])
+                                          "proxied by activation checkpointing + max_tokens"])
     m = res.metrics
     per: dict[str, list] = {}
     for pol in job.policies:

@@ -1,5 +1,5 @@
-"""Real mode's ``max_tokens`` per replica kind by the authors' profiling rule (spec 10,
-``scripts/profile_memory.py``) on a per-rank memory budget.
+"""Real mode's ``max_tokens`` per replica kind by the authors' profiling rule (Hetu
+``examples/lobra/scripts/profile_memory.py``) on a per-rank memory budget.
 
 The rule: run mbs 1 with 2·pp micro-batches (pp = 1 here: 2) at each profile length; a kind's
 max_tokens is the largest length whose peak fits the budget. On CPU there is no allocator peak to

@@ -1,8 +1,8 @@
-"""LobRA sim mode (spec 6): price every step of a multi-task LoRA job on a deployment.
+"""LobRA sim mode (ours, impl/lobra/README.md): price every step of a multi-task LoRA job on a deployment.
 
 Per job: derive the schemes (:mod:`impl.lobra.cost.step_model`), then
 - lobra (and its ablations): take the authors' deployment for this GPU and task count from
-  ``system.sim.replica_table`` (``deployment: table``, or ``auto`` when a row matches; spec 10),
+  ``system.sim.replica_table`` (``deployment: table``, or ``auto`` when a row matches; the authors' scripts),
   plan one on an expected batch (``system.planner``), or take a homogeneous one
   (``system.deployment: homogeneous``); per step bucket the lengths
   (dynamic DP or fixed), dispatch (balanced ILP / length-based / even), cut micro-batches;

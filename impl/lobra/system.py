@@ -6,19 +6,20 @@
 | task_fused       | homogeneous, sized for the longest  | fixed 7        | even            | sim, real |
 | task_sequential  | per task, its best homogeneous      | fixed 7        | even            | sim, real |
 
-The ablation ladder (spec 3) is ``lobra`` with ``deployment``, ``dispatch`` and ``bucketing``
+The ablation ladder (the authors' ablations) is ``lobra`` with ``deployment``, ``dispatch`` and ``bucketing``
 changed (conf/system/lobra_*.yaml). Real mode: :mod:`impl.lobra.real`; sim: :mod:`impl.lobra.sim`.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from impl.lobra.dispatch import DISPATCHERS
-from impl.lobra.joint_step import BUCKET_CUTS, BUCKETINGS
-from impl.lobra.plan import PLANNERS
+from impl.lobra.dispatch import DISPATCHERS, Dispatcher
+from impl.lobra.joint_step import BUCKET_CUTS, BUCKETINGS, BucketCuts, Bucketing
+from impl.lobra.plan import PLANNERS, DeploymentPlanner
 from impl.lobra.cost.step_model import LORA_MATRIX_FACTOR, PROFILE_LENGTHS
 
 POLICIES = ("lobra", "task_fused", "task_sequential")
@@ -28,23 +29,31 @@ MAX_TOKENS_FROM = ("rule", "table")
 
 @dataclass
 class ReplicaRow:
-    """One row of the authors' replica tables (spec 10): the deployment of ``gpus`` GPUs (and
+    """One row of the authors' replica tables (Hetu `examples/lobra` scripts): the deployment of ``gpus`` GPUs (and
     ``tasks`` tasks; 0 = any count) as ``[dp, tp, pp, max_tokens]`` per replica group."""
 
     gpus: int = 0
     tasks: int = 0
     replicas: List[List[int]] = field(default_factory=list)
-EXEC_MODES = ("fused", "single")
+class ExecMode(enum.StrEnum):
+    """Real mode's step: mixed-task micro-batches through the multi-LoRA layer (fused), or one task's
+    adapter at a time (single, ``set_adapter``)."""
+
+    fused = "fused"
+    single = "single"
+
+
+EXEC_MODES = tuple(ExecMode)
 
 
 @dataclass
 class LobRASimKnobs:
-    # Homogeneous [tp, pp] of Task-Fused (and deployment=homogeneous): the paper's configs (spec 3).
+    # Homogeneous [tp, pp] of Task-Fused (and deployment=homogeneous): the authors' configs (artifact experiments/expr_*.sh).
     homogeneous: List[int] = field(default_factory=lambda: [8, 1])
     # Task-Sequential: the [tp, pp] (or [tp, pp, max_tokens] from the authors' table) configs a task
-    # may run on (spec 3, Table 6; spec 10); empty = any scheme.
+    # may run on (paper appendix, Table 6; the authors' scripts); empty = any scheme.
     sequential_configs: List[List[int]] = field(default_factory=list)
-    # max_tokens per (tp, pp): the authors' profile_memory rule tries these lengths (spec 10).
+    # max_tokens per (tp, pp): the authors' profile_memory rule tries these lengths.
     profile_lengths: List[int] = field(default_factory=lambda: list(PROFILE_LENGTHS))
     # The authors' replica tables (deployment=table, or auto when a row matches).
     replica_table: List[ReplicaRow] = field(default_factory=list)
@@ -59,11 +68,11 @@ class LobRASimKnobs:
 
 @dataclass
 class LobRARealKnobs:
-    # Replica proxies (spec 5): checkpointing + max_tokens per replica kind.
+    # Replica proxies (the real experiments, impl/lobra/README.md): checkpointing + max_tokens per replica kind.
     large_max_tokens: int = 2048
     small_max_tokens: int = 512
-    # > 0: both caps by the authors' profile_memory rule on this per-rank budget (spec 10,
-    # impl/lobra/real_memory.py), the two knobs above then unused; the lengths it tries.
+    # > 0: both caps by the authors' profile_memory rule on this per-rank budget
+    # (impl/lobra/real_memory.py), the two knobs above then unused; the lengths it tries.
     memory_budget_bytes: float = 0.0
     memory_profile_lengths: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
     # The cost fit per replica: mbs and s grid of timed micro-batches.
@@ -86,20 +95,20 @@ class LobRA(System):
         # auto: the authors' table row for this GPU and task count if sim.replica_table has one,
         # else planned | planned (PRUNE/GROUP/BALANCE) | homogeneous (sim.homogeneous) | table
         deployment: str = "auto"
-        planner: str = "prune"  # prune | group | balance
+        planner: DeploymentPlanner = DeploymentPlanner.prune
         scheme_pool: bool = True  # ablation: pool pruning on/off
         keep_within: float = 0.15
         keep_min: int = 8
         keep_max: int = 12  # harness cap on candidates the ILP re-scores (time)
         plan_time_limit_s: float = 2.0  # ILP limit per candidate while planning
-        dispatch: str = "balanced"  # balanced | length | even
-        bucketing: str = "dynamic"  # dynamic | fixed
-        # dynamic buckets vs the deployed replicas' max_tokens: auto | on | off (engine.plan_bucketed)
-        bucket_cuts: str = "auto"
+        dispatch: Dispatcher = Dispatcher.balanced
+        bucketing: Bucketing = Bucketing.dynamic
+        # dynamic buckets vs the deployed replicas' max_tokens (joint_step.plan_bucketed)
+        bucket_cuts: BucketCuts = BucketCuts.auto
         num_buckets: int = 16
         fixed_buckets: List[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096, 8192, 16384])
-        min_bucket_len: int = 0  # the original code's 256 floor (off by default, spec 9)
-        exec_mode: str = "fused"  # fused (mixed-task micro-batches) | single (set_adapter)
+        min_bucket_len: int = 0  # the original code's 256 floor (off by default; the artifact applies none)
+        exec_mode: ExecMode = ExecMode.fused
         ilp_time_limit_s: float = 5.0
         ilp_gap: float = 0.005
         sim: LobRASimKnobs = field(default_factory=LobRASimKnobs)

@@ -1,4 +1,5 @@
-"""Plans of the baselines (spec malleus 3), each a function of the rates it reacts to.
+"""Plans of the baselines, each a function of the rates it reacts to. The paper names no
+baselines; these are our choice [R] (impl/malleus/README.md, "Reconstructed choices").
 
 - ``uniform`` (B1, Megatron-style): the nominal layout, no reaction.
 - ``data_only`` (B4, Falcon-like): uniform groups and layers; micro-batches by ILP-B (the

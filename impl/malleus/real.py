@@ -1,4 +1,4 @@
-"""Malleus and baselines in real mode (spec malleus 5): DP x PP ranks over gloo.
+"""Malleus and baselines in real mode (real scenarios A-C, impl/malleus/README.md): DP x PP ranks over gloo.
 
 Rank 0's :class:`MalleusController` turns the ranks' compute times into straggling rates
 (:class:`~impl.malleus.straggler.StragglerMonitor`), checks the re-plan trigger every
@@ -147,7 +147,7 @@ def run_real(system, job: JobContext) -> RunResult:
                            wl.lr, cfg.bucket_mb * 2 ** 20, wl.torch_threads, True, False, cfg.timeout_s)
     out = run_hybrid(rcfg, controller)
     times = out["iteration_times_s"]
-    result = RunResult(metrics={}, emulated=["GPU compute: sleep-padded per layer and micro-batch (spec malleus 5)"])
+    result = RunResult(metrics={}, emulated=["GPU compute: sleep-padded per layer and micro-batch (impl/malleus/README.md, real scenarios)"])
     meas = list(range(wl.warmup_iterations, total))
     metrics = {"iteration_time_s": Metric.from_samples([times[i] for i in meas], "s", "lower")}
     if cfg.interleave:

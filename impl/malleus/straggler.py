@@ -1,4 +1,5 @@
-"""Straggler quantification and re-plan triggers (spec malleus 2.1).
+"""Straggler quantification and re-plan triggers, after the authors' code (PKU-DAIR/Hetu
+`python/hetu/engine/straggler.py`, `strategy.py`).
 
 - Active GPU g: x_g = (T_g / (l * m * alpha_k)) / t_ref, T_g its compute-only time in an
   iteration (no communication waits), l its layers, m its pipeline's micro-batches, alpha_k

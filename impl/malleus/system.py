@@ -1,4 +1,5 @@
-"""Malleus and its baselines as harness systems (one class, the policy chosen by a knob).
+"""Malleus (Li et al., arXiv 2410.13333, SIGMOD 2025) and its baselines as harness systems (one
+class, the policy chosen by a knob).
 
 | system          | plan                                                           | on a change          |
 |-----------------|----------------------------------------------------------------|----------------------|
@@ -47,7 +48,7 @@ class HybridTraining(System):
     @dataclass
     class Config:
         policy: str = "malleus"
-        # 'measured': per-GPU compute timers + hysteresis (spec 2.1); 'oracle': the injected factors.
+        # 'measured': per-GPU compute timers + hysteresis (impl/malleus/straggler.py); 'oracle': the injected factors.
         detection: str = "measured"
         check_every: int = 3
         window: int = 2
@@ -68,7 +69,7 @@ class HybridTraining(System):
         restart_init_s: float = 120.0  # process launch + framework init + warm-up
         ckpt_bw_bytes_per_s: float = 2.0e9  # per GPU, save and load each
         # Sim: spread restart costs over this many iterations of a straggler episode
-        # (spec 6: B3 amortises); 0 = charge them at the iteration they happen.
+        # ([R]: impl/malleus/README.md, "Sim timing"); 0 = charge them at the iteration they happen.
         episode_iterations: int = 500
         # Real: bucket size of the batched migration P2P (bounds its extra peak memory).
         bucket_mb: float = 1.0

@@ -1,4 +1,4 @@
-"""Bounded asynchronous LoRA loading (BAL, spec 2.2).
+"""Bounded asynchronous LoRA loading (BAL, as in the authors' code, `modelscope/Katz`).
 
 Loader processes (one per LoRA slot) wait on a shared-memory flag; on a request they read their
 LoRA file through the storage emulator into preallocated fp16 shared-memory buffers and set the

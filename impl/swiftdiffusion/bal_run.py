@@ -2,7 +2,7 @@
 merge and against two Diffusers baselines on CPU: ``diffusers_pipeline``, the full pipeline API
 (``StableDiffusionControlNetPipeline`` + ``load_lora_weights`` / ``set_adapters`` / ``fuse_lora``
 per request, :mod:`.diffusers_pipeline`), and ``diffusers_model``, the model-level
-``unet.load_lora_adapter`` + ``fuse_lora`` that spec 5B names.
+``unet.load_lora_adapter`` + ``fuse_lora``.
 
 One launch: rank 0 is the base worker, ranks 1..n the loader processes (one per LoRA slot) over
 preallocated shared-memory buffers. Every LoRA read (BAL's loaders, the synchronous merge and
@@ -142,7 +142,7 @@ def _base(ctx, wl, seed, paths, slots, k_grid, channels_last=False, execution=No
                     extra.setdefault(f"{v}_vs_sync_max_rel", []).append(
                         float((out[v].float() - ref.float()).abs().max() / ref.float().abs().max()))
             # after every request our base weights are pristine again (restored by copy); diffusers'
-            # unfuse subtracts the delta back, so its weights drift (spec 8): measured, not required
+            # unfuse subtracts the delta back, so its weights drift: measured, not required
             extra.setdefault("pristine_after", []).append(all(torch.equal(s.weight, s.pristine) for s in table.sites.values()))
             extra.setdefault("pipeline_weight_drift", []).append(weight_drift(pipe.unet, pipe_pristine))
     finally:

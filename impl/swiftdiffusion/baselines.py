@@ -1,6 +1,6 @@
-"""Real quality baselines on the tiny models (spec 3, 4): latents of Katz's patch-at-K, Nirvana-like
-approximate caching and NoLoRA against the reference (LoRAs merged before step 0, the synchronous
-merge = what Diffusers' load + fuse computes).
+"""Real quality baselines on the tiny models (those of the artifact's quality comparison): latents
+of Katz's patch-at-K, Nirvana-like approximate caching and NoLoRA against the reference (LoRAs
+merged before step 0, the synchronous merge = what Diffusers' load + fuse computes).
 
 * **Nirvana-K**: img2img from a cached similar result with strength 1 - K/50 (the artifact's
   version): the cached final latents of a similar request (same LoRAs, prompt embeddings

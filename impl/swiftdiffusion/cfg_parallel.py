@@ -1,8 +1,9 @@
-"""Latent (CFG) parallelism (spec 2.3, real experiment C): rank 0 runs the conditional branch,
-rank 1 the unconditional one; each step rank 1 sends eps_uncond to rank 0, which applies the
-guidance and the scheduler step and broadcasts the next (scaled) model input. The same job times the
-batch-2 CFG loop in one process (interleaved) and compares the latents. With ``channels_last``
-both loops run the UNet NHWC; tensors cross gloo in the default (contiguous NCHW) layout."""
+"""Latent (CFG) parallelism (as in the authors' code; real experiment C of README.md): rank 0 runs
+the conditional branch, rank 1 the unconditional one; each step rank 1 sends eps_uncond to rank 0,
+which applies the guidance and the scheduler step and broadcasts the next (scaled) model input. The
+same job times the batch-2 CFG loop in one process (interleaved) and compares the latents. With
+``channels_last`` both loops run the UNet NHWC; tensors cross gloo in the default (contiguous NCHW)
+layout."""
 from __future__ import annotations
 
 import time

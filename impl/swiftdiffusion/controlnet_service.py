@@ -1,4 +1,5 @@
-"""ControlNet-as-a-Service on CPU processes (spec 2.1, real experiment A).
+"""ControlNet-as-a-Service (as in the authors' code, `modelscope/Katz`) on CPU processes: real
+experiment A of README.md.
 
 Rank 0 is the base worker; ranks 1..k are ControlNet servers, each with an LRU cache of
 ControlNets loaded from ``save_pretrained`` directories. For every step of a request the base
@@ -220,6 +221,6 @@ def run_service(wl, seed: int, k: int, scales, aggregation: str = "sum", cache_s
     n = base["steps"]
     keep = sum(controlnet_keep(i, n, wl.control_guidance_start, wl.control_guidance_end) for i in range(n))
     td, tc, tr, tm = base["t_down_s"], base["t_cn_s"] * k, base["t_rest_s"], base["t_comm_s"]
-    # Per-step bound (spec 5A), ControlNets on k servers at once: T_cn of one.
+    # Per-step bound of real experiment A (README.md), ControlNets on k servers at once: T_cn of one.
     base["bound"] = (td + tc + tr) / (max(td, base["t_cn_s"]) + tr + tm) if keep else 1.0
     return base

@@ -11,8 +11,9 @@ import torch
 from impl.common.api import ConfigError
 
 from impl.swiftdiffusion import split_unet
+from impl.swiftdiffusion.system import Aggregation
 
-AGGREGATIONS = ("sum", "katz_mean")
+AGGREGATIONS = tuple(Aggregation)
 
 
 def controlnet_keep(i: int, n: int, start: float, end: float) -> float:
@@ -54,8 +55,8 @@ def run_controlnet(cn, x, t, emb, image, scale: float = 1.0):
 
 
 def to_channels_last(*models) -> None:
-    """The channels_last backbone flag (spec 2.4): NHWC conv weights, in place. LoRA targets are
-    Linear layers (2-D weights), so merge/restore are unaffected."""
+    """The channels_last backbone flag (a config flag of the authors' code): NHWC conv weights, in
+    place. LoRA targets are Linear layers (2-D weights), so merge/restore are unaffected."""
     for m in models:
         m.to(memory_format=torch.channels_last)
 

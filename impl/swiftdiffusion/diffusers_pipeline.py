@@ -1,7 +1,8 @@
-"""The Diffusers baseline as the full pipeline API (spec 3): a ``StableDiffusionControlNetPipeline``
-(``MultiControlNetModel`` for >1 ControlNet; ``StableDiffusionPipeline`` for none) over the tiny
-random-weight components, and per request ``load_lora_weights`` per LoRA, ``set_adapters``,
-``fuse_lora``; afterwards ``unfuse_lora`` and ``unload_lora_weights``.
+"""The Diffusers baseline as the full pipeline API (as in the artifact, `modelscope/Katz`): a
+``StableDiffusionControlNetPipeline`` (``MultiControlNetModel`` for >1 ControlNet;
+``StableDiffusionPipeline`` for none) over the tiny random-weight components, and per request
+``load_lora_weights`` per LoRA, ``set_adapters``, ``fuse_lora``; afterwards ``unfuse_lora`` and
+``unload_lora_weights``.
 
 A LoRA is fetched from the (emulated) remote store into a local cache directory and loaded from
 there: ``load_lora_weights`` reads alpha and r from the file's metadata only when it loads a file
@@ -119,6 +120,6 @@ def pipeline_request(pipe, storage, paths, idx, wl, inp: dict, scales, cache_dir
 
 
 def weight_drift(unet, pristine: dict) -> float:
-    """max |W - W0| over the UNet's weights: diffusers' unfuse subtracts the delta back (spec 8)."""
+    """max |W - W0| over the UNet's weights: diffusers' unfuse subtracts the delta back."""
     sd = unet.state_dict()
     return max(float((sd[k] - v).abs().max()) for k, v in pristine.items())

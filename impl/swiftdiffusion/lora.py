@@ -1,4 +1,4 @@
-"""LoRA files and the direct in-place merge of Katz (spec 2.2), without PEFT module injection.
+"""LoRA files and the direct in-place merge of Katz (the authors' code), without PEFT module injection.
 
 A LoRA file is what diffusers writes (``save_lora_weights``: ``unet.<module>.lora_A.weight`` /
 ``lora_B.weight`` plus the PEFT config as ``lora_adapter_metadata``), so the Diffusers baseline
@@ -6,7 +6,7 @@ loads the very same file with ``load_lora_weights``. :class:`TargetTable` maps e
 to the UNet weight it patches, built once per base model and checked against each file (a
 target missing in the UNet, an A/B rank mismatch, a shape mismatch: one line naming the key).
 :func:`merge` adds ``(alpha/r)·B@A`` to the weights in place; :func:`restore` copies the kept
-pristine weights back (never subtracts: repeated fuse/unfuse drifts, spec 8).
+pristine weights back (never subtracts: repeated fuse/unfuse drifts).
 """
 from __future__ import annotations
 

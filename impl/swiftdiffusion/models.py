@@ -1,4 +1,4 @@
-"""The tiny random-weight models of the real experiment (spec 5) and per-request inputs."""
+"""The tiny random-weight models of the real experiments (README.md) and per-request inputs."""
 from __future__ import annotations
 
 import pathlib

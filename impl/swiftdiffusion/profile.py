@@ -1,4 +1,5 @@
-"""Paper-scale cost profile (H800, SDXL 1024², 50 steps, fp16), read off the artifact (spec 4, 6).
+"""Paper-scale cost profile (H800, SDXL 1024², 50 steps, fp16), read off the artifact's run
+logs (`modelscope/Katz`); [R] marks our assumptions (README.md, "Reconstructed choices").
 
 Each number says where it comes from. Rows used to read a number off are "calibration" rows;
 E1 predicts the others (README lists which is which)."""
@@ -14,25 +15,25 @@ class SimProfile:
     steps: int = 50
     # --- Diffusers (artifact logs) ---
     diff_base_s: float = 2.88  # 0C/0L row
-    diff_cn_step_s: float = 0.028  # "each ControlNet adds ~1.4 s (~28 ms/step)" (spec 4)
-    diff_lora_first_s: float = 3.31  # 0C/1L - 0C/0L (spec 4: 3.0-3.35 s load+fuse for one LoRA)
+    diff_cn_step_s: float = 0.028  # each ControlNet adds ~1.4 s (~28 ms/step)
+    diff_lora_first_s: float = 3.31  # 0C/1L - 0C/0L (logs: 3.0-3.35 s load+fuse for one LoRA)
     # Load time grows with the adapters already loaded (diffusers #9297): the j-th LoRA of a
-    # request costs first + (j-1) * growth; 2 LoRAs = 7.7 s (spec 4) -> growth 1.08.
+    # request costs first + (j-1) * growth; 2 LoRAs = 7.7 s (logs) -> growth 1.08.
     diff_lora_growth_s: float = 1.08
     # [R] E2 only: a LoRA kept loaded in the replica's LRU still costs set_adapters + fuse + unfuse.
     diff_lora_hit_s: float = 0.35
     # --- Katz (artifact logs) ---
-    katz_step_s: float = 0.030  # "Katz ~30 ms/step" (spec 6)
+    katz_step_s: float = 0.030  # Katz ~30 ms/step (logs)
     katz_fixed_s: float = 0.21  # 0C/0L row: 1.71 - 50 x 0.030 (text encoders, VAE decode)
     katz_down_frac: float = 0.45  # [R] share of a UNet step before the ControlNet seam
     cn_branch_step_s: float = 0.012  # [R] one ControlNet on one CFG branch (<= T_down: off the path)
-    comm_per_cn_step_s: float = 0.0006  # 3C/0L - 0C/0L = 0.09 s over 50 steps x 3 (spec: NCCL ~1 ms/step)
-    patch_fixed_s: float = 0.03  # 0C/1L - 0C/0L = 0.13 = fixed + 1 x per_lora (spec 6: 0.1-0.15 s)
+    comm_per_cn_step_s: float = 0.0006  # 3C/0L - 0C/0L = 0.09 s over 50 steps x 3 ([R] NCCL ~1 ms/step)
+    patch_fixed_s: float = 0.03  # 0C/1L - 0C/0L = 0.13 = fixed + 1 x per_lora (logs: 0.1-0.15 s)
     patch_per_lora_s: float = 0.10  # 2C/2L - 2C/0L ~ 0.23 = fixed + 2 x per_lora
     local_lora_load_s: float = 0.5  # logs: local loads done by steps 16-20 (< 0.6 s)
     # --- cluster (E2-E4, [R]) ---
     lora_bytes: float = 0.3e9  # an SDXL LoRA, fp16
-    remote_bw_bytes_per_s: float = 0.4e9  # remote fetch 0.5-1.0 s each (spec 6)
+    remote_bw_bytes_per_s: float = 0.4e9  # remote fetch 0.5-1.0 s each
     cn_load_s: float = 1.5  # ControlNet miss (~2.5 GB fp16): 1-2 s
     # --- baselines ---
     # [R] the part of a Diffusers request that is not denoising steps (text encoders, VAE): taken

@@ -1,5 +1,5 @@
-"""Real mode (spec 5 A-D): measured on CPU with tiny random-weight models; records say which
-pieces are emulated (the remote LoRA store)."""
+"""Real mode (real experiments A-D of README.md): measured on CPU with tiny random-weight models;
+records say which pieces are emulated (the remote LoRA store)."""
 from __future__ import annotations
 
 import math
@@ -22,7 +22,7 @@ def _lat(samples, better="lower") -> Metric:
 # A distributed path whose output strays from its one-process reference by more than this
 # (relative to the reference's magnitude) is not the same computation: its timing is invalid.
 EQUAL_RTOL = 1e-5
-# The same in half precision on a GPU (spec 7: 1e-2 relative for fp16): the diffusers pipeline
+# The same in half precision on a GPU ([R] 1e-2 relative for fp16, README.md): the diffusers pipeline
 # fuses W + s B@A with its own rounding, so its latents are not ours bit for bit there.
 EQUAL_RTOL_HALF = 1e-2
 # The loops that take the channels_last flag (UNet and ControlNets converted, NHWC inputs); in
@@ -97,7 +97,7 @@ def run_real(system, job: JobContext) -> RunResult:
         m["latency_s"] = _lat(r["times"][f"k{max(wl.k_grid)}"])
         m["throughput_rps"] = Metric.scalar(1.0 / _mean(r["times"][f"k{max(wl.k_grid)}"]), "req/s", "higher")
         m["latency_sync_merge_s"] = _lat(r["times"]["sync"])
-        # the Diffusers baseline = the pipeline API; the model-level API (spec 5B) as a named variant
+        # the Diffusers baseline = the pipeline API; the model-level API as a named variant
         m["latency_diffusers_s"] = _lat(r["times"]["diffusers_pipeline"])
         m["latency_diffusers_model_s"] = _lat(r["times"]["diffusers_model"])
         m["diffusers_load_fuse_s"] = _lat(r["pipeline_load_fuse_s"])

@@ -1,4 +1,5 @@
-"""The diffusers ``UNet2DConditionModel`` forward split at the ControlNet residual seams (spec 2.1).
+"""The diffusers ``UNet2DConditionModel`` forward split at the ControlNet residual seams (as
+the authors' code splits it for its down and up CUDA graphs).
 
 ``down`` runs the embedding, ``conv_in`` and the down blocks and returns the hidden state and
 the skips; ``mid_up`` adds the ControlNet residuals to the skips and the mid-block output and

@@ -2,7 +2,7 @@
 
 | system                   | real mode (2-core CPU, tiny random models)          | sim mode (H800 profile)       |
 |--------------------------|-----------------------------------------------------|-------------------------------|
-| swiftdiffusion           | scenario A-D of spec 5 (controls in the same job)   | E1 latency table, E2 16 GPUs  |
+| swiftdiffusion           | README real experiments A-D (controls in the job)   | E1 latency table, E2 16 GPUs  |
 | swiftdiffusion_diffusers | -                                                   | Diffusers replicas alone      |
 | swiftdiffusion_nirvana*  | ``quality``: img2img from a cached similar result   | Diffusers skipping K steps    |
 | swiftdiffusion_nolora    | ``quality``: the pristine model, LoRAs dropped      | Katz without LoRA loads       |
@@ -19,11 +19,20 @@ Every record carries ``latency_s`` (mean per request of the system's own path) a
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from impl.swiftdiffusion.profile import SimProfile
+
+class Aggregation(enum.StrEnum):
+    """How N ControlNets' residuals combine: diffusers' ``MultiControlNetModel`` sum, or the Katz
+    code's mean with one shared scale (a labelled variant)."""
+
+    sum = "sum"
+    katz_mean = "katz_mean"
+
 
 NIRVANA_STEPS = 50  # the artifact's K counts steps of 50: strength = 1 - K/50
 
@@ -38,19 +47,20 @@ class SwiftDiffusionSystem(System):
     @dataclass
     class Config:
         variant: str = "katz"
-        aggregation: str = "sum"  # sum (diffusers MultiControlNetModel) | katz_mean (the Katz code)
+        aggregation: Aggregation = Aggregation.sum
         k: int = 20  # BAL patch bound (sim; real mode sweeps workload.k_grid)
         cn_cache: int = 2  # real: ControlNets per server process
         sim_cn_cache: int = 16  # sim: ControlNets per pool GPU ([R] 80 GB / ~2.5 GB, room kept)
         lora_cache: int = 4  # sim: LoRAs in a base replica's host cache (Katz) / loaded (Diffusers)
-        diffusers_cn_cache: int = 2  # sim, spec 6 E2
+        diffusers_cn_cache: int = 2  # sim E2 (README.md)
         diffusers_lora_cache: int = 4
         base_replicas: int = 0  # sim E2: 2-GPU base replicas; 0 = the best split of the GPUs
         slo_factor: float = 1.5  # E2: p99 SLO = factor x Diffusers' unloaded p99 (when sim.p99_slo_s = 0)
         # Nirvana-like approximate caching: img2img from a cached similar result, strength 1 - K/50
         nirvana_k: int = 10
         nirvana_hit_rate: float = 1.0  # [R] sim E2: share of prompts with a similar cached result
-        # Backbone flags (spec 2.4): CPU has none of the CUDA paths; recorded, not applied.
+        # Backbone flags (config flags of the authors' code): CPU has none of the CUDA paths; recorded,
+        # not applied.
         cuda_graphs: bool = False
         channels_last: bool = False
         profile: SimProfile = field(default_factory=SimProfile)
@@ -93,7 +103,7 @@ class SwiftDiffusionSystem(System):
                                   f"{self.cfg.profile.steps}, got {self.cfg.k}")
             if self.cfg.variant == "distrifusion" and workload.sim.scenario != "e1":
                 raise ConfigError(f"system.variant: distrifusion is modelled for E1 only (its GPU count is not in "
-                                  f"the sources), got workload.sim.scenario={workload.sim.scenario!r}")
+                                  f"the sources), got workload.sim.scenario={workload.sim.scenario}")
             if workload.sim.scenario == "e3" and self.cfg.variant != "katz":
                 raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion), got {self.cfg.variant!r}")
             if self.cfg.nirvana_k >= self.cfg.profile.steps:
@@ -105,7 +115,7 @@ class SwiftDiffusionSystem(System):
         if self.cfg.variant != "katz" and (self.cfg.variant in ("diffusers", "distrifusion")
                                            or workload.scenario not in BASELINE_SCENARIOS):
             raise ConfigError(f"system.variant: {self.cfg.variant} runs real scenario(s) {', '.join(BASELINE_SCENARIOS)} "
-                              f"only (sim otherwise; real {workload.scenario!r} runs its controls in the swiftdiffusion job)")
+                              f"only (sim otherwise; real '{workload.scenario}' runs its controls in the swiftdiffusion job)")
         for k in [self.cfg.nirvana_k, *workload.nirvana_k_grid]:
             if not 0 <= k < NIRVANA_STEPS:
                 raise ConfigError(f"system.nirvana_k / workload.nirvana_k_grid (steps skipped of {NIRVANA_STEPS}) "

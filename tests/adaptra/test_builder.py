@@ -77,7 +77,7 @@ def test_finishes_within_bound(seed):
     base = 3 * N * S * math.ceil(t_o / tl.delta_s - 1e-9)
     assert tl.makespan_steps <= tl.max_steps
     if not any(c):
-        assert tl.max_steps == base  # the spec's 3·N·S·⌈t_o/δ⌉ when no link is slow
+        assert tl.max_steps == base  # 3·N·S·⌈t_o/δ⌉ when no link is slow
     assert tl.max_steps == base + 2 * N * sum(math.ceil(x / tl.delta_s - 1e-9) for x in c)
 
 
@@ -123,8 +123,9 @@ def test_zb_equals_adaptra_without_delay(S, N):
 
 @pytest.mark.parametrize("c_ms", [0, 10, 20, 30, 40, 60])
 def test_adapted_schedule_absorbs_delay(c_ms):
-    # spec §2.1: with Δ from Alg. 2 the no-cascade condition holds, so a delay c on link (0,1)
-    # costs at most c plus one step (the spec §5 reference: 750..810 ms for t = 10 ms, N = 24).
+    # With Δ from Alg. 2 the paper's no-cascade condition holds, so a delay c on link (0,1)
+    # costs at most c plus one step (our simulator reference [R], impl/adaptra/README.md:
+    # 750..810 ms for t = 10 ms, N = 24).
     S, N, t = 4, 24, 10 * MS
     c = [c_ms * MS, 0.0, 0.0]
     warmup = adapt_warmup([t] * S, [t] * S, c, N)

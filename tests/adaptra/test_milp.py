@@ -1,4 +1,4 @@
-"""MILP oracle of the scheduler gap (spec adaptra §3 item 5, §6 S8)."""
+"""MILP oracle of the scheduler gap (scenario S8, impl/adaptra/README.md)."""
 import itertools
 import random
 

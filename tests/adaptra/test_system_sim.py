@@ -1,4 +1,5 @@
-"""ADAPTRA and baselines in sim mode: the spec's reference numbers and the paper's bands."""
+"""ADAPTRA and baselines in sim mode: our simulator reference [R] (impl/adaptra/README.md) and
+the paper's bands."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ def it_time(system, extra, tmp_path):
 
 
 def test_spec_reference_zb_and_adaptra(tmp_path):
-    # adaptra.md 5: S=4, N=24, t=10 ms, 60 ms on link 0-1 (no HOL): ZB 1440 ms, Adaptra 810 ms.
+    # Simulator reference [R] (impl/adaptra/README.md): S=4, N=24, t=10 ms, 60 ms on link 0-1 (no HOL): ZB 1440 ms, Adaptra 810 ms.
     zb = it_time("zb", [*REF, "system.comm=latency"], tmp_path)
     assert zb == pytest.approx(1.440, abs=1e-9)
     res = run_job(["system=adaptra", *REF], tmp_path)
@@ -26,7 +27,7 @@ def test_spec_reference_zb_and_adaptra(tmp_path):
 
 def test_zb_uncapped_is_zb_at_uniform_ops(tmp_path):
     # Uniform op times and N >= 2S-1: the paper simulator's uncapped ZB is the capped one (the
-    # spec 5 reference, 1440 ms); the schedule-level tests cover tB != tF.
+    # simulator reference, 1440 ms); the schedule-level tests cover tB != tF.
     ref = [*REF, "system.comm=latency"]
     assert it_time("zb_uncapped", ref, tmp_path) == it_time("zb", ref, tmp_path) == pytest.approx(1.440, abs=1e-9)
 

@@ -1,5 +1,6 @@
 """Hydraulis per-step planner speed: one 60k-token step of the 7B preset's length distribution
-over the four candidate strategy sets (spec 2.4), timed by pytest-benchmark
+over the four candidate strategy sets (per-iteration planning as in the authors' code, PKU-DAIR/Hetu
+`examples/hydraulis`), timed by pytest-benchmark
 (``--benchmark-enable``); without it, one run checked against the plan invariants."""
 from __future__ import annotations
 

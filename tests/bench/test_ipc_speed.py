@@ -1,4 +1,5 @@
-"""Spec 5C: 8 MiB of activations to a spawned worker (1 thread) and back, through the CPU LoRA
+"""CaraServe's IPC check (our reconstruction; `impl/caraserve/README.md`, "IPC and cost-law
+measurements"): 8 MiB of activations to a spawned worker (1 thread) and back, through the CPU LoRA
 worker's shared-memory ring + sequence flag vs ``multiprocessing.Queue`` (pickling both ways).
 The worker negates (``negate_job``), so each path moves 8 MiB in and 8 MiB out. Expect shm
 several times faster. Time with ``pytest tests/bench/test_ipc_speed.py --benchmark-enable``;

@@ -1,4 +1,4 @@
-"""Spec 5D cost-law job (system=caraserve_cost_law): the fit picks the law that generated the
+"""The cost-law job (system=caraserve_cost_law; impl/caraserve/README.md): the fit picks the law that generated the
 data; a tiny real run through the harness records finite fits; sim mode is refused."""
 from __future__ import annotations
 

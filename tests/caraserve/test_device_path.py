@@ -12,7 +12,7 @@ fails as it did there:
 
 Tolerances (the CPU path computes in fp32 on the host, the device path in the model's dtype):
 fp64 device vs fp32 CPU deltas 1e-6 absolute on logits of magnitude ~1; cuda fp32 1e-4 (TF32 and
-kernel order); cuda bf16 2e-2 relative to the logits' scale (spec caraserve.md 7, fp16 GPU).
+kernel order); cuda bf16 2e-2 relative to the logits' scale (our [R] fp16/bf16 GPU tolerance, impl/caraserve/README.md).
 """
 from __future__ import annotations
 

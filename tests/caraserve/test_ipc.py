@@ -1,4 +1,4 @@
-"""Spec 5C transports: the shared-memory ring and the ``multiprocessing.Queue`` baseline both
+"""IPC benchmark transports (impl/caraserve/README.md): the shared-memory ring and the ``multiprocessing.Queue`` baseline both
 return exactly the worker's ``-x``, byte for byte (timings: tests/bench/test_ipc_speed.py)."""
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def test_the_record_says_which_popularity(tmp_path):
     wl = ServingWorkload(trace=ServingTrace(num_requests=40, rate_rps=5.0, output_median=10),
                          adapters=ServingAdapters(num_adapters=100, popularity="lognormal"), num_servers=2)
     out = system().run(job(tmp_path, wl))
-    assert out.info["popularity"] == {"kind": "lognormal", "stand_in_for": "MAF (Azure Functions 2019), spec caraserve.md 10",
+    assert out.info["popularity"] == {"kind": "lognormal", "stand_in_for": "MAF (Azure Functions 2019), impl/caraserve/README.md [R]",
                                       "sigma": 3.54, "groups": 2}
 
 

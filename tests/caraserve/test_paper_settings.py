@@ -37,7 +37,7 @@ def test_measured_table_is_reproduced_at_its_own_points_and_interpolated_by_byte
     assert cost(lora_sites=4).load_s(48) == pytest.approx(20.6e-3)
     times = [c.load_s(r) for r in (1, 4, 8, 16, 64, 128, 256)]
     assert all(a < b for a, b in zip(times, times[1:])) and times[0] > 0
-    # ~2.4x the roofline price of the same adapter (spec 9: ~4-5 GB/s effective, not 22 GB/s)
+    # ~2.4x the roofline price of the same adapter (paper v1 Fig. 3-right: ~4-5 GB/s effective, not 22 GB/s)
     roof = cost(lora_sites=3, load_model="roofline")
     assert roof.load_model_used == "roofline" and 2.0 < c.load_s(64) / roof.load_s(64) < 3.0
 

@@ -1,4 +1,4 @@
-"""Rank-aware router (spec caraserve.md 2.5): the numpy fast path decides exactly as the plain
+"""Rank-aware router (paper; weights [R], impl/caraserve/README.md "Router"): the numpy fast path decides exactly as the plain
 per-request loop, and the marginal cost does not pile requests onto busy servers."""
 from __future__ import annotations
 

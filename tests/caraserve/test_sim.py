@@ -58,7 +58,7 @@ def test_ttft_order_cached_cara_ondmd(tmp_path, seed, load_model):
     assert lat["caraserve"] <= lat["ondmd"] * (1 + 1e-9)
     # paired by request: CaraServe never below CACHED, nor ONDMD below CaraServe, beyond 2
     # standard errors of the per-request differences (the trajectories part at the first
-    # iteration priced differently; the simulator's own check, spec 7)
+    # iteration priced differently; the simulator's own TTFT-order check [R])
     for lo, hi in (("cached", "caraserve"), ("caraserve", "ondmd")):
         d = ttft[hi] - ttft[lo]
         assert d.mean() >= -2 * d.std(ddof=1) / np.sqrt(len(d)), (lo, hi, d.mean())
@@ -132,7 +132,7 @@ def test_cpu_input_shares_cores_and_link():
 
 
 def test_cpu_path_overlaps_only_its_own_base_gemm():
-    """Spec 2.1: y = base + delta waits for the delta at each LoRA input, so the CPU path of q/k/v
+    """The paper's request path: y = base + delta waits for the delta at each LoRA input, so the CPU path of q/k/v
     hides behind the q/k/v GEMM only and o's behind the o GEMM; attention and MLP hide nothing.
     The layer is never priced below the resident device layer."""
     c = build_cost(system(), job("/tmp"))

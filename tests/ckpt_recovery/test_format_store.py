@@ -1,4 +1,4 @@
-"""Checkpoint format and commit protocol (spec ckpt_recovery 2.3, 2.4, invariants 7)."""
+"""Checkpoint format and commit protocol (impl/ckpt_recovery/README.md, "Tests")."""
 from __future__ import annotations
 
 import json

@@ -88,7 +88,7 @@ def test_preset_is_refused_without_cuda_in_one_line():
     (["system=restart_all"], r"policy: 'restart_all' does not run real.scenario=one_gpu"),
     (["workload.tp=2", "workload.num_gpus=2"], r"real.scenario=one_gpu runs one process"),
     (["system.real.ckpt_every=9"], r"real.ckpt_every: 9 must be in 1..workload.iterations \(2\)"),
-    (["system.real.scenario=x"], r"real.scenario: unknown value 'x'"),
+    (["system.real.scenario=x"], r"real.scenario: Invalid value 'x', expected one of \[recovery, one_gpu\]"),
     (["system.real.splits=7"], r"7"),
 ])
 def test_bad_one_gpu_input_is_one_line(override, msg):

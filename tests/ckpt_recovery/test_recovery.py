@@ -1,4 +1,4 @@
-"""The recovery loop's decisions (spec ckpt_recovery 2.1, 2.2, 3): re-plan on every survivor vs
+"""The recovery loop's decisions: re-plan on every survivor vs
 the baselines' homogeneous fit, a kill in the middle of a save, bad input to the real mode."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Resharded load (spec ckpt_recovery 2.5, invariant 'bit-exact reshard')."""
+"""Resharded load: bit-exact, each split read exactly once (impl/ckpt_recovery/README.md, "Tests")."""
 from __future__ import annotations
 
 from collections import Counter

@@ -1,4 +1,4 @@
-"""Reproducible resume through the real recovery loop (spec ckpt_recovery 7): same-layout resume
+"""Reproducible resume through the real recovery loop: same-layout resume
 is bitwise the uninterrupted run; a cross-layout resume is bitwise a fault-free run loading the
 same checkpoint into that layout (and close to the old layout's curve)."""
 from __future__ import annotations

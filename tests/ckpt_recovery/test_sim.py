@@ -1,4 +1,4 @@
-"""Checkpoint-recovery sim (spec ckpt_recovery 6): ranking by ETTR over the sim's own output,
+"""Checkpoint-recovery sim (impl/ckpt_recovery/README.md, "Sim"): ranking by ETTR over the sim's own output,
 S4 idling, the failure model's rate, Young/Daly, determinism, I/O counts from the plan code."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from faults.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim.scenario import POLICY_MODELS, Scenario, canonical, failure_trace, fault_metrics, poisson_metrics
 from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.sim.cost import save_cost, young_daly_s
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import HardwareProfile, load_hardware
 from impl.common.storage.emulator import paper_profile
 from impl.common.workloads.hybrid import HybridWorkload
 
@@ -21,7 +21,7 @@ POLICIES = tuple(POLICY_MODELS)
 
 
 def _hw() -> HardwareProfile:
-    return HardwareProfile(**OmegaConf.to_container(OmegaConf.load("conf/hardware/h100-sxm.yaml")))
+    return load_hardware("h100-sxm")
 
 
 def _wl(name: str) -> HybridWorkload:

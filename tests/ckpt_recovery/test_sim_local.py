@@ -1,4 +1,4 @@
-"""Spec 2.1's local-copy option in the sim (``sim.local_copies``): off by default and then the
+"""The local-copy option (after the authors' code) in the sim (``sim.local_copies``): off by default and then the
 record is today's; with one copy a load reads from storage only the files that lost every copy."""
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, 
 from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.system import CkptRecovery
 from impl.common.api import ConfigError, JobContext
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import HardwareProfile, load_hardware
 from impl.common.storage.emulator import paper_profile
 from impl.common.workloads.hybrid import HybridWorkload
 
 
 def _hw() -> HardwareProfile:
-    return HardwareProfile(**OmegaConf.to_container(OmegaConf.load("conf/hardware/h100-sxm.yaml")))
+    return load_hardware("h100-sxm")
 
 
 def _wl(name: str) -> HybridWorkload:

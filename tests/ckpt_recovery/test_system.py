@@ -1,5 +1,5 @@
 """Checkpoint-recovery harness system: presets compose, policies and modes, bad input is one
-line naming the field (spec ckpt_recovery; harness contract)."""
+line naming the field (the harness contract)."""
 from __future__ import annotations
 
 import pytest

@@ -31,7 +31,8 @@ class CommModel:
     queue_depth: Optional[int] = 1
     # delegated: K delegate workers per (stage, direction).
     delegates: int = 3
-    # delegated: CPU transfer is this much slower than GPU-direct RDMA (spec §6: 1.1-1.2x).
+    # delegated: CPU transfer is this much slower than GPU-direct RDMA ([R] 1.1-1.2x,
+    # impl/adaptra/README.md).
     cpu_penalty: float = 1.15
     # Post each run of consecutive SEND/RECV actions (between two compute ops) as one batch,
     # sends first, as Megatron's batch_isend_irecv does (batch_p2p_comm, on by default). The

@@ -22,7 +22,7 @@ GLUE = dict(activation_bytes_per_s={"fp32": 2e9}, elementwise_bytes_per_s={"fp32
 def test_linear_rate_prices_linears_only():
     lin = UNetOp("b.ff", "linear", 64, 2e9, 0, 0, 0)
     conv = UNetOp("c", "conv", 64, 2e9, 0, 0, 0, kernel=1)
-    base, hw = HardwareProfile(**BASE), HardwareProfile(**BASE, linear_flops={"fp32": 50e9})
+    base, hw = HardwareProfile(**BASE), HardwareProfile(**BASE).with_diffusion(linear_flops={"fp32": 50e9})
     assert op_time_s(lin, hw, "fp32", launch_s=0) == pytest.approx(0.04)
     assert op_time_s(lin, base, "fp32", launch_s=0) == pytest.approx(0.02)  # absent: the matmul rate
     assert op_time_s(conv, hw, "fp32", launch_s=0) == op_time_s(conv, base, "fp32", launch_s=0)
@@ -59,7 +59,7 @@ def test_glue_trace_matches_the_cpu_forward():
 
 def test_glue_priced_only_on_profiles_with_glue_rates():
     ops, glue = trace_unet_ops(SMALL, batch=2), trace_unet_glue(SMALL, batch=2)
-    base, hw = HardwareProfile(**BASE), HardwareProfile(**BASE, **GLUE)
+    base, hw = HardwareProfile(**BASE), HardwareProfile(**BASE).with_diffusion(**GLUE)
     # datasheet-like profile: glue changes nothing (the norms' ELEMENTWISE_PASSES stand for it)
     assert dense_step_time_s(ops, base, "fp32", glue=glue) == dense_step_time_s(ops, base, "fp32")
     assert all(glue_time_s(g, base, "fp32") == 0.0 for g in glue)
@@ -81,7 +81,7 @@ def test_sparse_step_glue_scales_inside_sparse_blocks_only():
                       up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"], cross_attention_dim=16,
                       attention_head_dim=4, norm_num_groups=8)
     ops, glue = trace_unet_ops(shape, batch=2), trace_unet_glue(shape, batch=2)
-    hw = HardwareProfile(**BASE, **GLUE)
+    hw = HardwareProfile(**BASE).with_diffusion(**GLUE)
     lhw = (32, 32)
     th = Thresholds(conv_min=64, linear_min=64, attn_min=64)
     mask = torch.zeros(lhw, dtype=torch.bool)

@@ -62,12 +62,13 @@ def test_cost_model_conv_flops():
 
 def test_attention_rate_prices_the_attention_core_only():
     from impl.common.diffusion.cost import UNetOp, op_time_s
-    from impl.common.hardware import HardwareProfile
+    from impl.common.hardware import DiffusionRates, HardwareProfile
 
     core = UNetOp("a.core", "attn_core", 64, 2e9, 0, 0, 0)
     lin = UNetOp("a.to_q", "linear", 64, 2e9, 0, 0, 0)
     base = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, memory_bw_bytes_per_s=1e12, mfu=1.0)
-    hw = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, attn_flops={"fp32": 50e9}, memory_bw_bytes_per_s=1e12,
+    hw = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, diffusion=DiffusionRates(attn_flops={"fp32": 50e9}),
+                         memory_bw_bytes_per_s=1e12,
                          mfu=1.0)
     assert op_time_s(core, hw, "fp32", launch_s=0) == pytest.approx(0.04)
     assert op_time_s(lin, hw, "fp32", launch_s=0) == op_time_s(lin, base, "fp32", launch_s=0) == pytest.approx(0.02)

@@ -1,5 +1,5 @@
 """Every datasheet profile in conf/hardware validates against HardwareProfile and agrees with
-itself, with its sibling GPUs and with the figures the paper specs quote."""
+itself, with its sibling GPUs and with the figures the systems' READMEs quote."""
 from __future__ import annotations
 
 import dataclasses
@@ -71,6 +71,29 @@ def test_unknown_key_is_an_error(tmp_path):
         load(bad)
 
 
+@pytest.mark.parametrize("path", PROFILE_PATHS, ids=lambda p: p.stem)
+def test_profile_sections_are_typed(path):
+    # issue 41: the diffusion engines' rates and the step model's inputs are sections of their own
+    from impl.common.hardware import DiffusionRates, MegatronSection, load_hardware
+
+    raw = OmegaConf.load(path)
+    assert set(raw["megatron"].keys()) == {f.name for f in dataclasses.fields(MegatronSection)}
+    hw = load_hardware(str(path))
+    assert isinstance(hw.diffusion, DiffusionRates) and isinstance(hw.megatron, MegatronSection)
+    assert hw.megatron.carried_from and (HW_DIR / f"{hw.megatron.carried_from}.yaml").is_file()
+
+
+def test_a_flat_diffusion_rate_is_one_line_naming_its_new_place(tmp_path):
+    from impl.common.api import ConfigError
+    from impl.common.hardware import load_hardware
+
+    old = tmp_path / "old.yaml"
+    old.write_text((HW_DIR / "a100-80g.yaml").read_text().replace("diffusion: {}", "conv_flops: {fp32: 1.0e12}"))
+    with pytest.raises(ConfigError, match=r"hardware\.conv_flops: moved to hardware\.diffusion\.conv_flops") as e:
+        load_hardware(str(old))
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("name", GPU_PROFILES)
 def test_gpu_dtype_ordering(name):
     hw = profile(name)
@@ -123,6 +146,7 @@ def test_datasheet_headlines():
 
 
 def test_consistent_with_adaptra_spec_section_6():
+    # ADAPTRA's sim profiles [R] (impl/adaptra/README.md):
     # "A100 312 TF, NVLink 600 GB/s, IB 200 Gb/s, PCIe4 25 GB/s; H100 989 TF, 900 GB/s,
     #  400 Gb/s, PCIe5 50 GB/s; H800 = H100 with NVLink 400 GB/s" at MFU 0.4.
     cases = [("a100-80g", 312e12, 600e9, 200e9 / 8, 25e9), ("h100-sxm", 989e12, 900e9, 400e9 / 8, 50e9),
@@ -133,5 +157,5 @@ def test_consistent_with_adaptra_spec_section_6():
         assert hw.peak_flops["bf16"] == pytest.approx(tf, rel=1e-3), name
         assert 2 * hw.intra_node_bw_bytes_per_s == pytest.approx(nvlink_bidir), name
         assert hw.inter_node_bw_bytes_per_s == pytest.approx(ib), name
-        # The spec's PCIe figure is an achievable rate: comm_efficiency x the per-direction peak.
+        # The quoted PCIe figure is an achievable rate: comm_efficiency x the per-direction peak.
         assert hw.comm_efficiency * hw.host_link_bw_bytes_per_s == pytest.approx(pcie_achieved, rel=0.03), name

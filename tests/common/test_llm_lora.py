@@ -1,4 +1,4 @@
-"""Multi-LoRA invariants (spec caraserve.md 7) on a toy Llama with PEFT-created adapters."""
+"""Multi-LoRA invariants on a toy Llama with PEFT-created adapters."""
 from __future__ import annotations
 
 import copy

@@ -30,7 +30,7 @@ def test_every_gemm_shape_within_10pct_on_the_h100_profile(h100):
     gemms = [r for r in ROWS if r["kind"] == "gemm"]
     assert len(gemms) == 63
     for r in gemms:
-        t = float(gemm_s(h100.kernels, r["m"], r["n"], r["k"]))
+        t = float(gemm_s(h100.megatron.kernels, r["m"], r["n"], r["k"]))
         assert t == pytest.approx(r["s"], rel=0.10), r
 
 
@@ -38,11 +38,11 @@ def test_every_attention_length_within_10pct_on_the_h100_profile(h100):
     m = MegatronModel(arch="llama", num_layers=1, hidden=4096, ffn_hidden=11008, heads=32, vocab=32000)
     for r in (r for r in ROWS if r["kind"] == "attn"):
         s = float(r["s"])
-        fwd, bwd = attn_fwd_bwd_s(h100.kernels, s, s * s, r["heads"], r["head_dim"])
+        fwd, bwd = attn_fwd_bwd_s(h100.megatron.kernels, s, s * s, r["heads"], r["head_dim"])
         assert float(fwd) == pytest.approx(r["fwd_s"], rel=0.10)
         assert float(fwd + bwd) == pytest.approx(r["fwdbwd_s"], rel=0.10)
         # The step model's attention term (tp 1, no recompute) is the same lookup.
-        assert float(attention_s(m, 1, s, s * s, h100.kernels)) == pytest.approx(r["fwdbwd_s"], rel=0.10)
+        assert float(attention_s(m, 1, s, s * s, h100.megatron.kernels)) == pytest.approx(r["fwdbwd_s"], rel=0.10)
 
 
 def test_interpolation_between_measured_rows_is_within_15pct():
@@ -60,19 +60,19 @@ def test_interpolation_between_measured_rows_is_within_15pct():
 
 
 def test_small_rows_run_under_the_large_row_rate_and_attention_rate_rises(h100):
-    t = gemm_s(h100.kernels, np.array([128.0, 2048.0, 16384.0]), 12288, 4096)
+    t = gemm_s(h100.megatron.kernels, np.array([128.0, 2048.0, 16384.0]), 12288, 4096)
     rate = 2 * np.array([128.0, 2048.0, 16384.0]) * 12288 * 4096 / t
     assert rate[0] < 0.5 * rate[2] and rate[1] > 0.85 * rate[2]
-    f1, _ = attn_fwd_bwd_s(h100.kernels, 1024.0, 1024.0 ** 2, 32, 128)
-    f32, _ = attn_fwd_bwd_s(h100.kernels, 32768.0, 32768.0 ** 2, 32, 128)
+    f1, _ = attn_fwd_bwd_s(h100.megatron.kernels, 1024.0, 1024.0 ** 2, 32, 128)
+    f32, _ = attn_fwd_bwd_s(h100.megatron.kernels, 32768.0, 32768.0 ** 2, 32, 128)
     assert (32.0 ** 2 * float(f1)) / float(f32) > 3.0  # the forward rate rises > 3x from 1K to 32K
 
 
 def test_tables_carried_by_compute_and_bandwidth_ratios(h100):
     a800, h800 = load_hardware("a800-80g-megatron"), load_hardware("h800-megatron")
-    big = float(gemm_s(h100.kernels, 16384, 12288, 4096))
-    assert float(gemm_s(a800.kernels, 16384, 12288, 4096)) == pytest.approx(big * 989.4 / 312.0, rel=1e-6)
-    assert float(gemm_s(h800.kernels, 16384, 12288, 4096)) == pytest.approx(big, rel=1e-6)
+    big = float(gemm_s(h100.megatron.kernels, 16384, 12288, 4096))
+    assert float(gemm_s(a800.megatron.kernels, 16384, 12288, 4096)) == pytest.approx(big * 989.4 / 312.0, rel=1e-6)
+    assert float(gemm_s(h800.megatron.kernels, 16384, 12288, 4096)) == pytest.approx(big, rel=1e-6)
     # A weight-streaming GEMM of few rows is floored by its bytes over the A800's HBM.
-    small = float(gemm_s(a800.kernels, 128, 12288, 4096))
+    small = float(gemm_s(a800.megatron.kernels, 128, 12288, 4096))
     assert small >= 2 * (128 * 4096 + 12288 * 4096 + 128 * 12288) / 2039e9

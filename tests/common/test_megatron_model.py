@@ -122,17 +122,17 @@ def test_seq_cost_bridge_is_the_step_model_for_one_micro_batch(hw):
     a, b, c = seq_cost_terms(GPT7B, lay, hw)
     docs = [3000, 1500]
     F = features(GPT7B, lay, hw, work_from_microbatches([[docs]]))
-    t = (F.T[0, 0, 0] @ theta_of(hw, hw.megatron)).max()
+    t = (F.T[0, 0, 0] @ theta_of(hw, hw.megatron.knobs)).max()
     assert a * sum(x * x for x in docs) + b * sum(docs) + c == pytest.approx(t, rel=0.06)
     one = features(GPT7B, lay, hw, work_from_microbatches([[[8192]]]))
-    t1 = (one.T[0, 0, 0] @ theta_of(hw, hw.megatron)).max()
+    t1 = (one.T[0, 0, 0] @ theta_of(hw, hw.megatron.knobs)).max()
     assert a * 8192 ** 2 + b * 8192 + c == pytest.approx(t1, rel=1e-9)
     shape = ModelShape(name="l7", num_layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, seq_len=4096)
     fitted, datasheet = seq_cost(shape, StrategyLayout(2, 4, 1), hw), seq_cost(shape, StrategyLayout(2, 4, 1), load_hardware("h100-sxm"))
     assert fitted.source == "megatron-step"
     assert (datasheet.a, datasheet.b, datasheet.c) == pytest.approx((fitted.a, fitted.b, fitted.c), rel=1e-12)
     # A 5% slower GEMM table moves the price (the table, not an efficiency constant, decides it).
-    slow = dataclasses.replace(hw, megatron=dataclasses.replace(hw.megatron, gemm_time_factor=1.05 * hw.megatron.gemm_time_factor))
+    slow = hw.with_megatron(knobs=dataclasses.replace(hw.megatron.knobs, gemm_time_factor=1.05 * hw.megatron.knobs.gemm_time_factor))
     assert seq_cost(shape, StrategyLayout(2, 4, 1), slow).b > 1.02 * fitted.b
 
 
@@ -153,11 +153,11 @@ def test_hybrid_cost_model_layer_time_is_the_step_models_on_every_profile():
     m = MegatronModel.from_shape(shape)
     assert hc.layer_time_s(4) == pytest.approx(layer_time_s(m, 4, 4096.0, 4096.0 ** 2, cal), rel=1e-12)
     lay = MegatronLayout(dp=1, tp=4, pp=4, mbs=1, gbs=1, context=4096)
-    stage1 = (features(m, lay, cal).T[0, 0, 0, 1] @ theta_of(cal, cal.megatron))  # a middle stage: 8 layers + p2p
+    stage1 = (features(m, lay, cal).T[0, 0, 0, 1] @ theta_of(cal, cal.megatron.knobs))  # a middle stage: 8 layers + p2p
     assert stage1 > 8 * hc.layer_time_s(4)
     hd = HybridCostModel.build(wl, ds)
     assert hd.layer_time_s(4) == pytest.approx(hc.layer_time_s(4), rel=1e-12)
-    assert hd.intra_bw_bytes_per_s == pytest.approx(cal.megatron.intra_node_bus_bw_bytes_per_s)
+    assert hd.intra_bw_bytes_per_s == pytest.approx(cal.megatron.knobs.intra_node_bus_bw_bytes_per_s)
     with pytest.raises(ConfigError, match="workload.dtype: fp32"):  # the step model prices bf16 steps only
         HybridCostModel.build(SimpleNamespace(**{**vars(wl), "dtype": "fp32"}), ds)
 
@@ -171,7 +171,7 @@ def test_pipeline_stage_costs_take_the_step_models_layer():
     shape = ModelShape(name="g7", num_layers=32, hidden=4096, heads=32, ffn_mult=4, vocab=50304, seq_len=2048)
     sc = stage_costs(shape, 4, 2, "fp16", 2, hw)
     f = layer_terms(MegatronModel.from_shape(shape), 2, 4096.0, 2 * 2048.0 ** 2, hw, 8)
-    th = theta_of(hw, hw.megatron)
+    th = theta_of(hw, hw.megatron.knobs)
     per_layer = sum(f[k] * th[k] for k in (F_GEMM, F_ELEM, F_ATTN, F_LAYERS))
     assert sc.tw_s[0] == pytest.approx(8 * per_layer / 3, rel=1e-12)
     assert sc.tf_s[0] > sc.tw_s[0] and sc.tb_s == sc.tf_s
@@ -184,12 +184,12 @@ def test_derived_profiles_scale_links_and_keep_headroom():
     h100, a800, a100 = (load_hardware(n) for n in ("h100-megatron", "a800-80g-megatron", "a100-40g-megatron"))
     for d, ds in ((a800, "a800-80g"), (a100, "a100-40g")):
         raw = load_hardware(ds)
-        assert d.megatron.gemm_time_factor == h100.megatron.gemm_time_factor
-        assert d.kernels is not None and len(d.kernels.gemm) == len(h100.kernels.gemm)
-        assert d.megatron.intra_node_bus_bw_bytes_per_s / h100.megatron.intra_node_bus_bw_bytes_per_s == \
+        assert d.megatron.knobs.gemm_time_factor == h100.megatron.knobs.gemm_time_factor
+        assert d.megatron.kernels is not None and len(d.megatron.kernels.gemm) == len(h100.megatron.kernels.gemm)
+        assert d.megatron.knobs.intra_node_bus_bw_bytes_per_s / h100.megatron.knobs.intra_node_bus_bw_bytes_per_s == \
             pytest.approx(raw.intra_node_bw_bytes_per_s / h100.intra_node_bw_bytes_per_s)
-        assert raw.memory_bytes - d.megatron.allocatable_bytes == \
-            pytest.approx(h100.memory_bytes - h100.megatron.allocatable_bytes)
+        assert raw.memory_bytes - d.megatron.knobs.allocatable_bytes == \
+            pytest.approx(h100.memory_bytes - h100.megatron.knobs.allocatable_bytes)
         assert d.calibration["derived_from"] == "h100-megatron"
 
 
@@ -202,20 +202,20 @@ def test_step_profile_follows_every_override_of_the_same_profile():
     carried = step_knobs(h800)
     t = {}
     for lo in (0.001, 0.003):  # the same profile name with fitted knobs but no tables of its own
-        hw = dataclasses.replace(h800, megatron=dataclasses.replace(carried, layer_overhead_s=lo))
+        hw = h800.with_megatron(knobs=dataclasses.replace(carried, layer_overhead_s=lo))
         assert step_knobs(hw).layer_overhead_s == lo
         t[lo] = layer_time_s(m, 1, 4096.0, 4096.0 ** 2, hw)
     assert t[0.003] > t[0.001]
-    slow = dataclasses.replace(h800, kernels=dataclasses.replace(
-        step_profile(h800).kernels, gemm=[dataclasses.replace(g, s=[2 * x for x in g.s]) for g in step_profile(h800).kernels.gemm]))
-    assert step_profile(slow).kernels.gemm[0].s[0] == 2 * step_profile(h800).kernels.gemm[0].s[0]
+    slow = h800.with_megatron(kernels=dataclasses.replace(
+        step_profile(h800).megatron.kernels, gemm=[dataclasses.replace(g, s=[2 * x for x in g.s]) for g in step_profile(h800).megatron.kernels.gemm]))
+    assert step_profile(slow).megatron.kernels.gemm[0].s[0] == 2 * step_profile(h800).megatron.kernels.gemm[0].s[0]
 
 
 def test_a_profile_carried_from_itself_is_one_line():
     from impl.common.megatron.derive import step_profile
 
-    with pytest.raises(ConfigError, match="step_model_from must name a fitted profile"):
-        step_profile(dataclasses.replace(load_hardware("h800"), name="loop-a", step_model_from="loop-a"))
+    with pytest.raises(ConfigError, match="megatron.carried_from must name a fitted profile"):
+        step_profile(dataclasses.replace(load_hardware("h800").with_megatron(carried_from="loop-a"), name="loop-a"))
 
 
 def test_sequence_parallel_and_recompute_trade_memory_for_time(hw):
@@ -275,7 +275,7 @@ def test_fit_recovers_the_knobs_that_generated_the_measurements(launches, hw):
                                 layer_overhead_s=5e-4, iteration_overhead_s=0.3, activation_factor=1.1,
                                 logits_bytes=8.0, memory_overhead_bytes=1e9,
                                 allocatable_bytes=70e9)
-    base = dataclasses.replace(hw, megatron=None)  # keeps the kernel tables
+    base = hw.with_megatron(knobs=None)  # keeps the kernel tables
     sub = [la for la in launches if la.layout and la.model and not la.skip_reason][::6]
     priced = [p for p in megafit.featurize(sub, base) if p.feats is not None]
     for p in priced:

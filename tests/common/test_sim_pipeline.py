@@ -1,4 +1,4 @@
-"""Pipeline simulator: closed forms, spec §5/§7 properties, HOL, traces, determinism, errors."""
+"""Pipeline simulator: closed forms, the ZB simulator reference and ADAPTRA's theorem, HOL, traces, determinism, errors."""
 import json
 
 import pytest
@@ -18,7 +18,7 @@ from impl.common.sim import (
 
 LATENCY = CommModel("latency")
 NO_HOL = CommModel("in_stream", queue_depth=None)
-T_OP = 0.01  # spec §5 simulator reference: 10 ms ops
+T_OP = 0.01  # the ZB simulator reference (impl/adaptra/README.md): 10 ms ops
 
 
 def sched(name, S, N):
@@ -108,7 +108,7 @@ def test_zb_without_delay_has_only_the_fill_bubble(S, N):
     assert r.iteration_time_s == 3 * N + S - 1
 
 
-# ---- spec §5 simulator reference and §7 theorem -------------------------------------------
+# ---- ZB simulator reference and the paper's theorem ----------------------------------------
 
 def zb_times_ms(S, N, link, cs_ms, comm=LATENCY):
     schedule = sched("zb", S, N)
@@ -117,12 +117,12 @@ def zb_times_ms(S, N, link, cs_ms, comm=LATENCY):
 
 
 @pytest.mark.parametrize("S,N,link,cs_ms,spec_ms", [
-    (4, 12, (0, 1), [0, 10, 20], [390, 400, 440]),  # spec §4 "Sim, S=4, N=12, 10 ms ops"
-    (4, 24, (0, 1), [0, 10, 20, 30, 40, 60], [750, 760, 880, 1020, 1160, 1440]),  # spec §5
-    (4, 24, (2, 3), [60], [1560]),  # spec §5 "link (2,3) at 60"
+    (4, 12, (0, 1), [0, 10, 20], [390, 400, 440]),  # ADAPTRA paper: "Sim, S=4, N=12, 10 ms ops"
+    (4, 24, (0, 1), [0, 10, 20, 30, 40, 60], [750, 760, 880, 1020, 1160, 1440]),  # impl/adaptra/README.md [R]
+    (4, 24, (2, 3), [60], [1560]),  # same reference, link (2,3) at 60
 ])
 def test_zb_matches_spec_simulator_reference(S, N, link, cs_ms, spec_ms):
-    # The spec's reference has no HOL: the latency model (messages independent), with each
+    # The reference has no HOL: the latency model (messages independent), with each
     # comm batch posted sends-first (batch_p2p, the default).
     assert zb_times_ms(S, N, link, cs_ms) == pytest.approx(spec_ms, abs=1e-6)
 

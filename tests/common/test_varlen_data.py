@@ -15,7 +15,7 @@ def test_presets_match_their_definitions():
     rng = np.random.default_rng(0)
     cc = commoncrawl(32768).sample(40000, rng)
     assert abs(np.median(cc) / 700 - 1) < 0.04
-    # Spec 6: the stand-in puts ~97% of CommonCrawl sequences below 8K (exact: Phi(ln(8192/700)/1.25)).
+    # The stand-in puts ~97% of CommonCrawl sequences below 8K, as Hetu v2 / HSPMD (OSDI'26) Fig. 18 reports (exact: Phi(ln(8192/700)/1.25)).
     expected = 0.5 * (1 + math.erf(math.log(8192 / 700) / 1.25 / math.sqrt(2)))
     assert abs((cc < 8192).mean() - expected) < 0.005 and 0.96 < expected < 0.98
     gh = github(16384).sample(40000, rng)

@@ -1,4 +1,4 @@
-"""Packing rules, grouping and DP assignment: the invariants of HotSPa spec 7 over many seeds."""
+"""Packing rules, grouping and DP assignment: HotSPa's invariants over many seeds."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +17,7 @@ def _step(seed, n=64, dist=None):
 
 
 def _hotspa_reference(lengths, bound):
-    """HotSPa 2.3 written the slow, literal way: indices per micro-batch."""
+    """HotSPa's packing rule written the slow, literal way: indices per micro-batch."""
     unused = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     out = []
     while unused:
@@ -29,7 +29,7 @@ def _hotspa_reference(lengths, bound):
 
 
 def _greedy_reference(lengths, cap):
-    """Hydraulis 2.5 written literally: shortest opens a bin, then scan longest-first adding what fits."""
+    """Hydraulis's greedy packing written literally: shortest opens a bin, then scan longest-first adding what fits."""
     unused = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     out = []
     while unused:

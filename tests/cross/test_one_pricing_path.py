@@ -31,10 +31,10 @@ CASES = [
 
 def _gemm_scaled(hw: HardwareProfile, scale: float) -> HardwareProfile:
     base = step_profile(hw)
-    gemm = [dataclasses.replace(g, s=[t * scale for t in g.s]) for g in base.kernels.gemm]
-    kernels = dataclasses.replace(base.kernels, gemm=gemm, source=f"{base.kernels.source} x{scale} GEMM")
+    gemm = [dataclasses.replace(g, s=[t * scale for t in g.s]) for g in base.megatron.kernels.gemm]
+    kernels = dataclasses.replace(base.megatron.kernels, gemm=gemm, source=f"{base.megatron.kernels.source} x{scale} GEMM")
     # a new name: nothing cached per profile name may hand back the unscaled price
-    return dataclasses.replace(base, name=f"{base.name}-gemm-x{scale}", kernels=kernels)
+    return dataclasses.replace(base.with_megatron(kernels=kernels), name=f"{base.name}-gemm-x{scale}")
 
 
 def _price(preset: str, system: str, extra: list[str], metric: str, scale: float, tmp_path) -> float:
@@ -53,9 +53,9 @@ def _price(preset: str, system: str, extra: list[str], metric: str, scale: float
 def test_gemm_scaled_table_is_a_real_change():
     hw = step_profile(typed_job(compose_config(["experiment=malleus/s1"])).hardware)
     slow = _gemm_scaled(hw, GEMM_SCALE)
-    assert all(s == pytest.approx(GEMM_SCALE * t) for g0, g1 in zip(hw.kernels.gemm, slow.kernels.gemm)
+    assert all(s == pytest.approx(GEMM_SCALE * t) for g0, g1 in zip(hw.megatron.kernels.gemm, slow.megatron.kernels.gemm)
                for t, s in zip(g0.s, g1.s))
-    assert isinstance(slow.kernels.gemm[0], GemmSeries) and slow.megatron == hw.megatron
+    assert isinstance(slow.megatron.kernels.gemm[0], GemmSeries) and slow.megatron.knobs == hw.megatron.knobs
 
 
 @pytest.mark.parametrize("preset,system,extra,metric,kind", CASES, ids=[c[0] for c in CASES])

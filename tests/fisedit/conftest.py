@@ -3,8 +3,9 @@ import torch
 
 from impl.common.diffusion.pipelines import UNetShape, build_components
 
-# Spec 5's tiny UNet at a 16^2 latent: pool factors 1, 2, 4; thresholds (H/4)^2 = 16 cells for
-# conv/linear and (H/2)^2 = 64 for attention, so both sparse and dense attention run.
+# The tiny UNet of conf/workload/diffusion_edit_tiny.yaml at a 16^2 latent: pool factors 1, 2, 4;
+# thresholds (H/4)^2 = 16 cells for conv/linear and (H/2)^2 = 64 for attention, so both sparse and
+# dense attention run.
 TINY = UNetShape(sample_size=16)
 
 

@@ -1,4 +1,4 @@
-"""Engine invariants on a real diffusers UNet (spec 7)."""
+"""Engine invariants on a real diffusers UNet (impl/fisedit/README.md, "Correctness invariants")."""
 import pytest
 import torch
 

@@ -2,7 +2,6 @@
 at the profile's measured rates and charges host dispatch per torch call on a CPU profile;
 each only for the ops it is for, and a profile without them prices exactly as before. The call
 counts the sim charges are the ones the engine issues (counted on the engine itself)."""
-import dataclasses
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import torch
 from impl.common.diffusion.cost import TorchCallCounter, forward_torch_calls, trace_unet_ops
 from impl.common.diffusion.pipelines import UNetShape
 from impl.common.diffusion.windows import gather_cells, gather_tokens, scatter_cells, scatter_tokens
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import DiffusionRates, HardwareProfile
 from impl.fisedit import cost as costmodel
 from impl.fisedit.cost import (REFERENCE_BLOCK_EXTRA_CALLS, REFERENCE_SPARSE_CALLS, MaskFractions, Thresholds,
                                     extra_calls, op_fraction, step_cost)
@@ -18,7 +17,8 @@ from impl.fisedit.mask import synthetic_mask
 
 SHAPE = UNetShape(sample_size=16)
 HW = (16, 16)
-BASE = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, conv_flops={"fp32": 200e9}, memory_bw_bytes_per_s=40e9, mfu=1.0)
+BASE = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, diffusion=DiffusionRates(conv_flops={"fp32": 200e9}),
+                       memory_bw_bytes_per_s=40e9, mfu=1.0)
 OPS = trace_unet_ops(SHAPE, batch=2)
 TH = Thresholds.auto(HW)
 MASK = synthetic_mask(HW, 0.2, "rect", seed=0)
@@ -39,7 +39,7 @@ def _gs_ops(pred):
 
 
 def test_absent_fields_price_as_before():
-    same = dataclasses.replace(BASE, **{k: {"fp32": 40e9} for k in (
+    same = BASE.with_diffusion(**{k: {"fp32": 40e9} for k in (
         "cell_gather_bytes_per_s", "cell_scatter_bytes_per_s", "token_gather_bytes_per_s", "token_scatter_bytes_per_s")})
     for engine in ("fused", "reference"):
         a, b = _cost(BASE, engine=engine), _cost(same, engine=engine)
@@ -47,12 +47,12 @@ def test_absent_fields_price_as_before():
         # no host_dispatch_s (datasheet profiles): the call count changes nothing
         c = _cost(BASE, engine=engine, calls=5000)
         assert c.sparse_compute_s == a.sparse_compute_s and c.dense_s == a.dense_s
-    assert BASE.cell_gather_bw("fp32") == BASE.token_scatter_bw("fp32") == 40e9 and BASE.host_dispatch_s == 0.0
+    assert BASE.cell_gather_bw("fp32") == BASE.token_scatter_bw("fp32") == 40e9 and BASE.diffusion.host_dispatch_s == 0.0
 
 
 @pytest.mark.parametrize("kind", ["cell", "token"])
 def test_each_gather_rate_moves_only_its_ops(kind):
-    slow = dataclasses.replace(BASE, **{f"{kind}_gather_bytes_per_s": {"fp32": 2e9},
+    slow = BASE.with_diffusion(**{f"{kind}_gather_bytes_per_s": {"fp32": 2e9},
                                         f"{kind}_scatter_bytes_per_s": {"fp32": 1e9}})
     base, new = _cost(BASE), _cost(slow)
     assert new.dense_s == base.dense_s
@@ -67,7 +67,7 @@ def test_each_gather_rate_moves_only_its_ops(kind):
 
 def test_host_dispatch_charges_the_dense_calls_and_the_engines_extra_calls():
     d = 1e-6
-    cpu = dataclasses.replace(BASE, host_dispatch_s=d)
+    cpu = BASE.with_diffusion(host_dispatch_s=d)
     mf = MaskFractions(MASK, 2)
     for engine in ("fused", "reference"):
         base, new = _cost(BASE, engine=engine), _cost(cpu, engine=engine, calls=1000)

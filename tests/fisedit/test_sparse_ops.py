@@ -1,4 +1,5 @@
-"""Per-op invariants (spec 7): sparse == dense on active cells, == cache elsewhere."""
+"""Per-op invariants (impl/fisedit/README.md, "Correctness invariants"): sparse == dense on active
+cells, == cache elsewhere."""
 import pytest
 import torch
 from diffusers.models.attention import BasicTransformerBlock

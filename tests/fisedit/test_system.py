@@ -109,5 +109,6 @@ def test_sim_cache_dtype_follows_compute_dtype(tmp_path):
     auto32 = bytes_(tmp_path / "b", dtype="fp32")
     assert auto16["cache_dtype"] == "fp16" and auto32["cache_dtype"] == "fp32"
     assert auto32["cache_bytes_per_step"] == pytest.approx(2 * auto16["cache_bytes_per_step"])
-    # spec 2.1 [R]: the fp32 cache of SD 2.1 768 with CFG batch 2 is about 1 GB per step
+    # [R] (impl/fisedit/README.md, "Cache dtype"): the fp32 cache of SD 2.1 768 with CFG batch 2 is
+    # about 1 GB per step
     assert 0.8e9 < auto32["cache_bytes_per_step"] < 1.5e9

@@ -1,7 +1,6 @@
 """The sparse step prices a block-sparse conv's windows at the profile's measured window rates
 (``conv_window_flops``, ``window_gather/scatter_bytes_per_s``), only those convs, and a profile
 without them prices exactly as before."""
-import dataclasses
 
 import pytest
 import torch
@@ -9,13 +8,14 @@ import torch
 from impl.common.diffusion.cost import BYTES, op_time_s, trace_unet_ops
 from impl.common.diffusion.pipelines import UNetShape
 from impl.common.diffusion.windows import gather_windows, pad_for_windows, scatter_blocks
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import DiffusionRates, HardwareProfile
 from impl.fisedit.cost import MaskFractions, Thresholds, is_windowed, step_cost, window_elems
 from impl.fisedit.mask import synthetic_mask
 
 SHAPE = UNetShape(sample_size=16)
 HW = (16, 16)
-BASE = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, conv_flops={"fp32": 200e9}, memory_bw_bytes_per_s=40e9, mfu=1.0)
+BASE = HardwareProfile(name="t", peak_flops={"fp32": 100e9}, diffusion=DiffusionRates(conv_flops={"fp32": 200e9}),
+                       memory_bw_bytes_per_s=40e9, mfu=1.0)
 
 
 def _cost(hw, f=0.2, dense_mask=False):
@@ -26,7 +26,7 @@ def _cost(hw, f=0.2, dense_mask=False):
 
 def test_absent_window_fields_price_as_the_conv_rate_and_memory_bandwidth():
     # the same numbers written out as the fields = the fallback they replace: identical step
-    same = dataclasses.replace(BASE, conv_window_flops={"fp32": 200e9}, window_gather_bytes_per_s={"fp32": 40e9},
+    same = BASE.with_diffusion(conv_window_flops={"fp32": 200e9}, window_gather_bytes_per_s={"fp32": 40e9},
                                window_scatter_bytes_per_s={"fp32": 40e9})
     a, b = _cost(BASE)[2], _cost(same)[2]
     assert a.sparse_compute_s == b.sparse_compute_s and a.dense_s == b.dense_s
@@ -35,7 +35,7 @@ def test_absent_window_fields_price_as_the_conv_rate_and_memory_bandwidth():
 
 
 def test_window_rates_price_the_sparse_convs_only():
-    slow = dataclasses.replace(BASE, conv_window_flops={"fp32": 50e9}, window_gather_bytes_per_s={"fp32": 1e9},
+    slow = BASE.with_diffusion(conv_window_flops={"fp32": 50e9}, window_gather_bytes_per_s={"fp32": 1e9},
                                window_scatter_bytes_per_s={"fp32": 0.5e9})
     ops, mask, base = _cost(BASE)
     _, _, win = _cost(slow)

@@ -1,4 +1,5 @@
-"""The grid-rule Megatron baseline (spec hotspa 9) on the calibrated step model: the grid the
+"""The grid-rule Megatron baseline (the grid of the authors' Megatron-LM fork,
+`Sakura-gh/Megatron-LM` `long_seq:benchmark/generate_benchmark_scripts.py`) on the calibrated step model: the grid the
 authors' generator tried, only fitting layouts kept, the winner the fastest of them."""
 from __future__ import annotations
 

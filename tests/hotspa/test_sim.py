@@ -1,4 +1,4 @@
-"""HotSPa sim: invariants of spec 7 (sim side), switch-planner policies, presets, bad input."""
+"""HotSPa sim: invariants (sim side: impl/hotspa/README.md), switch-planner policies, presets, bad input."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from impl.common.api import ConfigError
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import HardwareProfile, load_hardware
 from impl.common.parallel.migration import POLICIES, held_units, plan_migration
 from impl.common.varlen.packing import assign_dp, check_packing, group_by_boundaries, hotspa_pack
 from impl.common.varlen.sampling import LengthStream
@@ -24,8 +24,7 @@ from impl.hotspa.system import HotSPa
 
 
 def _hw(name: str = "a800-80g") -> HardwareProfile:
-    d = OmegaConf.to_container(OmegaConf.load(f"conf/hardware/{name}.yaml"))
-    return HardwareProfile(**d)
+    return load_hardware(name)
 
 
 def _wl(name: str) -> VarlenWorkload:
@@ -44,14 +43,14 @@ def test_presets_load_and_drop_top_boundaries():
     assert p.boundaries("c1", 16384) == [16384, 4096, 0]
     assert p.boundaries("c2", 8192) == [8192, 4096, 0]
     assert p.boundaries("c2", 4096) == [4096, 0]
-    gp = p.group_plan("c1", "llama2-7b", 8, 16384)  # spec 2.2: (2,2,2) + (8,1,1)
+    gp = p.group_plan("c1", "llama2-7b", 8, 16384)  # the authors' 16K preset: (2,2,2) + (8,1,1)
     assert gp.strategies == (Strategy(2, 2, 2), Strategy(8, 1, 1))
     assert p.group_plan("c2", "llama-32b", 32, 32768).home == Strategy(1, 16, 2)
 
 
 def test_a100_preset_groups_and_strategies():
-    """Spec 2.1's A100 preset: {<=2K, 2-4K, 4-8K} at 8K; the 3B strategies of the artifact's
-    A100 script under c1 ({<=4K (8,1,1), 4-8K/4-16K (2,2,2), 16-32K (1,4,2)})."""
+    """The A100 preset (our reading of `examples/hotspa`): {<=2K, 2-4K, 4-8K} at 8K; the 3B
+    strategies of the artifact's A100 script under c1 ({<=4K (8,1,1), 4-8K/4-16K (2,2,2), 16-32K (1,4,2)})."""
     p = load_presets()
     assert p.boundaries("a100", 8192) == [8192, 4096, 2048, 0]
     assert p.boundaries("a100", 4096) == [4096, 2048, 0]
@@ -220,7 +219,7 @@ def test_megatron_static_strategy_fits_the_context():
 
 
 def test_ablation_knobs_replicas_and_buffer_fusion():
-    """Spec 3's ablations as priced: replicas drop the parameter switches but refresh every
+    """Our ablations as priced: replicas drop the parameter switches but refresh every
     replica after the update and keep the other strategies' bf16 params resident; unfused
     switches pay one latency per slice, so they are never cheaper than fused ones."""
     wl = dataclasses.replace(_wl("hotspa_32b_32gpu_cc"), steps=1)

@@ -1,4 +1,4 @@
-"""Strategy prices and planning memory (spec 2.1, 6; issue 40 "one pricing path"): the derived
+"""Strategy prices and planning memory (issue 40, README "One pricing path"): the derived
 price is the step model's seq_cost, the cap the shared step-model memory's maxlen rounded to 128,
 the authors' published tables an opt-in source, the fit path the same ReplicaCost."""
 from __future__ import annotations
@@ -37,8 +37,8 @@ def test_layer_overhead_knob_moves_the_derived_constant(model7b):
     """The hardware's fitted per-layer overhead is what a strategy's c is made of (the knob the
     sensitivity preset sweeps): doubling it adds 32 x the old value per micro-batch on (4,1)."""
     hw = hardware("a800-80g-megatron")
-    k = hw.megatron
-    hw2 = dataclasses.replace(hw, megatron=dataclasses.replace(k, layer_overhead_s=2 * k.layer_overhead_s))
+    k = hw.megatron.knobs
+    hw2 = hw.with_megatron(knobs=dataclasses.replace(k, layer_overhead_s=2 * k.layer_overhead_s))
     mem, mem2 = StrategyMemory.for_job(model7b, hw, 16), StrategyMemory.for_job(model7b, hw2, 16)
     r, r2 = (strategy_cost(model7b, h, m, CostSpec(), 4, 1) for h, m in ((hw, mem), (hw2, mem2)))
     assert r2.c - r.c == pytest.approx(32 * k.layer_overhead_s * 1e3, rel=1e-6)
@@ -58,7 +58,7 @@ def test_cap_is_the_shared_memory_models_maxlen_rounded_to_128(model7b, a800, co
 
 
 def test_optimizer_is_sharded_over_every_gpu_of_the_job(model7b, a800):
-    """Spec 2.2: the optimizer states live in the optimizer layout, spread over all N GPUs, so a
+    """Disaggregation: the optimizer states live in the optimizer layout, spread over all N GPUs, so a
     bigger job leaves more room for activations on the same strategy."""
     m16, m64 = StrategyMemory.for_job(model7b, a800, 16), StrategyMemory.for_job(model7b, a800, 64)
     assert m64.maxlen(4, 1) > m16.maxlen(4, 1)
@@ -108,7 +108,7 @@ def test_a100_40g_published_table_and_util(model7b):
     hw = hardware("a100-40g")
     mem = StrategyMemory.for_job(model7b, hw, 16)
     got = {(r.tp, r.pp): r for r in strategy_costs(model7b, hw, mem, CostSpec(source="published"), 16)}
-    # spec 10: the full pool of ten strategies of generate_strategy_7b_A100.py, less those that
+    # the full pool of ten strategies of the authors' generate_strategy_7b_A100.py, less those that
     # cannot hold 128 tokens under the step model's memory
     pool = {(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)}
     assert set(got) <= pool and (8, 1) in got and (1, 8) in got

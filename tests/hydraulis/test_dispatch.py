@@ -1,4 +1,4 @@
-"""Stage 1 dispatch (spec 2.4, 9): coverage, capacity, tie rule, infeasibility, determinism."""
+"""Stage 1 dispatch: coverage, capacity, tie rule, infeasibility, determinism."""
 from __future__ import annotations
 
 import math
@@ -36,7 +36,7 @@ def test_long_sequences_go_to_the_only_replica_that_fits():
 
 
 def test_tie_goes_to_the_last_empty_replica():
-    """Spec 9: the 5000-token sequence fits BIG only and goes first; the first short sequence
+    """The authors' tie rule: the 5000-token sequence fits BIG only and goes first; the first short sequence
     placed then ties (at the current maximum) on both empty SMALL replicas and goes to the
     LAST of them; the second fills the other."""
     L = [5000, 100, 100]
@@ -93,7 +93,7 @@ def _span(L, reps, assign, includes_c):
 
 
 def test_refined_dispatch_never_worse_than_the_best_seeded_shuffle_on_20_batches():
-    """Spec 10: longest-first + local improvement on top of the authors' shuffles; on 20 random
+    """Our refinement (README "Issue 24"): longest-first + local improvement on top of the authors' shuffles; on 20 random
     batches and pools the objective is <= the best of the same seeded shuffles, the assignment
     stays valid (each sequence once, within capacity, no empty replica) and recomputes."""
     pools = [[BIG, SMALL, SMALL, SMALL], [BIG, MID, SMALL, SMALL], [MID, MID, SMALL], [BIG, BIG, MID, SMALL, SMALL]]

@@ -1,4 +1,4 @@
-"""Issue 40 item 3 (spec hydraulis 9, 10): our dispatch is never worse than the authors' planner
+"""Issue 40 item 3 (README "Issue 40 (item 3)"): our dispatch is never worse than the authors' planner
 on their planning cases, is deterministic for a seed, and keeps to its search budget (a count)."""
 from __future__ import annotations
 

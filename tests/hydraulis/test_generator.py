@@ -1,4 +1,4 @@
-"""Offline strategy generator (spec 2.3): the DP against brute force, the pool's shape, bad input."""
+"""Offline strategy generator: the DP against brute force, the pool's shape, bad input."""
 from __future__ import annotations
 
 import numpy as np

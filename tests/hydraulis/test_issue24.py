@@ -1,4 +1,4 @@
-"""Issue 24 / spec 10: the scripts' candidate lists, the grid-rule Megatron baseline on the
+"""Issue 24 (README "Issue 24"): the scripts' candidate lists, the grid-rule Megatron baseline on the
 calibrated step model, one-line errors for bad pools."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stage 2 packing (spec 2.4): the ILP's optimum against exhaustive search, capacity, bounds."""
+"""Stage 2 packing: the ILP's optimum against exhaustive search, capacity, bounds."""
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,4 @@
-"""Hydraulis' optimization–propagation disaggregation on 2 gloo ranks (spec 2.2, 7): gradients
+"""Hydraulis' optimization–propagation disaggregation on 2 gloo ranks (README "Real mode"): gradients
 of heterogeneous replicas (checkpointed A + plain B, a TP2 replica, A + idle) returned to the
 ZeRO-1 optimizer layout equal the single-process gradient of the same batch; the master shards
 survive the optimizer -> compute -> optimizer round trip bitwise under every strategy and stay

@@ -66,7 +66,7 @@ def test_records_carry_the_acceptance_metrics(runs):
     m, info = runs["hydraulis"]
     assert "plan_time_s" in m and "ilp_limit_fraction" in m and info["ilp_status_counts"]
     assert info["pool"][0].startswith("0: ") and "optimizer_layout" in info["pool"][0]
-    assert info["peak_memory_gib"] <= info["memory_limit_gib"]  # spec 7: M(S) <= Mem - safe on every GPU
+    assert info["peak_memory_gib"] <= info["memory_limit_gib"]  # invariant (README "Invariants and tests"): memory within the limit on every GPU
 
 
 def test_hydraulis_never_plans_worse_than_its_homogeneous_candidate(runs):

@@ -1,4 +1,4 @@
-"""Per-step planning (spec 2.4) and the planner-side invariants of spec 7."""
+"""Per-step planning and its planner-side invariants (README "Invariants and tests")."""
 from __future__ import annotations
 
 import math
@@ -19,7 +19,7 @@ def batch(seed: int, G: int = G, hi: int = 12_800) -> list[int]:
         x = int(np.clip(np.rint(rng.lognormal(np.log(700), 1.25)), 1, hi))
         out.append(x)
         tot += x
-    out[-1] -= tot - G  # Σ = G exactly (spec 2.4)
+    out[-1] -= tot - G  # Σ = G exactly, as the planner's batches
     return out
 
 

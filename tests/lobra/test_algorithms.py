@@ -1,4 +1,4 @@
-"""Cost fit, dynamic bucketing, balanced dispatch ILP, planner (spec 2.1-2.5, 7), brute-forced
+"""Cost fit, dynamic bucketing, balanced dispatch ILP, planner (the invariants of impl/lobra/README.md "Tests"), brute-forced
 on small inputs."""
 import itertools
 

@@ -1,4 +1,4 @@
-"""Multi-task LoRA training path (spec 2.6, 7): fused row-split == peft set_adapter, adapter
+"""Multi-task LoRA training path (the authors' row-split LoRA, Hetu `python/hetu/peft/lora`): fused row-split == peft set_adapter, adapter
 independence, frozen base, per-task global-token normalisation, checkpointing."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""LobRA real mode (spec 5): 2 gloo replicas (R_L + R_S) through the launcher; the all-reduced
+"""LobRA real mode (the first real experiment, impl/lobra/README.md): 2 gloo replicas (R_L + R_S) through the launcher; the all-reduced
 adapter gradients equal a single-process step over the same global batch, the base stays
 frozen; preflight rejects a sequence beyond every replica's max_tokens in one line."""
 import dataclasses

@@ -1,4 +1,4 @@
-"""Real mode's max_tokens by the profile_memory rule on a per-rank budget (spec 10)."""
+"""Real mode's max_tokens by the profile_memory rule on a per-rank budget (Hetu `examples/lobra/scripts/profile_memory.py`)."""
 import pytest
 from omegaconf import OmegaConf
 

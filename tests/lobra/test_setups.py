@@ -1,4 +1,4 @@
-"""LobRA on the authors' setups (spec 10): the calibrated step model's LoRA pricing, the
+"""LobRA on the authors' setups (Hetu `examples/lobra` scripts): the calibrated step model's LoRA pricing, the
 profile_memory rule for max_tokens, table deployments, the per-step overhead, filtered lengths."""
 import dataclasses
 
@@ -112,7 +112,7 @@ def test_table_deployment_and_its_errors(wl7, hw_cal):
 def test_step_overhead_is_the_fitted_iteration_overhead(wl7, hw_cal):
     on, info = simulate(_sys(policy="task_fused"), wl7, hw_cal, 0)
     off, _ = simulate(_sys(policy="task_fused", sim={"step_overhead_s": 0.0}), wl7, hw_cal, 0)
-    k = hw_cal.megatron.iteration_overhead_s
+    k = hw_cal.megatron.knobs.iteration_overhead_s
     assert info["step_overhead_s"] == k
     assert on["gpu_seconds"].value - off["gpu_seconds"].value == pytest.approx(wl7.num_gpus * k * wl7.steps)
     seq_on, _ = simulate(_sys(policy="task_sequential"), wl7, hw_cal, 0)

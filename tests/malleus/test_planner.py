@@ -1,4 +1,5 @@
-"""Plan validity, the spec's worked examples (exact), monotonicity and determinism."""
+"""Plan validity, the worked examples of the authors' planner tests (`examples/malleus/test_strategy_model.py`;
+exact), monotonicity and determinism."""
 from __future__ import annotations
 
 import pytest
@@ -246,8 +247,8 @@ def test_shrink_penalty_needs_a_level_per_tp_shrink():
 
 
 def test_unavailable_gpus_join_no_group():
-    """Checkpoint recovery's use: 7 of a tp=4 node's 8 GPUs alive give 4 + 2 + 1 (spec
-    ckpt_recovery 2.2 A); the lost GPU is listed as suspended (it holds nothing)."""
+    """Checkpoint recovery's use: 7 of a tp=4 node's 8 GPUs alive give 4 + 2 + 1 (impl/ckpt_recovery/recovery/replan.py);
+    the lost GPU is listed as suspended (it holds nothing)."""
     cfg = PlannerConfig(num_gpus=8, gpus_per_node=8, dp=1, tp=4, pp=2, num_layers=8, num_microbatches=8,
                         shrink_penalty=(1.0, 1.0, 1.0))
     res = plan(cfg, [1.0] * 8, unavailable=[3])

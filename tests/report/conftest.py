@@ -38,7 +38,7 @@ def report_results(tmp_path_factory):
                  mode="real", workload="", hardware="local-cpu[2 cores]", fault="none",
                  metrics={"matmul_fp32_flops": {"value": 3e10, "unit": "flop/s", "better": "higher", "n": 3,
                                                 "p50": 3e10, "p10": 2.9e10, "p90": 3.1e10}})
-    calib["config"] = {"system": {"_target_": "impl.common.calibrate.Calibrate", "name": "calibrate"}}
+    calib["config"] = {"system": {"_target_": "bench.calibrate.system.Calibrate", "name": "calibrate"}}
     write_record(results, calib)
     # A real Malleus scenario-A record's shape: four plans interleaved in one job (hand-made
     # numbers; the report must draw one series per plan and mark it measured).
@@ -54,7 +54,7 @@ def report_results(tmp_path_factory):
     mal["config"] = {"system": {"_target_": "impl.malleus.system.HybridTraining", "name": "malleus",
                                 "interleave": plans},
                      "workload": {"warmup_iterations": 2}, "figure": "impl.malleus.figures:iteration_trace"}
-    mal["provenance"]["emulated"] = ["GPU compute: sleep-padded per layer and micro-batch (spec malleus 5)"]
+    mal["provenance"]["emulated"] = ["GPU compute: sleep-padded per layer and micro-batch (impl/malleus/README.md, 'Experiments')"]
     write_record(results, mal)
     # Bad input: a torn line, a foreign JSON document, a record of a schema version we don't know.
     with open(results / "records.jsonl", "a", encoding="utf-8") as fh:

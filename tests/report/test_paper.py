@@ -3,6 +3,8 @@ line naming the file and the field; matching our records to an entry."""
 from __future__ import annotations
 
 import copy
+import pathlib
+import re
 import textwrap
 
 import pytest
@@ -20,8 +22,19 @@ def test_every_landed_system_has_a_paper_file_with_sourced_entries():
     for name, paper in papers.items():
         assert paper.entry(paper.headline).kind == "paper", name
         for e in paper.entries:
-            assert f"{paper.spec.split('.')[0]}.md §" in e.source, (name, e.name, e.source)
+            assert _followable(e.source), (name, e.name, e.source)
             assert e.unit and e.setting
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _followable(source: str) -> bool:
+    """A source a reader of the repository can follow: the paper (section, figure, table,
+    abstract), the authors' artifact, or a file in the repository; then a provenance tag."""
+    head = source.split()[0]
+    where = head in ("paper", "artifact") or (ROOT / head.rstrip(",;:")).exists()
+    return where and re.search(r"\[[A-Z]\]$", source.strip()) is not None
 
 
 def write(tmp_path, body: str, name: str = "demo"):
@@ -33,13 +46,13 @@ def write(tmp_path, body: str, name: str = "demo"):
 GOOD = """
 system: demo
 title: t
-spec: demo.md
+paper: demo paper
 headline: a
 reproduce: mlsys-bench experiment=demo/sim
 entries:
-- {name: a, value: 1.5, unit: x, setting: s, source: "demo.md §4 [P]",
+- {name: a, value: 1.5, unit: x, setting: s, source: "paper §4 [P]",
    match: {experiment: demo/sim, system: adaptra, metric: iteration_time_s, vs: zb}}
-- {name: b, value: 2.0, unit: s, setting: s, source: "demo.md §4 [P]"}
+- {name: b, value: 2.0, unit: s, setting: s, source: "paper §4 [P]"}
 """
 
 
@@ -59,7 +72,7 @@ def test_bad_paper_file_is_one_line_naming_file_and_field(tmp_path, edit, expect
 
 
 def test_extra_entries_are_fine_and_one_match_mapping_is_a_list(tmp_path):
-    body = GOOD + "- {name: c, value: 3, unit: ms, setting: s, source: 'demo.md §9'}\n"
+    body = GOOD + "- {name: c, value: 3, unit: ms, setting: s, source: 'paper §9 [P]'}\n"
     paper = load_paper(write(tmp_path, body))
     assert [e.name for e in paper.entries] == ["a", "b", "c"]
     assert len(paper.entries[0].match) == 1 and paper.entries[0].match[0].resolved_form == "ratio"
@@ -81,7 +94,7 @@ def load_entry(match) -> PaperEntry:
     from omegaconf import OmegaConf
 
     from bench.paper import Match
-    return PaperEntry(name="e", value=1.0, unit="x", setting="s", source="demo.md §4",
+    return PaperEntry(name="e", value=1.0, unit="x", setting="s", source="paper §4 [P]",
                       match=[OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Match), match))])
 
 

@@ -1,4 +1,4 @@
-"""Baselines (spec 3): Nirvana-like approximate caching, NoLoRA; the channels_last backbone flag."""
+"""Baselines: Nirvana-like approximate caching, NoLoRA; the channels_last backbone flag."""
 import copy
 import math
 import types

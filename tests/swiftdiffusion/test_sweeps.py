@@ -1,4 +1,4 @@
-"""E3/E4 sweeps (spec 6) at a small scale: the properties each sweep rests on."""
+"""E3/E4 sweeps (impl/swiftdiffusion/README.md) at a small scale: the properties each sweep rests on."""
 import pytest
 
 from impl.common.traces.addons import AddonRequest, generate_addon_trace

@@ -1,5 +1,5 @@
-"""Layouts after a loss (spec ckpt_recovery 2.2, 3): this system's heterogeneous re-plan on the
-survivors with the shared planner (:mod:`impl.common.parallel.planner`: TP groups per node in
+"""Layouts after a loss: this system's heterogeneous re-plan on the survivors (after the
+authors' code, PKU-DAIR/Hetu PR #9) with the shared planner (:mod:`impl.common.parallel.planner`: TP groups per node in
 powers of two, ILP over layers per pipeline, ILP over micro-batches with the global batch
 unchanged), and the baselines' best homogeneous fit (a DeviceMesh is rectangular: one TP
 degree, equal layers per stage). Both respect a per-rank memory budget on the exact bytes of

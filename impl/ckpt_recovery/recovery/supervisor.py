@@ -1,4 +1,5 @@
-"""The recovery loop (spec ckpt_recovery 2.1) around :func:`impl.common.runtime.launch.launch`.
+"""The recovery loop (after the authors' code, PKU-DAIR/Hetu PR #9) around
+:func:`impl.common.runtime.launch.launch`.
 
 The supervisor is the launching process: ranks report to it through ``launch``'s report
 channel (their pids, a heartbeat per step, saves, commits, losses), and a watchdog thread
@@ -295,7 +296,8 @@ def committed_steps(root: str) -> tuple:
 
 
 def timeline(o: Outcome) -> dict:
-    """The spec 5 breakdown of the time lost to the failure, from the recorded timestamps."""
+    """The breakdown of the time lost to the failure (impl/ckpt_recovery/README.md, "Time lost per
+    failure"), from the recorded timestamps."""
     w1, res = o.before, o.results
     start = res[0]["start_step"]
     after_steps = [v for r in res[:1] for k, v in sorted(r["step_s"].items())]

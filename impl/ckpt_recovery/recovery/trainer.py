@@ -1,4 +1,4 @@
-"""The real trainer of one rank (spec ckpt_recovery 5): one pipeline of TP groups over gloo.
+"""The real trainer of one rank (scenario A, impl/ckpt_recovery/README.md): one pipeline of TP groups over gloo.
 
 Each stage is a TP group (Megatron shards of :func:`impl.common.parallel.tensor_parallel.tensor_parallel`)
 holding layers ``[lo, hi)`` of the varlen decoder (plus the embedding on the first stage and
@@ -7,7 +7,7 @@ point-to-point send/recv under a GPipe schedule (all forwards, then all backward
 different TP degree talk rank-to-rank: receiver i of the next stage takes the (replicated)
 activation from sender ``i mod g`` of this one, and the same for gradients going back.
 
-Reproducibility (spec 7): step s uses samples ``[sB, (s+1)B)`` whatever the layout (the
+Reproducibility: step s uses samples ``[sB, (s+1)B)`` whatever the layout (the
 micro-batches only partition them), each sample's tokens come from its id, and dropout on the
 embedding output draws from a generator seeded by (seed, step, sample): nothing depends on
 the process, the rank or the RNG's history, so a resumed run replays the same numbers.

@@ -1,5 +1,5 @@
-"""Paper-scale checkpoint I/O without bytes (spec ckpt_recovery 6): what each rank writes and
-reads, counted by the checkpoint layer's own plan code on metadata only.
+"""Paper-scale checkpoint I/O without bytes ([R]: impl/ckpt_recovery/README.md, "Sim"): what each
+rank writes and reads, counted by the checkpoint layer's own plan code on metadata only.
 
 - State tensors: per parameter ``param/`` (bf16) plus ``master/``, ``exp_avg/``,
   ``exp_avg_sq/`` (fp32): 14 B per parameter. Shard dims as the real model's (column-parallel

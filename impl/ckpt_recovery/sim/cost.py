@@ -1,4 +1,4 @@
-"""Save, load and recovery costs per system and storage profile (spec ckpt_recovery 6).
+"""Save, load and recovery costs per system and storage profile ([R]: impl/ckpt_recovery/README.md, "Sim").
 
 Save (per checkpoint): ``staging`` = a rank's state / D2H bandwidth; ``write`` = the writers'
 bytes through the store (its bandwidth shared by rank, node or the whole job, times the copies

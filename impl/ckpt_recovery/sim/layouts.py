@@ -1,4 +1,4 @@
-"""Layouts after a loss (spec ckpt_recovery 2.2, 3): what each system trains on.
+"""Layouts after a loss: what each system trains on.
 
 - ``heterogeneous`` (ours): the shared planner (:func:`impl.common.parallel.planner.plan`)
   on every surviving GPU: TP groups per node split into powers of two, ILP layer and

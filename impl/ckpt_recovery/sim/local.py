@@ -1,4 +1,4 @@
-"""Spec ckpt_recovery 2.1's option in the sim: every rank file also copied to the local NVMe
+"""The authors' code's local-copy option in the sim: every rank file also copied to the local NVMe
 of ``k`` other nodes after each commit (``sim.local_copies``; ours only).
 
 Placement: the file written on node n goes to nodes n+1 .. n+k (mod the node count).

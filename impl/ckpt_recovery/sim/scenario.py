@@ -1,4 +1,5 @@
-"""Sim mode of the checkpoint-recovery systems (spec ckpt_recovery 6; tagged reconstructed).
+"""Sim mode of the checkpoint-recovery systems (reconstructed [R]: impl/ckpt_recovery/README.md,
+"Sim").
 
 One job = one system on one scenario (workload + fault); every storage profile in
 ``sim.storage_profiles`` is priced in the same job (``<metric>@<profile>``; headline at
@@ -635,7 +636,7 @@ def run_sim(system, job) -> RunResult:
     info = {"policy": system.cfg.policy, "granularity": sc.pm.granularity, "save": sc.pm.save, "format": sc.pm.fmt,
             "storage": k.storage, "storage_profiles": list(per), "failures": k.failures,
             "state_bytes": sc.io.state_bytes, "base_step_s": sc.base_step_s, "base_layout": f"{sc.base.label}: {describe(sc.base)}",
-            "reconstructed": "spec ckpt_recovery 6: inputs tagged [R] in impl/ckpt_recovery/README.md, section Sim"}
+            "reconstructed": "inputs tagged [R] in impl/ckpt_recovery/README.md, section Sim"}
     if sc.local:
         info["local_copies"] = sc.local
     if sc.peer:

@@ -1,7 +1,7 @@
-"""Asynchronous save (spec ckpt_recovery 2.4): a snapshot into preallocated shared memory at a
-step boundary, a long-lived saver process per rank that splits, serialises and writes, and a
-per-step agreement that SKIPS a save (never waits) while the last one is still in flight or
-``min_interval_s`` has not passed.
+"""Asynchronous save (the save path of Elastor's reference code, PKU-DAIR/Hetu PR #9): a snapshot
+into preallocated shared memory at a step boundary, a long-lived saver process per rank that splits,
+serialises and writes, and a per-step agreement that SKIPS a save (never waits) while the last one
+is still in flight or ``min_interval_s`` has not passed.
 
 Per training step every rank calls :meth:`AsyncCheckpointer.step`, which runs one 3-int
 all-reduce (MIN) of [ready, written, interval_ok]: ``ready`` = this rank's saver is idle (rank 0:

@@ -1,5 +1,6 @@
 """What each rank writes (the save plan) and reads (the read plan): pure functions over a
-layout and a checkpoint index, printable and testable without I/O (spec 2.3, 2.5).
+layout and a checkpoint index, printable and testable without I/O (the
+format and resharded load of Elastor's reference code (PKU-DAIR/Hetu PR #9)).
 
 Save: split j of a tensor is written once, by the lowest rank that holds it (``duplicate``:
 by every holder, the reference code's behaviour; the loader then takes the first file).

@@ -1,7 +1,7 @@
-"""Load with resharding (spec 2.5): a rank reads the headers of the files holding its keys
-(one request each), merges the splits it needs under its new layout into blocks (one read
-per block), checks every key's sha256 and concatenates its splits into its local tensors.
-No collective, no whole tensor, no conversion."""
+"""Load with resharding (as in Elastor's reference code, PKU-DAIR/Hetu PR #9): a rank reads the
+headers of the files holding its keys (one request each), merges the splits it needs under its new
+layout into blocks (one read per block), checks every key's sha256 and concatenates its splits into
+its local tensors. No collective, no whole tensor, no conversion."""
 from __future__ import annotations
 
 import os

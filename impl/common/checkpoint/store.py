@@ -1,4 +1,5 @@
-"""Commit protocol of a checkpoint directory (spec ckpt_recovery 2.4, invariants 7).
+"""Commit protocol of a checkpoint directory (Elastor's save path, made atomic; the kill points
+the tests enumerate are listed in impl/ckpt_recovery/README.md, "Pieces").
 
 CheckpointLayout on disk::
 

@@ -28,7 +28,8 @@ def ring_allreduce_time_s(nbytes: float, n: int, bw_bytes_per_s: float, latency_
 
 def dp_allreduce_time_s(grad_bytes: float, dp: int, bw_bytes_per_s: float, latency_s: float,
                         slow_link_delay_s: float = 0.0) -> float:
-    """Gradient ring all-reduce over ``dp`` ranks gated by one slow link (spec S5).
+    """Gradient ring all-reduce over ``dp`` ranks gated by one slow link (ADAPTRA's S5
+    scenario [R], impl/adaptra/README.md).
 
     A ring runs 2(dp-1) synchronous steps, each sending one chunk over every ring link; the
     step ends when the slowest link delivers, so a per-message delay on one link is paid once

@@ -1,8 +1,8 @@
 """Time of one packed micro-batch as a function of its sequence length: ``T(s) = a·s² + b·s + c``
-(HotSPa 2.7 step 2, Hydraulis 2.1, LobRA 2.1 use this form: attention is quadratic in s, the
-matrix work linear, launch and fixed overheads constant). One object per (model, strategy),
-fitted by least squares from timed micro-batches (real mode) or derived from FLOPs (sim); the
-same object feeds the planners and the simulator."""
+(HotSPa's strategy planning [R] and the cost models of Hydraulis's and LobRA's authors' code use
+this form: attention is quadratic in s, the matrix work linear, launch and fixed overheads
+constant). One object per (model, strategy), fitted by least squares from timed micro-batches (real
+mode) or derived from FLOPs (sim); the same object feeds the planners and the simulator."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,15 +1,15 @@
-"""Closed-form transformer costs (spec adaptra §6): FLOPs, bytes, parameters, per-stage op times.
+"""Closed-form transformer costs: FLOPs, bytes, parameters, per-stage op times.
 
 Conventions, kept deliberately simple so a reader can audit every number:
 - Forward FLOPs of one layer = 2·b·s·(weight-matrix parameters) + 4·b·s²·h; for a GPT
-  shape that is (8 + 4·ffn_mult)·b·s·h² + 4·b·s²·h, the spec's 24·b·s·h² + 4·b·s²·h at
+  shape that is (8 + 4·ffn_mult)·b·s·h² + 4·b·s²·h, Megatron-LM's 24·b·s·h² + 4·b·s²·h at
   ffn_mult = 4 (QKV+O projections 8bsh², MLP 16bsh², scores and weighted values 4bs²h).
 - A shape is GPT (GELU MLP of ffn_mult·h, biases, LayerNorms) when ``ffn_hidden`` is 0 and
   LLaMA (SwiGLU MLP of ffn_hidden, no biases, RMSNorms, grouped-query K/V) otherwise; every
   count below follows that one switch.
 - Backward is split as in ZeroBubble: B (input gradient) ≈ W (weight gradient) ≈ F FLOPs, so
   a full backward is 2F.
-- Embedding and LM head are not counted (spec §6 costs layers only).
+- Embedding and LM head are not counted (only layers are priced).
 - Tensor parallelism divides layer FLOPs by tp and adds Megatron's two all-reduces of the
   activation (b·s·h elements) per layer to F and two to B; W needs no communication.
 """

@@ -1,7 +1,8 @@
-"""Per-strategy costs of variable-length LLM training (HotSPa 2.7 step 2 and 6; Hydraulis and
-LobRA reuse them), all from the Megatron step model (:mod:`impl.common.megatron.step`): the time
-of one packed micro-batch on one pipeline stage as a :class:`~impl.common.cost.seqlen.SeqCost`
-``a·Σs² + b·s + c``, the memory per GPU, and the longest micro-batch (``maxlen``) a strategy fits.
+"""Per-strategy costs of variable-length LLM training (HotSPa's strategy planning [R],
+impl/hotspa/README.md; Hydraulis and LobRA reuse them), all from the Megatron step model
+(:mod:`impl.common.megatron.step`): the time of one packed micro-batch on one pipeline stage as a
+:class:`~impl.common.cost.seqlen.SeqCost` ``a·Σs² + b·s + c``, the memory per GPU, and the longest
+micro-batch (``maxlen``) a strategy fits.
 
 Time (:func:`seq_cost`): :func:`impl.common.megatron.step.seq_cost_terms`, the step model's
 slowest stage of one packed micro-batch (GEMMs and causal attention at the profile's kernel

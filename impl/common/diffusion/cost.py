@@ -316,4 +316,4 @@ def dense_step_time_s(ops, hw: HardwareProfile, dtype: str, launch_s: float = 5e
     ``glue`` ops (:func:`trace_unet_glue`) at its glue rates where it has them."""
     kernels = [(op_time_s(o, hw, dtype, launch_s=0.0), 1) for o in ops]
     kernels += [(glue_time_s(g, hw, dtype), 1) for g in glue if hw.glue_bw(g.kind, dtype)]
-    return stream_time_s(kernels, launch_s) + torch_calls * hw.host_dispatch_s
+    return stream_time_s(kernels, launch_s) + torch_calls * hw.diffusion.host_dispatch_s

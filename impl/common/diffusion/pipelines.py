@@ -23,7 +23,8 @@ from impl.common.api import ConfigError
 
 @dataclass
 class UNetShape:
-    """``UNet2DConditionModel`` kwargs that matter for cost and speed (defaults: spec 5's tiny UNet)."""
+    """``UNet2DConditionModel`` kwargs that matter for cost and speed (defaults: the tiny UNet of
+    FISEdit's real CPU runs)."""
 
     sample_size: int = 48
     in_channels: int = 4
@@ -52,7 +53,7 @@ class UNetShape:
         return [2 ** i for i in range(len(self.block_out_channels))]
 
 
-# SD 2.1 (768-v) UNet, for the cost model at paper scale (spec 2.1).
+# SD 2.1 (768-v) UNet, for the cost model at paper scale (FISEdit's setting, arXiv 2305.17423).
 SD21_UNET = UNetShape(sample_size=96, block_out_channels=[320, 640, 1280, 1280], layers_per_block=2,
                       down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
                       up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3,
@@ -77,7 +78,7 @@ def build_scheduler(name: str = "dpm_multistep", **overrides):
 
 
 def scheduler_fingerprint(scheduler) -> str:
-    """Class + config digest: two runs can share a cache only when this matches (spec 8)."""
+    """Class + config digest: two runs can share a cache only when this matches."""
     cfg = {k: v for k, v in dict(scheduler.config).items() if not k.startswith("_")}
     raw = type(scheduler).__name__ + json.dumps(cfg, sort_keys=True, default=str)
     return f"{type(scheduler).__name__}:{hashlib.sha1(raw.encode()).hexdigest()[:12]}"

@@ -1,6 +1,7 @@
 """Gathered-window convolution primitives: the data movement of a block-sparse conv.
 
-A block-sparse conv (FISEdit's engine, spec fisedit 2.4) tiles its output into ``bo x bo``
+A block-sparse conv (FISEdit's engine: its authors' code, branch
+`diffusers` of `Hankpipi/Hetu`) tiles its output into ``bo x bo``
 blocks, gathers for each active block the input window with its halo
 (``win = (bo - 1) * stride + k``) from the explicitly padded input, runs every window as one
 batched unpadded conv, and scatters the ``bo x bo`` results onto the output. The gather and

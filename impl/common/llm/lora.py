@@ -25,7 +25,7 @@ KERNELS = ("sgmv", "bgmv", "bgmv_punica", "mbgmv")
 class AdapterSpec:
     name: str
     rank: int
-    alpha: float = 0.0  # 0 = 2 * rank (spec 5)
+    alpha: float = 0.0  # 0 = 2 * rank
     use_rslora: bool = False
 
     @property
@@ -60,7 +60,7 @@ class HostAdapter:
     def pin(self, device) -> "HostAdapter":
         """Page-lock the host stacks when they are copied to a CUDA ``device`` (the job's
         :class:`~impl.common.execution.Execution` says which): a ``non_blocking`` H2D copy from
-        pageable memory is synchronous (spec caraserve.md 8). On a CPU job nothing changes."""
+        pageable memory is synchronous. On a CPU job nothing changes."""
         if torch.device(device).type == "cuda":
             self.A = {s: t.pin_memory() for s, t in self.A.items()}
             self.B = {s: t.pin_memory() for s, t in self.B.items()}
@@ -349,7 +349,7 @@ def unmerge_adapter(model, saved: dict) -> None:
 
 def rank_bytes_paper(d_model: int, num_layers: int, rank: int, sites: int = 4, bytes_per_el: int = 2,
                      d_kv: Optional[int] = None) -> int:
-    """Adapter bytes at paper scale: layers * sites * 2 * d * r * 2 B (spec 6)."""
+    """Adapter bytes at paper scale: layers * sites * 2 * d * r * 2 B (impl/caraserve/README.md)."""
     return num_layers * sites * 2 * d_model * rank * bytes_per_el
 
 

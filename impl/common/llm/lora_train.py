@@ -1,4 +1,5 @@
-"""Multi-task LoRA *training* on one frozen base (LobRA spec 2.6, 5; the serving kernels are in
+"""Multi-task LoRA *training* on one frozen base (LobRA, arXiv 2509.01193, as its authors' code runs it:
+Hetu `examples/lobra`, `python/hetu/peft/lora`; the serving kernels are in
 :mod:`impl.common.llm.lora` and :mod:`impl.common.llm.kernels`).
 
 One ``LlamaForCausalLM`` built from ``transformers.LlamaConfig`` (:func:`impl.common.llm.model.
@@ -12,17 +13,17 @@ A micro-batch is ``mbs`` sequences, each right-padded to the micro-batch's bucke
 alone). Two execution modes, the knob ``mode``:
 - ``"fused"``: a micro-batch may mix tasks. Every LoRA layer computes ``y = W x`` for all rows,
   then for each task t present ``y[rows_t] += B_t A_t x[rows_t] · alpha/r`` (``index_add``);
-  ``rows_t`` are the flattened token rows of task t's sequences (spec 2.6). The adapters'
+  ``rows_t`` are the flattened token rows of task t's sequences. The adapters'
   weights are peft's own modules, so this path is checked against the next one.
 - ``"single"``: every micro-batch holds one task; ``set_adapter(task)`` then peft's stock
   forward. ``.grad`` of the other adapters persists across micro-batches.
 Loss of a micro-batch = Σ_t Σ_{task-t target tokens} CE / G_t, with ``G_t`` the caller's count
 of task t's target tokens in the whole step (every micro-batch of every replica), so summing
 micro-batch gradients (and all-reducing them over replicas) gives Σ_t mean-CE_t however the
-step was dispatched (spec 2.6, 7).
+step was dispatched.
 
 ``checkpoint=True`` turns on HF gradient checkpointing (non-reentrant): the CPU stand-in for a
-replica with a larger memory footprint (spec 5, R_L).
+replica with a larger memory footprint (R_L of LobRA's real mode, impl/lobra/README.md).
 """
 from __future__ import annotations
 
@@ -247,7 +248,7 @@ class MultiTaskLoRA:
 
     def all_reduce_grads(self, group=None, tasks: Optional[Sequence[str]] = None) -> None:
         """Sum the adapter gradients of ``tasks`` (default: all) over the replicas (one flat
-        buffer; each adapter is global to its job, spec 2.6 [R]). Adapters outside ``tasks``
+        buffer; each adapter is global to its job [R], impl/lobra/README.md). Adapters outside ``tasks``
         keep their (``None``) gradients, so Adam leaves them alone."""
         import torch.distributed as dist
 

@@ -1,4 +1,5 @@
-"""Serving metrics shared by the real engine and the simulator (spec caraserve.md 4 and 6)."""
+"""Serving metrics shared by the real engine and the simulator (CaraServe's metrics,
+arXiv 2401.11240)."""
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ class RequestRecord:
     server: int = 0
     isolated_s: float = 0.0  # isolated service time (sim invariant: latency >= this)
     # Time this request sat stalled by any adapter load (its own, and others' that paused its
-    # decode), and how many loads did so (sim; spec caraserve.md 9).
+    # decode), and how many loads did so (sim; as CaraServe's paper counts it, v1 Fig. 3-left).
     stall_s: float = 0.0
     load_stalls: int = 0
 
@@ -55,7 +56,7 @@ def _stats(name: str, vals: Sequence[float], unit: str = "s") -> dict[str, Metri
 
 def serving_metrics(records: Sequence[RequestRecord], arrived: int, dropped: int, makespan_s: float,
                     stall_s: float, busy_s: float, request_stalls: bool = False) -> dict[str, Metric]:
-    """``stall_share``: with ``request_stalls`` (sim) the paper's count (spec 9), the stall time
+    """``stall_share``: with ``request_stalls`` (sim) the paper's count (v1 Fig. 3-left), the stall time
     every request sat through over the requests' total serving time (arrival to done); without,
     the server's stalled share of its busy time (real engine), which is also always
     ``stall_share_server``."""

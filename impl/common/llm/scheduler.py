@@ -5,7 +5,7 @@ The scheduler is plain data + decisions: it never measures or sleeps. Each call 
 the adapter actions it needs; the caller (real engine or simulator) executes it and reports
 back with :meth:`prefilled`, :meth:`decoded`, :meth:`finished`.
 
-Policies (spec caraserve.md 3):
+Policies (CaraServe's baselines as the harness builds them, impl/caraserve/README.md):
 | policy    | cold adapter at prefill                    | prefill kernel | decode kernel |
 |-----------|--------------------------------------------|----------------|---------------|
 | cached    | never cold (all preloaded)                 | sgmv           | bgmv          |
@@ -18,7 +18,7 @@ Policies (spec caraserve.md 3):
 | hf_peft   | synchronous load; always merged: one       | (merged)       | (merged)      |
 |           | adapter at a time, no cross-adapter batch  |                |               |
 
-``evict_on_finish`` (S-LoRA's own code, spec 9): whenever a request finishes, every adapter
+``evict_on_finish`` (S-LoRA's public code): whenever a request finishes, every adapter
 that no running or pinned queued request uses is evicted, so an arrival misses unless its
 adapter is in use or already in flight. Otherwise the pool keeps adapters until LRU needs a slot.
 """
@@ -39,7 +39,8 @@ ASYNC_AT_ARRIVAL = ("caraserve",)  # S-LoRA prefetches only for the next batch (
 # (the engine and the simulator price the wait as a load stall of the batch). Elsewhere a
 # running request decodes only once resident (dLoRA's migrated requests). Holding it out of the
 # step instead made the step cheaper than CACHED's with the same requests resident, and
-# CaraServe's mean TTFT came out below CACHED's (spec 7 order check; issue 25).
+# CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md;
+# issue 25).
 DECODE_WAITS_FOR_LOAD = ("caraserve",)
 KERNELS = {
     "cached": ("sgmv", "bgmv"), "ondmd": ("sgmv", "bgmv"), "caraserve": ("sgmv", "bgmv"),
@@ -47,7 +48,8 @@ KERNELS = {
     "hf_peft": ("sgmv", "bgmv"),  # never used: every iteration runs on merged weights
 }
 # ``lora_kernels`` other than "auto" (a policy's own pair above): run any policy's scheduling on
-# one system's kernels, e.g. CaraServe's servers on S-LoRA's (the paper's S3 reports both, spec 9).
+# one system's kernels, e.g. CaraServe's servers on S-LoRA's (CaraServe v1's scheduler
+# simulation reports both).
 KERNEL_FAMILIES = {"punica": ("sgmv", "bgmv"), "slora": ("mbgmv", "mbgmv")}
 
 

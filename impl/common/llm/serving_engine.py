@@ -177,7 +177,8 @@ class ServingEngine:
     def __init__(self, model, adapters: dict[str, HostAdapter], cfg: SchedulerConfig, *,
                  seconds_for: Optional[Callable[[str], float]] = None, cpu=None, device: str = "cpu",
                  check_residency: bool = True, lora: bool = True):
-        """``lora=False``: the base model alone (the SLO reference run, spec caraserve.md 10): the
+        """``lora=False``: the base model alone (the SLO reference run; the paper's SLO is
+        1.5x the per-token latency without LoRA, impl/caraserve/README.md "SLO"): the
         scheduler runs as CACHED with every adapter counted resident and nothing copied, and no
         iteration computes a LoRA delta."""
         self.model = model

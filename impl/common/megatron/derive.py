@@ -15,7 +15,7 @@ ran on A800 / A100 / H800; the measured launches are H100's).
 
 Every profile prices a Megatron-like step through one path (:func:`step_profile`): a profile with
 fitted knobs and kernel tables as it is; a datasheet profile (``measured: false``) with the knobs
-and tables of its ``step_model_from`` profile (default ``h100-megatron``, the fit to measured H100
+and tables of its ``megatron.carried_from`` profile (default ``h100-megatron``, the fit to measured H100
 launches) carried by the rules above, the same rule that wrote the shipped ``*-megatron`` profiles,
 so ``hardware=a800-80g`` and ``hardware=a800-80g-megatron`` price a step alike; a measured host
 profile (``system=calibrate``: its peaks are achieved rates) with flat kernel tables at its
@@ -32,21 +32,21 @@ from impl.common.hardware import HardwareProfile, KernelTables, MegatronKnobs
 from .kernels import carried, flat_tables
 
 _STEP_PROFILES: dict = {}
-_CARRYING: set = set()  # profiles whose step model is being carried (a step_model_from loop is an error)
+_CARRYING: set = set()  # profiles whose step model is being carried (a carried_from loop is an error)
 
 
 def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = "") -> HardwareProfile:
-    if base.megatron is None:
+    if base.megatron.knobs is None:
         raise ConfigError(f"--from: profile {base.name} has no fitted Megatron knobs to derive from")
-    k = base.megatron
+    k = base.megatron.knobs
     for f in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s"):
         if not getattr(base, f) > 0 or not getattr(target, f) > 0:
             raise ConfigError(f"hardware.{f}: must be > 0 in both {base.name} and {target.name} to derive knobs")
     if not base.memory_bytes > 0:
         raise ConfigError(f"hardware.memory_bytes: must be > 0 in {base.name} to derive knobs")
-    if base.kernels is None:
+    if base.megatron.kernels is None:
         raise ConfigError(f"--from: profile {base.name} has no kernel tables to carry")
-    tables = carried(base.kernels, base.peak_flops["bf16"], base.memory_bw_bytes_per_s, target)
+    tables = carried(base.megatron.kernels, base.peak_flops["bf16"], base.memory_bw_bytes_per_s, target)
     headroom = base.memory_bytes - k.allocatable_bytes
     knobs = dataclasses.replace(
         k,
@@ -61,44 +61,45 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
         raise ConfigError(f"--derive: {target.name}'s memory is below {base.name}'s headroom")
     cal = {"derived_from": base.name, "base_calibration": dict(base.calibration),
            "rule": "impl/common/megatron/derive.py", "measured_on_target": False}
-    return dataclasses.replace(target, name=name or f"{target.name}-megatron", megatron=knobs, kernels=tables,
+    return dataclasses.replace(target.with_megatron(knobs=knobs, kernels=tables), name=name or f"{target.name}-megatron",
                                calibration=cal,
                                source=f"{target.source}; Megatron knobs derived from {base.name} by datasheet ratios")
 
 
 def _key(hw: HardwareProfile) -> str:
     # every field _carried / _neutral read: an override of any of them is another step profile
-    return repr((hw.name, hw.step_model_from, hw.measured, sorted((hw.peak_flops or {}).items()), hw.memory_bytes,
+    return repr((hw.name, hw.measured, sorted((hw.peak_flops or {}).items()), hw.memory_bytes,
                  hw.memory_bw_bytes_per_s, hw.gpus_per_node, hw.intra_node_bw_bytes_per_s, hw.inter_node_bw_bytes_per_s,
                  hw.intra_node_latency_s, hw.inter_node_latency_s, hw.comm_efficiency, hw.allreduce_bw_bytes_per_s,
-                 hw.megatron, hw.kernels))
+                 hw.megatron))
 
 
 def step_profile(hw: HardwareProfile) -> HardwareProfile:
-    """``hw`` with the knobs (``megatron``) and kernel tables (``kernels``) the step model prices
-    it with (see the module doc); cached per profile figures."""
-    if hw.megatron is not None and hw.kernels is not None and hw.kernels.gemm:
+    """``hw`` with the knobs and kernel tables (``megatron.knobs`` / ``megatron.kernels``) the step
+    model prices it with (see the module doc); cached per profile figures."""
+    m = hw.megatron
+    if m.knobs is not None and m.kernels is not None and m.kernels.gemm:
         return hw
     key = _key(hw)
     if key not in _STEP_PROFILES:
-        has_tables = hw.kernels is not None and bool(hw.kernels.gemm)
+        has_tables = m.kernels is not None and bool(m.kernels.gemm)
         _STEP_PROFILES[key] = _neutral(hw) if hw.measured or has_tables else _carried(hw)
     return _STEP_PROFILES[key]
 
 
 def step_knobs(hw: HardwareProfile) -> MegatronKnobs:
     """The step model's knobs for ``hw``: fitted, else derived by :func:`step_profile`."""
-    return hw.megatron if hw.megatron is not None else step_profile(hw).megatron
+    return hw.megatron.knobs if hw.megatron.knobs is not None else step_profile(hw).megatron.knobs
 
 
 def tables_of(hw: HardwareProfile) -> KernelTables:
     """The kernel tables the step model prices ``hw`` with."""
-    return step_profile(hw).kernels
+    return step_profile(hw).megatron.kernels
 
 
 def bus_bw(hw: HardwareProfile, intra_node: bool) -> float:
     """Achieved collective bandwidth per GPU: the step model's bus bandwidth (fitted, or carried
-    from ``step_model_from`` by the datasheet link ratio)."""
+    from ``megatron.carried_from`` by the datasheet link ratio)."""
     k = step_knobs(hw)
     return k.intra_node_bus_bw_bytes_per_s if intra_node else k.inter_node_bus_bw_bytes_per_s
 
@@ -106,9 +107,9 @@ def bus_bw(hw: HardwareProfile, intra_node: bool) -> float:
 def _carried(hw: HardwareProfile) -> HardwareProfile:
     from impl.common.hardware import load_hardware
 
-    base_name = hw.step_model_from
+    base_name = hw.megatron.carried_from
     if not base_name or base_name == hw.name or base_name in _CARRYING:
-        raise ConfigError(f"hardware {hw.name}: step_model_from must name a fitted profile (got {base_name!r}"
+        raise ConfigError(f"hardware {hw.name}: megatron.carried_from must name a fitted profile (got {base_name!r}"
                           + (f", a loop through {', '.join(sorted(_CARRYING))})" if base_name in _CARRYING else ")"))
     _CARRYING.add(hw.name)
     try:
@@ -116,8 +117,8 @@ def _carried(hw: HardwareProfile) -> HardwareProfile:
     finally:
         _CARRYING.discard(hw.name)
     derived = derived_profile(base, hw, name=hw.name)
-    if hw.megatron is not None:  # fitted knobs without tables: keep the knobs, carry the tables
-        derived = dataclasses.replace(derived, megatron=hw.megatron)
+    if hw.megatron.knobs is not None:  # fitted knobs without tables: keep the knobs, carry the tables
+        derived = derived.with_megatron(knobs=hw.megatron.knobs)
     return dataclasses.replace(derived, calibration=hw.calibration or derived.calibration, source=hw.source)
 
 
@@ -126,10 +127,10 @@ def _neutral(hw: HardwareProfile) -> HardwareProfile:
     starts from): its own tables (a host's: flat at its measured matmul rate), factors 1, its
     links x ``comm_efficiency`` (1 on a measured profile), all of its memory."""
     rate_dtype = "bf16" if "bf16" in (hw.peak_flops or {}) else "fp32"
-    knobs = hw.megatron or MegatronKnobs(
+    knobs = hw.megatron.knobs or MegatronKnobs(
         intra_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.intra_node_bw_bytes_per_s) * hw.comm_efficiency,
         inter_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.inter_node_bw_bytes_per_s) * hw.comm_efficiency,
         allocatable_bytes=hw.memory_bytes)
-    return dataclasses.replace(hw, megatron=knobs, kernels=hw.kernels if hw.kernels and hw.kernels.gemm
-                               else flat_tables(hw, rate_dtype))
+    own = hw.megatron.kernels
+    return hw.with_megatron(knobs=knobs, kernels=own if own and own.gemm else flat_tables(hw, rate_dtype))
 

@@ -261,7 +261,7 @@ def fit(priced: Sequence[Priced], hw: HardwareProfile) -> tuple[MegatronKnobs, d
 
 
 def with_knobs(hw: HardwareProfile, knobs: MegatronKnobs, calibration: dict) -> HardwareProfile:
-    return dataclasses.replace(hw, megatron=knobs, calibration=calibration)
+    return dataclasses.replace(hw.with_megatron(knobs=knobs), calibration=calibration)
 
 
 # ---- predictions ---------------------------------------------------------------------------

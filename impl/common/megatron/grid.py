@@ -1,4 +1,5 @@
-"""The Megatron baseline by the HotSPa authors' own grid rule (spec hotspa 9), priced by the
+"""The Megatron baseline by the HotSPa authors' own grid rule (their Megatron-LM fork,
+`Sakura-gh/Megatron-LM`, branch `long_seq`, `benchmark/generate_benchmark_scripts.py`), priced by the
 Megatron-LM step model (:mod:`impl.common.megatron`): every (dp, tp, pp) with dp*tp*pp = N,
 pp | L, tp | heads (tp across nodes allowed), every mbs in ``MBS`` with dp*mbs | gbs, packing as the
 fork packs (a micro-batch's mbs sequences concatenated into one row; the LM head on the

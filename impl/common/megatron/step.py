@@ -91,7 +91,7 @@ def theta_of(hw: HardwareProfile, k: MegatronKnobs) -> np.ndarray:
     for name in ("gemm_time_factor", "attn_time_factor", "elementwise_time_factor", "intra_node_bus_bw_bytes_per_s",
                  "inter_node_bus_bw_bytes_per_s"):
         if not getattr(k, name) > 0:
-            raise ConfigError(f"hardware.megatron.{name}: must be > 0, got {getattr(k, name)}")
+            raise ConfigError(f"hardware.megatron.knobs.{name}: must be > 0, got {getattr(k, name)}")
     th = np.zeros(N_TIME)
     th[F_GEMM] = k.gemm_time_factor
     th[F_ATTN] = k.attn_time_factor

@@ -1,6 +1,7 @@
 """A tiny LLaMA-style decoder that trains on packed variable-length rows (``cu_seqlens``).
 
-Shape from :class:`~impl.common.workloads.pipeline.ModelShape` (HotSPa spec 5: 4 layers,
+Shape from :class:`~impl.common.workloads.pipeline.ModelShape` (HotSPa's real CPU mode,
+impl/hotspa/README.md: 4 layers,
 hidden 128, 4 heads, SwiGLU FFN 352 via ``ffn_hidden``, vocab 2048, fp32; ``ffn_hidden = 0``
 gives a GELU MLP of ``ffn_mult * hidden``). RMSNorm, rotary positions, no biases, untied head.
 
@@ -16,7 +17,7 @@ of them by default); tokens after ``cu_seqlens[-1]`` are alignment padding.
 - Padding is never a loss target and real tokens never attend to it.
 - Loss = sum of token cross-entropies / ``global_tokens``, the caller's count of target tokens
   in the whole step (all micro-batches, groups and ranks), so summing micro-batch gradients
-  gives the step's gradient however the step was packed (HotSPa/Hydraulis spec 7). Without it,
+  gives the step's gradient however the step was packed. Without it,
   the micro-batch's own token count (a mean).
 - ``checkpoint=True`` recomputes each block in backward (``torch.utils.checkpoint``): Hydraulis
   and LobRA use it as the CPU stand-in for a larger memory footprint.
@@ -231,7 +232,7 @@ def build_varlen_model(shape: ModelShape, seed: int, checkpoint: bool = False,
 
 
 def spec5_shape() -> ModelShape:
-    """HotSPa spec 5's tiny decoder (seq_len = the largest micro-batch capacity, 2048)."""
+    """The tiny decoder of HotSPa's real CPU mode (seq_len = the largest micro-batch capacity, 2048)."""
     return ModelShape(name="varlen-tiny", num_layers=4, hidden=128, heads=4, ffn_hidden=352,
                       vocab=2048, seq_len=2048)
 

@@ -1,5 +1,5 @@
 """Hybrid-parallel (DP x TP x PP) cost model over a :class:`~impl.common.parallel.plan.Plan`
-(spec malleus 6), reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
+reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
 
 - t_layer(tp): the Megatron step model's forward + backward of one layer for one micro-batch of
   b x s tokens on a TP group of ``tp`` (:func:`impl.common.megatron.step.layer_time_s`: GEMMs and
@@ -108,7 +108,8 @@ class HybridCostModel:
 
 @dataclass(frozen=True)
 class StageMemoryRows:
-    """Per-GPU memory of a stage (spec 2.2) as the planner's linear rows:
+    """Per-GPU memory of a stage (the memory constraint of Malleus's planner, the authors' code:
+    Hetu `python/hetu/engine/strategy.py`) as the planner's linear rows:
     (k_d * l + E * [first or last]) * r + X <= C. Not a second memory model: :func:`memory_model`
     fills the rows from the Megatron step model's terms.
 

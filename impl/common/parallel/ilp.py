@@ -1,5 +1,6 @@
-"""The two integer programs of a heterogeneous DP x PP planner (spec malleus 2.3 step 4,
-ckpt_recovery 2.2 C-D), solved by existing solvers.
+"""The two integer programs of a heterogeneous DP x PP planner (ILP-A and ILP-B of
+Malleus's planner, the authors' code Hetu `python/hetu/engine/strategy.py`, which Elastor's
+reference code reuses), solved by existing solvers.
 
 ILP-A (one pipeline, its stages' group rates y_j and memory ratios r_j):
     min z  s.t.  (k_{S-j} l_j + E [j first or last]) r_j + X <= C,  z >= y_j l_j,  sum_j l_j = L,
@@ -9,7 +10,8 @@ ILP-B (all pipelines, their z_i from ILP-A):
 
 ``solver='cbc'`` runs PuLP's bundled CBC with the rows written in the reference code's order
 (memory, then z, then the layer sum); CBC is deterministic for a given input, and that order
-is what reproduces the Malleus spec's worked examples among tied optima (impl/malleus/README).
+is what reproduces the worked examples of the authors' planner tests (Hetu
+`examples/malleus/test_strategy_model.py`) among tied optima (impl/malleus/README.md).
 ``solver='highs'`` uses scipy.optimize.milp (HiGHS, in-process, faster). Both return exact integer solutions;
 the objective is recomputed from the integers, never read back from the solver.
 """

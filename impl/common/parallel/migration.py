@@ -1,4 +1,5 @@
-"""What moves when a plan changes (spec malleus 2.4), as data: a list of transfers.
+"""What moves when a plan changes (Malleus's live migration, the authors' code: Hetu
+`hetu/graph/switch_exec_graph.*`), as data: a list of transfers.
 
 State units: ``-1`` = embeddings (first stage), ``0..L-1`` = layers, ``L`` = final norm + LM
 head (last stage). A GPU of a TP group of size g at TP rank t holds the fraction
@@ -9,7 +10,8 @@ the needed fraction is cut at every old holder's shard boundary; each piece is
 - else by the inter-node holder with the fewest inter-node bytes assigned so far.
 Ties go to the lower GPU id, so the result is deterministic.
 
-That is the default ``policy="bandwidth_greedy"`` (HotSPa spec 2.5's planner too: separate
+That is the default ``policy="bandwidth_greedy"`` (HotSPa's hot-switch planner too, the
+same Hetu code: separate
 intra/inter counters because the two links run concurrently). HotSPa's ablation policies pick
 the sender of each (needer, slice) differently; reuse in place is the same for all:
 - ``greedy_msgs``: as bandwidth_greedy, but the counters count slices sent (messages), not

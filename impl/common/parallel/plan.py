@@ -1,4 +1,5 @@
-"""Hybrid-parallel plans as plain data (spec malleus 2.2, 2.3 step 6, 7).
+"""Hybrid-parallel plans as plain data (the variables and output of Malleus's planner, the
+authors' code Hetu `python/hetu/engine/strategy.py`).
 
 A :class:`Plan` says, for one training job on ``num_gpus`` GPUs in nodes of ``gpus_per_node``:
 - the tensor-parallel groups (each inside one node, of size ``tp / 2**k``),
@@ -7,7 +8,7 @@ A :class:`Plan` says, for one training job on ``num_gpus`` GPUs in nodes of ``gp
 - the suspended GPUs (in no group: they hold no state and join no collective).
 
 Plans print (:func:`format_plan`), diff (:func:`plan_diff`), round-trip through dicts/JSON and
-are checked by :func:`validate_plan` against every invariant of spec section 7. Straggling
+are checked by :func:`validate_plan` (every violated plan invariant, listed). Straggling
 rates are not part of a plan: a group's rate ``y = alpha_k * max x`` is computed from the
 rates at hand (:func:`group_rates`), so the same plan can be scored under any rates.
 """
@@ -20,7 +21,7 @@ from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
 
-# A group rate under this counts as healthy (spec 2.1 hysteresis).
+# A group rate under this counts as healthy (Malleus's hysteresis, the authors' code, PKU-DAIR/Hetu).
 HEALTHY_BELOW = 1.2
 
 
@@ -146,7 +147,7 @@ class Plan:
 
 
 def effective_rate(y: float, healthy_below: float = HEALTHY_BELOW) -> float:
-    """Hysteresis of spec 2.1: a rate under 1.2 counts as 1 (also faster-than-nominal GPUs)."""
+    """Malleus's hysteresis: a rate under 1.2 counts as 1 (also faster-than-nominal GPUs)."""
     return 1.0 if y < healthy_below else float(y)
 
 
@@ -221,7 +222,7 @@ def uniform_plan(num_gpus: int, gpus_per_node: int, dp: int, tp: int, pp: int, n
 
 
 # ---------------------------------------------------------------------------------------
-# validation (spec 7)
+# validation
 # ---------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""A heterogeneous DP x TP x PP planner over per-GPU rates (spec malleus 2.3; reused by
-checkpoint recovery, spec ckpt_recovery 2.2). Inputs are plain data: rates x_g (1 = healthy,
+"""A heterogeneous DP x TP x PP planner over per-GPU rates (Malleus's six-step planner,
+the authors' code Hetu `python/hetu/engine/strategy.py`; reused by checkpoint recovery, as
+Elastor's reference code reuses it). Inputs are plain data: rates x_g (1 = healthy,
 2 = twice as slow), the TP slowdown per shrink level (alpha), node size, layer and
 micro-batch counts, an optional memory model and GPUs that are not available at all.
 

@@ -8,7 +8,7 @@ TP rank computes the same values and the same gradients for them, with no collec
 Communication: the ``f`` operator (identity forward, all-reduce of the input gradient
 backward) on the input of the attention and of the MLP sub-block, the ``g`` operator
 (all-reduce forward, identity backward) on the outputs of o and down: 2 all-reduces forward
-and 2 backward per layer (HotSPa spec 5).
+and 2 backward per layer.
 
 Why an explicit split rather than ``torch.distributed.tensor.parallel``: ``parallelize_module``
 with ``ColwiseParallel``/``RowwiseParallel`` over a 1-D CPU ``DeviceMesh`` does run forward and

@@ -1,5 +1,6 @@
-"""Tensor-parallel groups of one node from its GPUs' rates (spec malleus 2.3 step 1,
-ckpt_recovery 2.2 A).
+"""Tensor-parallel groups of one node from its GPUs' rates (step 1 of Malleus's
+planner, the authors' code Hetu `python/hetu/engine/strategy.py`; Elastor's reference code
+splits a node the same way).
 
 Healthy GPUs (by id) come first, then slow ones (by rate). The first groups are full (tp
 GPUs); the last window of tp slots is split into descending powers of two from each start

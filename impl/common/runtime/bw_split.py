@@ -1,4 +1,4 @@
-"""B/W split of a Linear layer (ZeroBubble's "B" and "W", spec section 5).
+"""B/W split of a Linear layer (ZeroBubble's "B" and "W").
 
 A :class:`SplitLinear` computes ``y = x W^T + b`` like ``nn.Linear``. Its backward depends on
 whether a :class:`WeightGradStash` was active when the *forward* ran:

@@ -10,7 +10,7 @@ directions of the link).
 * :class:`InlineComm` -- blocking ``torch.distributed`` send/recv on the compute thread, the
   1F1B baseline's "P2P issued in order on the compute stream". The delay is slept on the
   compute thread too, like the artifact's sleep kernel in the compute stream.
-* :class:`FifoComm` -- GPU-path fidelity (spec section 3, "HOL fidelity"): one FIFO worker
+* :class:`FifoComm` -- GPU-path fidelity (the HOL model [R] of impl/adaptra/README.md): one FIFO worker
   thread per peer for sends, holding at most Q messages, queued plus in flight (default 1,
   the simulator's ``CommModel.queue_depth``). ``send`` blocks while the worker is full, so a
   slow link stalls the compute thread behind it (head-of-line blocking); the worker sleeps

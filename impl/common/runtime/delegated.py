@@ -1,4 +1,5 @@
-"""ADAPTRA's host-delegated data plane (spec section 2.5). For each
+"""ADAPTRA's host-delegated data plane (the paper's CPU-delegated data plane, as in
+the artifact (wutianyuan1/PipeMorph, branch `AE`)). For each
 channel (ordered neighbour pair src->dst) there are K sender delegate processes on the src
 side and K receiver delegate processes on the dst side; sender k and receiver k form their
 own 2-rank gloo process group (each delegate calls ``init_process_group`` with a
@@ -14,7 +15,7 @@ flag 3. The trainer never waits on the network, only on data that has not arrive
 
 Doorbells: each flag write is followed by a ``multiprocessing.Semaphore`` release, and the
 waiter re-checks the flag after each wake-up. Pure spinning by dozens of delegate processes
-would starve the compute on a 2-core host (spec section 8); the flags stay the protocol.
+would starve the compute on a 2-core host; the flags stay the protocol.
 
 Local jobs: the launcher's parent process creates the channels and the delegate processes (so
 nothing is orphaned if a trainer dies). Under torchrun each trainer creates its own side of

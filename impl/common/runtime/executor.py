@@ -75,7 +75,7 @@ class NamedSchedule:
 
 
 def default_num_delegates(max_delay_s: float) -> int:
-    """The artifact's rule (spec section 2.5): K = 3 for delays <= 30 ms, else 6."""
+    """The artifact's rule (wutianyuan1/PipeMorph, branch `AE`): K = 3 for delays <= 30 ms, else 6."""
     return 3 if max_delay_s <= 0.030 else 6
 
 

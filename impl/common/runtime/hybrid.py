@@ -9,9 +9,9 @@ One process per "GPU" (``num_gpus`` ranks). Each iteration:
 2. ranks align (a world all-reduce), then each active rank runs its pipeline's 1F1B over the
    micro-batches ``[off_i, off_i + m_i)`` of the iteration's global batch (one global
    sampler; the consumed-sample counter advances by M*mbs per iteration whatever the plan),
-   with P2P isend/recv between its stages. Every F/B op is padded (sleep) to
-   ``layers * pad * x`` where x is the rank's injected slowdown (spec malleus 5); the padded
-   op time is the rank's compute time T_g. Suspended ranks run the GEMM probe instead;
+   with P2P isend/recv between its stages. Every F/B op is padded (sleep) to ``layers * pad * x``
+   where x is the rank's injected slowdown (Malleus's real CPU mode [R], impl/malleus/README.md);
+   the padded op time is the rank's compute time T_g. Suspended ranks run the GEMM probe instead;
 3. each micro-batch's loss is scaled by 1/M (M = global micro-batches), so adding every
    replica's accumulated gradients gives the per-sample mean over the global batch (never
    a mean of replica means); the sum is one all-reduce of a flat full-model vector over the

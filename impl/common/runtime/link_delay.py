@@ -4,13 +4,13 @@
 ``{(i, i+1): seconds}`` table) into the table in force at each iteration, using
 :func:`faults.link_delay.link_delays_at` (the function the simulator uses too). Rank 0
 publishes the table in the job's TCPStore under one key per iteration and every rank reads
-that key at the start of the iteration (spec section 5), so all ranks sleep the same delays
+that key at the start of the iteration, so all ranks sleep the same delays
 and build the same schedule, as the artifact does with Redis.
 
 **Detection.** ``detection='oracle'`` hands the injected table to the scheduler.
 ``detection='measured'`` hands it :class:`DelayEstimator`'s estimate instead: every message
 carries its send time relative to the sender's iteration origin (ranks align origins at
-iteration start with an all-reduce, spec section 8); the receiver's transit time per message
+iteration start with an all-reduce); the receiver's transit time per message
 goes into a :class:`TransitMonitor`; at iteration end the per-link minimum transit (the
 minimum filters out queueing behind other messages) is all-reduced and fed to a change
 detector, which moves a link's estimate only after the new level persisted ``patience``
@@ -119,7 +119,7 @@ class DelayEstimator:
     num_stages: int
     floor_s: float = 0.0005  # transit of an undelayed message on a loaded host: ~0.1-1 ms
     abs_threshold_s: float = 0.004
-    rel_threshold: float = 0.10  # Falcon's "means differ >= 10%" (spec section 3)
+    rel_threshold: float = 0.10  # Falcon's "means differ >= 10%"
     patience: int = 2
     quantum_s: float = 0.001
     estimates: dict[Link, float] = field(default_factory=dict)

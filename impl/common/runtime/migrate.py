@@ -1,4 +1,5 @@
-"""Live migration of training state between two plans (spec malleus 2.4), over torch.distributed.
+"""Live migration of training state between two plans (Malleus's, the authors' code: Hetu
+`hetu/graph/switch_exec_graph.*`), over torch.distributed.
 
 Each rank holds the full model's *skeleton* (the tiny GPT, every parameter allocated) but
 only the units its plan stage needs carry values; the others are NaN, so stale state can

@@ -4,7 +4,7 @@ The executor drives a :class:`StageRunner` from a schedule; tests can drive seve
 process in any valid order. Gradients are accumulated in **micro-batch-id order** whatever
 order B and W run in (contributions that arrive early wait in a small buffer), so loss, grads
 and parameters are bitwise identical across schedules and equal to the single-process
-reference (spec section 7).
+reference.
 """
 from __future__ import annotations
 

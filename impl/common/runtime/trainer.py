@@ -228,7 +228,7 @@ class _Trainer:
             batches = [(tok.to(self.device), tgt.to(self.device))
                        for tok, tgt in make_microbatches(cfg.shape, cfg.micro_batch_size, N, cfg.seed, it)]
 
-            # Align timelines: everyone starts once the last rank is ready (spec section 8).
+            # Align timelines: everyone starts once the last rank is ready.
             stamp = torch.tensor([time.time()], dtype=torch.float64, device=self.device)
             dist.all_reduce(stamp, op=dist.ReduceOp.MAX)
             # Every rank's origin is that common wall-clock instant, expressed on its local

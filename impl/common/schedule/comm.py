@@ -1,6 +1,6 @@
 """Add point-to-point communication to a compute-only schedule, and strip it again.
 
-Placement (spec §2.4: "RECV before the consumer, SEND after the producer"):
+Placement (ADAPTRA paper, Alg. 3/4, arXiv 2504.19232: "RECV before the consumer, SEND after the producer"):
 * SEND right after its producer: ``SF j>i+1`` after ``F j`` on stages < S−1, ``SB j>i−1``
   after ``B j``/``BW j`` on stages > 0;
 * RECV right before its consumer: ``RF j<i−1`` before ``F j`` on stages > 0, ``RB j<i+1``
@@ -8,7 +8,7 @@ Placement (spec §2.4: "RECV before the consumer, SEND after the producer"):
 
 Between two compute ops there is then at most one SEND and one RECV. When both talk to the
 same neighbour, two adjacent ranks would both try to send first and an in-stream (blocking)
-send deadlocks (spec §8, PyTorch #172668). Rank parity breaks the tie: even stages send
+send deadlocks (PyTorch #172668). Rank parity breaks the tie: even stages send
 first, odd stages receive first, which lines up the two ends as Megatron's 1F1B does. An odd
 stage receives first only when that is causally safe, i.e. the neighbour produces the message
 we receive before it consumes the one we send; otherwise the send stays first (receiving

@@ -12,8 +12,8 @@ per-stage order.
   times and zero link delays, with warm-up quotas :func:`zb_warmup` = Alg. 1 at
   ``x_max = min(N, 2S−1)``, i.e. ``x_i = 2(S−i)−1``: slack 2 on every link and at most 2S−1
   stored activations, within the artifact's ZB memory limit of 2S. Slack 2 (not the 3 that
-  ``x_max = 2S`` would give link 0) is what the spec's ZB reference shows: a delay of one op
-  time is absorbed, two are not (§5: 750/760/880 ms at c = 0/10/20 ms, t = 10 ms). With
+  ``x_max = 2S`` would give link 0) is what the ZB simulator reference of impl/adaptra/README.md shows: a delay
+  of one op time is absorbed, two are not (750/760/880 ms at c = 0/10/20 ms, t = 10 ms). With
   uniform op times, c = 0 and N ≥ 2S−1 this is exactly ADAPTRA's schedule, as the equal
   no-delay times in the paper imply.
 * ``zb_uncapped``: the ZB of the paper's own simulator [C] (PipeMorph

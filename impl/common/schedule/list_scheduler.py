@@ -4,7 +4,7 @@ ADAPTRA's Alg. 3/4 (arXiv 2504.19232), shared: ADAPTRA runs it on its delay-adap
 (:mod:`impl.adaptra.builder`) and the delay-blind ZB baseline on Alg. 1 quotas with unit op
 times (:mod:`impl.common.schedule.generators`). The paper simulates the pipeline in discrete time (step δ) with the profiled op times and the
 measured link delays, and records the order in which each stage ends up running its ops;
-that order (not the timing) is the schedule. Rules (spec §2.4):
+that order (not the timing) is the schedule. Rules (the paper's Alg. 3/4):
 
 * stage 0 owns every ``F_j`` at time 0; ``F_j`` finishing on stage i at t readies ``F_j`` on
   stage i+1 at ``t + c_i``; on the last stage it readies ``B_j`` there at once; ``B_j``
@@ -14,7 +14,8 @@ that order (not the timing) is the schedule. Rules (spec §2.4):
   is ready; afterwards, among ops ready now, B > F > W, ties by lowest micro-batch id;
 * ``wait_first_backward`` (artifact): after warm-up, do not start another F before the first
   B has run;
-* ``limit_inflight`` (our harness, spec §7 "peak in-flight activations on stage i ≤ x_i"):
+* ``limit_inflight`` (our harness [R], impl/adaptra/README.md: peak in-flight activations on
+  stage i ≤ x_i):
   no F starts while ``x_i`` forwards are waiting for their B. With it on,
   ``wait_first_backward`` changes nothing (the stage is full after warm-up anyway); the paper's
   spill-to-host variant is ``limit_inflight=False``.
@@ -96,7 +97,7 @@ def _check_warmup(warmup: Sequence[int], num_stages: int, num_microbatches: int)
             raise ConfigError(f"warm-up quota {x} on stage {i} exceeds num_microbatches {num_microbatches}")
         if i and x > warmup[i - 1]:
             raise ConfigError(f"warm-up quota {x} on stage {i} exceeds {warmup[i - 1]} on stage {i - 1} "
-                              "(quotas must be non-increasing, spec §2.1 lemma: a stage would wait for "
+                              "(quotas must be non-increasing, ADAPTRA's lemma x_i >= x_i+1: a stage would wait for "
                               "forwards its upstream holds back)")
     return [int(x) for x in warmup]
 
@@ -260,8 +261,8 @@ def build_timeline(tF: Sequence[float], tB: Sequence[float], tW: Sequence[float]
     """Run Alg. 3/4 and return the schedule with its simulated timing.
 
     ``num_microbatches`` is required (the quotas do not determine it). ``delta_s`` defaults to
-    the longest op over ``steps_per_op``. The build is held to ``max_steps``: by default the
-    spec's ``3·N·S·⌈t_o/δ⌉`` plus ``2·N·Σ⌈c_i/δ⌉`` (every message's link delay), i.e. the time
+    the longest op over ``steps_per_op``. The build is held to ``max_steps``: by default
+    ``3·N·S·⌈t_o/δ⌉`` plus ``2·N·Σ⌈c_i/δ⌉`` (every message's link delay), i.e. the time
     of running all work and all messages one after another, which no schedule can exceed while
     something is always running or in transit. Past it a ``ScheduleError`` is raised instead
     of looping on; a deadlock (nothing running, nothing in transit) is reported at once.

@@ -5,7 +5,7 @@ generators.zb_warmup`) is exactly it at ``x_max = min(N, 2S−1)``.
 
 With no delay information the best a schedule can do is spread the activation budget evenly
 over the links, because the slack ``Δ_i = x_i − x_{i+1}`` of a link is what absorbs a later
-delay on it (spec §2.1). Alg. 1 therefore starts stage 0 at the memory cap and hands out
+delay on it (the paper's analytical model). Alg. 1 therefore starts stage 0 at the memory cap and hands out
 ``x_max − 1`` slack as evenly as possible, the first ``r`` links getting one extra.
 """
 from __future__ import annotations

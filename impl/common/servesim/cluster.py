@@ -77,8 +77,8 @@ class SimServer:
         self.busy_s = 0.0
         self.iter_s = {"prefill": [0.0, 0], "decode": [0.0, 0]}  # kind -> [total s, count] (v1 Fig. 11)
         self.cpu_layers = 0
-        # iterations priced below the same batch with every adapter resident (spec 7 order, per
-        # iteration; the simulator's own check, 0 unless a cost term is wrong)
+        # iterations priced below the same batch with every adapter resident (the order check of
+        # impl/caraserve/README.md, per iteration; the simulator's own check, 0 unless a cost term is wrong)
         self.underpriced = 0
         self.lora_rows = 0  # request rows of iterations computed with a LoRA delta (base-only run: 0)
         self.loads = 0
@@ -87,7 +87,7 @@ class SimServer:
         self.version = 0  # bumped on every change of queue/batch state (routers cache on it)
         self.migrator: Optional["Migrator"] = None
         self.incoming = 0  # running requests whose KV cache is on its way here
-        # S-LoRA's code moves the full A+B bytes for A and again for B (spec 9).
+        # S-LoRA's public code moves the full A+B bytes for A and again for B.
         self.load_copies = 2.0 if cfg.policy == "slora" and cost.slora_copies_ab_twice else 1.0
         self.outbox: list = []  # running requests leaving at the end of the iteration in flight
 
@@ -167,7 +167,7 @@ class SimServer:
         self.busy = True
         dur, stall = self._duration(plan, now)
         if stall > 0:
-            # Stall accounting as the paper counts it (spec 9): every request in the iteration
+            # Stall accounting as the paper counts it (v1 Fig. 3-left): every request in the iteration
             # sits through the load (its own), and so does every in-flight decode it pauses.
             sitting = plan.reqs if plan.kind == "decode" else list(plan.reqs) + list(self.sched.running)
             for r in sitting:
@@ -212,7 +212,7 @@ class SimServer:
             # CaraServe (DECODE_WAITS_FOR_LOAD): a request whose prefill ended before its adapter
             # finished loading decodes with the batch, and each layer waits for its group of
             # every such adapter (the GPU stream waits on the load's event per group); decode
-            # never runs on the CPU (spec 2.1). The wait is a load stall for the whole batch.
+            # never runs on the CPU (as in the paper). The wait is a load stall for the whole batch.
             per, t = step / c.num_layers, now
             for l in range(c.num_layers):
                 g = self.group_of[l]
@@ -244,11 +244,12 @@ class SimServer:
         cold = [r for r in reqs if not self._resident(r.adapter, now)]
         if not cold:
             return total, stall
-        # CaraServe (spec 2.1): layer by layer; a cold request's layer runs on the CPU path unless
-        # the layer's group is resident when the layer starts (switch at a layer boundary). Each
-        # LoRA input's CPU path overlaps its own base GEMM only, and all cold requests on the CPU
-        # path in a layer share the host's cores and link (cost.cpu_layer_extra_s, which also
-        # adds the serial hand-off cost.cpu_layer_overhead_s per cold request, 0 by default).
+        # CaraServe's request path (the paper): layer by layer; a cold request's layer runs on the
+        # CPU path unless the layer's group is resident when the layer starts (switch at a layer
+        # boundary). Each LoRA input's CPU path overlaps its own base GEMM only, and all cold
+        # requests on the CPU path in a layer share the host's cores and link
+        # (cost.cpu_layer_extra_s, which also adds the serial hand-off cost.cpu_layer_overhead_s per
+        # cold request, 0 by default).
         base = total / c.num_layers  # the device layer with every adapter resident, this policy's kernel
         t = now
         memo: dict = {}
@@ -264,7 +265,7 @@ class SimServer:
                 memo[jobs] = c.cpu_layer_extra_s(jobs, base)
             t += base + memo[jobs]
         if t - now < total * (1 - 1e-9):
-            self.underpriced += 1  # spec 7: never below the same batch with every adapter resident
+            self.underpriced += 1  # never below the same batch with every adapter resident
         return t - now, stall
 
     def _finish(self, plan: IterationPlan) -> None:
@@ -316,8 +317,8 @@ class SimServer:
 
 
 class Migrator:
-    """dLoRA co-migration [R] (spec caraserve.md 3: "co-migrates requests and adapters across
-    replicas"; dLoRA's own planner is not public in enough detail, so this is a greedy stand-in).
+    """dLoRA co-migration [R] (dLoRA, OSDI'24, migrates requests and adapters across replicas; its
+    own planner is not public in enough detail, so this is a greedy stand-in: impl/caraserve/README.md).
 
     Every ``interval_s`` of sim time: while the most loaded server (``SimServer.load``) exceeds
     the least loaded by more than ``threshold`` requests, move up to half the gap from the former
@@ -473,7 +474,7 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
              route: Callable, slo_of: Callable[[SReq], float], preload: Sequence[str] = (),
              progress=None, isolated_of: Optional[Callable[[SReq], float]] = None, lora: bool = True) -> ServingSimResult:
     """``lora=False``: serve the trace on the base model alone (every adapter counted resident,
-    no load, no LoRA compute; the SLO reference run, spec caraserve.md 10)."""
+    no load, no LoRA compute; the SLO reference run, impl/caraserve/README.md "SLO")."""
     eng = EventLoop()
     records: list = []
 

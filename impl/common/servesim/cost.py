@@ -4,15 +4,15 @@ Units: seconds, bytes, FLOPs. Every constant is a field with its unit and source
 that neither the model shape nor the hardware profile gives are :class:`ServingCostConfig`
 (a system's ``cost`` node, so they have one name and one default):
 - GPU: ``hardware.peak_flops[dtype] * mfu`` and ``memory_bw_bytes_per_s`` (datasheet);
-- adapter loads: the paper's measured load time by bytes where the hardware profile has one
-  (spec 9; :mod:`impl.common.servesim.load_profile`, ``load_model`` auto/measured), else the
-  roofline ``load_model=roofline``: ``host_link_bw_bytes_per_s * h2d_efficiency`` (spec 6:
-  ~22 GB/s pinned on PCIe4 = 0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us);
+- adapter loads: the paper's measured load time by bytes where the hardware profile has one (v1 Fig.
+  3-right, ATC Fig. 4; :mod:`impl.common.servesim.load_profile`, ``load_model`` auto/measured), else
+  the roofline ``load_model=roofline``: ``host_link_bw_bytes_per_s * h2d_efficiency`` ([R]: ~22 GB/s
+  pinned on PCIe4 = 0.69 x 32 GB/s) plus ``h2d_tensor_overhead_s`` per tensor (20 us);
 - H2D of activations on the CPU path: always the roofline link rate above;
-- host CPU: ``cpu_flops_per_core`` (40 GFLOP/s fp32, spec 6) x ``cpu_cores`` (32 per host, spec 6)
+- host CPU: ``cpu_flops_per_core`` (40 GFLOP/s fp32 [R]) x ``cpu_cores`` (32 per host [R])
   shared by all cold requests of an iteration on the CPU path; per layer it moves x to host per
-  distinct LoRA input (2) and a delta back per site over the H2D link (spec 2.2 T_xfer), plus a
-  sync cost ``cpu_sync_s`` per LoRA input per layer (assumed 100 us; the spec gives only
+  distinct LoRA input (2) and a delta back per site over the H2D link (T_xfer), plus a
+  sync cost ``cpu_sync_s`` per LoRA input per layer (assumed 100 us [R]; the paper gives only
   "transfer < 1 ms");
 - LoRA kernels: BGMV (Punica, pads to the batch max rank: traffic ~ B * max r), MBGMV (S-LoRA,
   no padding: ~ sum r) with an efficiency factor each (``bgmv_efficiency``, ``mbgmv_efficiency``).
@@ -55,15 +55,16 @@ class ServingCostConfig:
     # decode steps profiled at a few batch sizes.
     iteration_overhead_per_row_s: float = 0.0
     # Fixed software cost per adapter load on top of bytes/bandwidth (0 = roofline only).
-    # The paper observes ONDMD stalls of ~29% of serving time at 9 RPS (spec 1), which the
+    # The paper observes ONDMD stalls of ~29% of serving time at 9 RPS (ATC'25 version), which the
     # roofline load (~8 ms per mean adapter) does not reproduce; see the CaraServe README.
     load_overhead_s: float = 0.0
     # How an adapter load is priced: "measured" = the paper's load-time table of the hardware
-    # profile interpolated by bytes (spec 9; an error where the profile has none), "roofline" =
-    # bytes / (link x h2d_efficiency) + per-tensor overhead (spec 6), "auto" = measured where a
-    # table exists, else roofline. Every sim record names the one used (info.cost.load_model).
+    # profile interpolated by bytes (v1 Fig. 3-right, ATC Fig. 4; an error where the profile has
+    # none), "roofline" = bytes / (link x h2d_efficiency) + per-tensor overhead ([R]), "auto" =
+    # measured where a table exists, else roofline. Every sim record names the one used
+    # (info.cost.load_model).
     load_model: str = "auto"
-    # S-LoRA's code copies the full A+B tensor once for A and once for B (spec 9), so its loads
+    # S-LoRA's code copies the full A+B tensor once for A and once for B, so its loads
     # move twice the adapter's bytes; False prices them like everyone else's.
     slora_copies_ab_twice: bool = True
     # A load-time table profiled on the target machine for this model's adapters (rank ->
@@ -186,7 +187,7 @@ class ServingCost(ServingCostConfig):
         return 2 * self.num_layers * self.d_kv * self.dtype_bytes / self.tp
 
     def adapter_bytes(self, rank: int) -> float:
-        """layers * sites * 2 * d * r * dtype bytes (spec 6: 128 MiB at r=64 for 7B)."""
+        """layers * sites * 2 * d * r * dtype bytes (128 MiB at r=64 for 7B)."""
         return self.num_layers * self.lora_sites * 2 * self.hidden * rank * self.dtype_bytes
 
     def _allreduce_s(self, tokens: int) -> float:
@@ -241,7 +242,7 @@ class ServingCost(ServingCostConfig):
         return nbytes / self.h2d_bytes_per_s + tensors * self.h2d_tensor_overhead_s + self.load_overhead_s
 
     def lora_inputs(self) -> list[tuple[int, float]]:
-        """One entry per distinct LoRA input of a layer (spec 2.1: one sync point each): (sites it
+        """One entry per distinct LoRA input of a layer (the paper: one sync point each): (sites it
         feeds, its base GEMM's share of the layer's weight-matrix work). q, k, v share the
         attention input (the first min(3, lora_sites) sites); o has its own (the 4th)."""
         d, kv, P = self.hidden, self.d_kv, self.layer_params
@@ -258,7 +259,7 @@ class ServingCost(ServingCostConfig):
         return 4 * sites * self.hidden * rank * math.ceil(tokens / procs) / self.cpu_flops_per_core
 
     def cpu_xfer_s(self, tokens: int, sites: int | None = None) -> float:
-        """One LoRA input's transfers (spec 2.2 T_xfer, 2.3): x to host shared memory once and one
+        """One LoRA input's transfers (T_xfer): x to host shared memory once and one
         delta back per site it feeds, over the pinned host link; default: every input of a layer."""
         if sites is None:
             return sum(self.cpu_xfer_s(tokens, k) for k, _ in self.lora_inputs())
@@ -270,8 +271,9 @@ class ServingCost(ServingCostConfig):
         return self.cpu_compute_s(tokens, rank, procs, sites) + self.cpu_xfer_s(tokens, sites) + self.cpu_sync_s
 
     def cpu_procs(self, tokens: int, rank: int, inp: int = 0) -> int:
-        """[R] smallest P with T_cpu(L/P) + T_xfer <= T_gpu_base (spec 2.2), for LoRA input ``inp``
-        against the base GEMM it overlaps (the request's isolated prefill), capped by the cores."""
+        """[R] smallest P with T_cpu(L/P) + T_xfer <= T_gpu_base (impl/caraserve/README.md), for
+        LoRA input ``inp`` against the base GEMM it overlaps (the request's isolated prefill),
+        capped by the cores."""
         sites, share = self.lora_inputs()[inp]
         base = self.prefill_s([tokens], [rank], lora=False) / self.num_layers * share
         for p in range(1, self.cpu_cores + 1):
@@ -317,7 +319,7 @@ class ServingCost(ServingCostConfig):
     def cpu_layer_extra_s(self, jobs: Sequence[tuple], base_layer_s: float, overhead: bool = True) -> float:
         """What the CPU path adds to a layer whose device part takes ``base_layer_s``: each LoRA
         input's CPU path overlaps only its own base GEMM (``y = base + delta`` waits for the
-        delta, spec 2.1; the next input, e.g. o's after attention, exists only after that), so
+        delta; the next input, e.g. o's after attention, exists only after that), so
         each input exposes max(0, CPU path - its GEMM's share of the layer); the attention and
         the MLP hide none of it. Plus ``cpu_layer_overhead_s`` per cold request (``overhead``)."""
         if not jobs:

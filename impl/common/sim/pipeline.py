@@ -4,23 +4,23 @@ Input is schedule data with SEND/RECV actions (as ``insert_comm`` writes them); 
 knows no scheduling policy. Each stage has one compute stream that runs its action list in
 order, except that by default (``CommModel.batch_p2p``) each run of consecutive SEND/RECV
 actions is posted as one batch, sends first, like Megatron's batch_isend_irecv. Messages are
-eager: the receiver buffers, so a send never waits for the matching RECV (spec adaptra §3
-models HOL blocking with send queues, not with a rendezvous).
+eager: the receiver buffers, so a send never waits for the matching RECV (the HOL model [R]
+of impl/adaptra/README.md uses send queues, not a rendezvous).
 
 Comm models (:class:`CommModel`):
 - ``latency``: arrival = send time + base + delay, messages independent (no queueing, no
-  HOL). This is the model of the spec's Alg. 3; with batch_p2p it reproduces the spec §5
-  ZB reference table exactly (tests/common/test_sim_pipeline.py).
-- ``in_stream`` (GPU path, spec §3): one FIFO worker per (stage, peer, direction). A SEND
-  hands its message to the worker and returns, unless the worker already holds
+  HOL). This is the model of ADAPTRA's Alg. 3 (paper); with batch_p2p it reproduces
+  the ZB simulator reference of impl/adaptra/README.md exactly (tests/common/test_sim_pipeline.py).
+- ``in_stream`` (GPU path, the HOL model [R] of impl/adaptra/README.md): one FIFO worker per
+  (stage, peer, direction). A SEND hands its message to the worker and returns, unless the worker already holds
   ``queue_depth`` messages not yet delivered; then the stream blocks until the oldest is
   delivered (head-of-line blocking). The worker sends one message at a time, each taking
   base + delay, so a delayed link carries at most 1/(base + delay) messages per second.
 - ``blocking`` (inline sends on the compute thread, the real runtime's ``inline`` path): a
   SEND holds the stream until the message is delivered (base + delay); the stream's time in
   it counts as HOL. Run with ``batch_p2p=False``: blocking sends go in schedule order.
-- ``delegated`` (host delegates, spec §2.5): a SEND costs a D2H copy on the stream; micro-batch
-  j then goes to delegate j mod K of (stage, direction), which sends serially with
+- ``delegated`` (host delegates, ADAPTRA's CPU-delegated data plane): a SEND costs a D2H copy on
+  the stream; micro-batch j then goes to delegate j mod K of (stage, direction), which sends serially with
   base·cpu_penalty + delay per message (queues unbounded, throughput K/c). Before the
   consuming op the receiver's stream waits for arrival and then pays an H2D copy.
 
@@ -70,7 +70,8 @@ class CommModel:
     queue_depth: Optional[int] = 1
     # delegated: K delegate workers per (stage, direction).
     delegates: int = 3
-    # delegated: CPU transfer is this much slower than GPU-direct RDMA (spec §6: 1.1-1.2x).
+    # delegated: CPU transfer is this much slower than GPU-direct RDMA ([R] 1.1-1.2x,
+    # impl/adaptra/README.md).
     cpu_penalty: float = 1.15
     # Post each run of consecutive SEND/RECV actions (between two compute ops) as one batch,
     # sends first, as Megatron's batch_isend_irecv does (batch_p2p_comm, on by default). The

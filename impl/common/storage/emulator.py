@@ -1,7 +1,7 @@
 """One storage model for every path that reads or writes a store (checkpoints, DCP, SwiftDiffusion's
 remote LoRA store): counted file I/O with an optional emulated
-per-request latency and per-rank bandwidth cap (spec ckpt_recovery 5: NAS, 5 ms per call,
-200 MB/s per rank).
+per-request latency and per-rank bandwidth cap (the emulated NAS of checkpoint recovery's real mode [R],
+impl/ckpt_recovery/README.md: 5 ms per call, 200 MB/s per rank).
 
 A *call* is one I/O request: opening a file, or a read/write that does not continue where the
 previous one on the same handle ended (a seek). Sequential reads/writes on one handle stream
@@ -84,7 +84,7 @@ PROFILES = {
 }
 
 
-# The sim's paper-scale stores (spec ckpt_recovery 6): NAS by aggregate bandwidth and per-call
+# The sim's paper-scale stores ([R], impl/ckpt_recovery/README.md): NAS by aggregate bandwidth and per-call
 # latency, local NVMe per node (with a buddy copy), peer CPU memory over a node's 400 GB/s of
 # NICs (latency per call [R] 20 us: an RDMA round trip plus a memory registration).
 PAPER_PROFILES = {

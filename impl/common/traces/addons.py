@@ -1,9 +1,11 @@
-"""Text-to-image request traces with ControlNet/LoRA add-ons (SwiftDiffusion spec 1 and 6).
+"""Text-to-image request traces with ControlNet/LoRA add-ons (SwiftDiffusion / Katz,
+arXiv 2407.02031; trace fields as in `mental2008/T2I-Model-Serving-Request-Trace`).
 
-:func:`generate_addon_trace` draws the spec-6 mix (ControlNet and LoRA counts per service, hot
-ControlNets, Zipf LoRA popularity, Poisson or Gamma arrivals); :func:`load_addon_trace` replays
-a JSON list of records with the trace's fields (``timestamp``, ``service``, ``base_model``,
-``controlnets``, ``loras``) and rejects a malformed record with one line naming row and field.
+:func:`generate_addon_trace` draws the reconstructed mix [R] of impl/swiftdiffusion/README.md
+(ControlNet and LoRA counts per service, hot ControlNets, Zipf LoRA popularity, Poisson or Gamma
+arrivals); :func:`load_addon_trace` replays a JSON list of records with the trace's fields
+(``timestamp``, ``service``, ``base_model``, ``controlnets``, ``loras``) and rejects a malformed
+record with one line naming row and field.
 """
 from __future__ import annotations
 

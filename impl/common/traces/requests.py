@@ -1,5 +1,6 @@
-"""Serving request traces (spec caraserve.md 6): Poisson or Gamma arrivals, Zipf adapter
-popularity, rank mixes, lognormal prompt/output lengths; a loader for real CSV/JSONL traces.
+"""Serving request traces (CaraServe's sim workload, impl/caraserve/README.md): Poisson or Gamma
+arrivals, Zipf adapter popularity, rank mixes, lognormal prompt/output lengths; a loader for real
+CSV/JSONL traces.
 
 A trace is plain data: a list of :class:`TraceRequest` plus the adapter table
 ``{adapter_id: rank}``. Every generator takes a ``numpy.random.Generator`` so a seed fixes the
@@ -8,6 +9,7 @@ trace bit for bit. Malformed input fails with one line naming the row and the fi
 from __future__ import annotations
 
 import csv
+import enum
 import json
 import math
 import pathlib
@@ -55,12 +57,19 @@ class Trace:
         return self
 
 
+class Arrival(enum.StrEnum):
+    """How request arrival times are drawn: a Poisson process, or gamma inter-arrivals (bursty, ``cv``)."""
+
+    poisson = "poisson"
+    gamma = "gamma"
+
+
 @dataclass
 class TraceSpec:
-    """Synthetic trace parameters (defaults = spec 6, [R] where marked)."""
+    """Synthetic trace parameters (defaults: CaraServe's sim workload, impl/caraserve/README.md; [R] where marked)."""
 
     num_requests: int = 1000
-    arrival: str = "poisson"  # poisson | gamma
+    arrival: Arrival = Arrival.poisson
     rate_rps: float = 5.0
     cv: float = 3.0  # gamma only
     num_adapters: int = 100
@@ -75,11 +84,11 @@ class TraceSpec:
     # Output-length clip; 0 = the same as len_min / len_max.
     output_min: int = 0
     output_max: int = 0
-    # One distinct adapter per request (the paper's synthetic setting, spec 9): num_adapters and
+    # One distinct adapter per request (the paper's synthetic setting, v1): num_adapters and
     # zipf_alpha are ignored.
     per_request: bool = False
-    # Adapter popularity: "zipf" (zipf_alpha) or "lognormal", the MAF stand-in of spec
-    # caraserve.md 10 (per-adapter weights lognormal with sigma lognormal_sigma, adapters grouped
+    # Adapter popularity: "zipf" (zipf_alpha) or "lognormal", the MAF stand-in of
+    # impl/caraserve/README.md (per-adapter weights lognormal with sigma lognormal_sigma, adapters grouped
     # at random into popularity_groups groups, each group an equal share of the requests).
     popularity: str = "zipf"
     lognormal_sigma: float = 3.54
@@ -105,7 +114,7 @@ def check_popularity(popularity: str, zipf_alpha: float, sigma: float, groups: i
 
 
 def lognormal_weights(num_adapters: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
-    """Per-adapter invocation weights of the MAF stand-in (spec caraserve.md 10): lognormal with
+    """Per-adapter invocation weights of the MAF stand-in (impl/caraserve/README.md): lognormal with
     ``sigma`` (3.54: the top 18.6% of adapters carry 99.6% of the weight, as the top 18.6% of
     Azure functions carry 99.6% of invocations), normalised to sum 1."""
     w = rng.lognormal(0.0, sigma, size=num_adapters)

@@ -4,17 +4,17 @@ A :class:`LengthDist` is either
 - ``kind: lognormal``: ``round(exp(N(ln median, sigma)))``; or
 - ``kind: histogram``: lengths drawn with probability proportional to the counts of a CSV file.
 
-Limits ``[min_len, max_len]`` (``max_len = 0``: no upper limit) are part of the distribution.
-With ``clip: true`` a draw outside them is clipped to the nearest limit (the spec's
-"lognormal(...) clipped to [16, 2048]"). With ``resample: true`` a draw outside them is drawn
-again: the distribution conditioned on the range, i.e. a dataset filtered to it (LobRA spec 10:
-"lengths kept in [256, 16384]"); it wins over ``clip``, and a range holding under 1e-4 of the
-mass is an error. With both false a draw or histogram row outside them is an error naming the
-numbers: a sequence is never silently dropped or shortened.
+Limits ``[min_len, max_len]`` (``max_len = 0``: no upper limit) are part of the distribution. With
+``clip: true`` a draw outside them is clipped to the nearest limit (as in "lognormal(...) clipped to
+[16, 2048]"). With ``resample: true`` a draw outside them is drawn again: the distribution
+conditioned on the range, i.e. a dataset filtered to it (LobRA's authors' scripts, Hetu
+`examples/lobra/`, keep lengths in [256, 16384]); it wins over ``clip``, and a range holding under
+1e-4 of the mass is an error. With both false a draw or histogram row outside them is an error
+naming the numbers: a sequence is never silently dropped or shortened.
 
 Presets [R] (stand-ins, not the papers' data): CommonCrawl lognormal(ln 700, 1.25) and GitHub
-lognormal(ln 1800, 1.3), clipped to the context (HotSPa spec 6, Hydraulis spec 6); HotSPa's
-CPU experiment lognormal(ln 250, 1.0) clipped to [16, 2048] (HotSPa spec 5).
+lognormal(ln 1800, 1.3), clipped to the context (impl/hotspa/README.md,
+impl/hydraulis/README.md); HotSPa's real CPU mode lognormal(ln 250, 1.0) clipped to [16, 2048] (impl/hotspa/README.md).
 
 Histogram file format (chosen here): CSV, one ``length,count`` row per distinct length,
 optional header line ``length,count``; blank lines and lines starting with ``#`` are skipped.
@@ -133,7 +133,7 @@ def github(context: int) -> LengthDist:
 
 
 def hotspa_cpu() -> LengthDist:
-    """HotSPa spec 5: lognormal(ln 250, 1.0) clipped to [16, 2048]."""
+    """HotSPa's real CPU mode [R]: lognormal(ln 250, 1.0) clipped to [16, 2048]."""
     return LengthDist(kind="lognormal", median=250.0, sigma=1.0, min_len=16, max_len=2048, clip=True)
 
 

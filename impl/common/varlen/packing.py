@@ -15,25 +15,26 @@ with no sequences (``is_empty``) is a placeholder that runs no compute.
 
 Rules (every one keeps each sequence whole and drops none):
 - :func:`pad_to_max`: ``micro_batch_size`` sequences per micro-batch, each padded to the step's
-  longest (or a given row length). Hydraulis batching mode 0 (spec 2.5).
+  longest (or a given row length). Hydraulis batching mode 0 (the authors' code, Hetu `examples/hydraulis`).
 - :func:`equal_count`: the sequences in the given order, cut into ``num`` micro-batches whose
   counts differ by at most one (the first ``n % num`` hold one more). Hydraulis mode 1.
 - :func:`greedy_pack`: scan shortest-first; open a bin with the shortest unused sequence, then
-  add the longest unused sequences that still fit the capacity (Hydraulis spec 2.5, "greedy
-  packing", modes 2/3; the Megatron-like baselines of Hydraulis and HotSPa spec 3 use it to
+  add the longest unused sequences that still fit the capacity (Hydraulis's "greedy
+  packing", modes 2/3 of the authors' code; the Megatron-like baselines [R] of Hydraulis and HotSPa use it to
   the context length). Topping up "the longest that still fits" is done by repeatedly taking
   the longest unused length <= the room left, which equals the authors' loop (Hetu
   ``python/hetu/data/bucket.py``, ``Bucket.pack_data``: scan the unused sequences longest-first
   and add each that fits). Hetu then runs the packed rows largest-first (:func:`largest_first`;
-  Hydraulis 2.4) and, in its pad-to-max path, truncates rows to the maximum: here an over-long
-  sequence is an error instead.
+  Hydraulis's per-iteration planning) and, in its pad-to-max path, truncates rows to the maximum:
+  here an over-long sequence is an error instead.
 - :func:`hotspa_pack`: open a micro-batch with the longest unused sequence, then add from the
-  shortest upward while the total stays <= the group's bound (HotSPa spec 2.3).
+  shortest upward while the total stays <= the group's bound (the authors' code,
+  Hetu `examples/hotspa`).
 - :func:`group_by_boundaries`: descending boundaries ``[B_0 > B_1 > ... > B_n]``; group g holds
-  lengths in ``(B_{g+1}, B_g]`` (HotSPa spec 2.1).
+  lengths in ``(B_{g+1}, B_g]`` (HotSPa's grouping, same code).
 - :func:`assign_dp`: micro-batch i goes to DP rank ``i mod dp``; ranks left short get empty
-  micro-batches so every rank runs the same count (HotSPa spec 7: the public code drops the
-  leftover micro-batches; the harness pads instead).
+  micro-batches so every rank runs the same count (HotSPa's public code drops the
+  leftover micro-batches; the harness pads instead [R]).
 
 Padding (``pad``): ``"none"`` (no padding), ``"align"`` (up to a multiple of ``align``, the
 dynamic-shape case, e.g. 128 or the TP/CP degree) or ``"bound"`` (up to the capacity, the
@@ -113,7 +114,7 @@ class MicroBatch:
 
 @dataclass(frozen=True)
 class LengthGroup:
-    """Sequences whose lengths lie in ``(lower, upper]`` (HotSPa 2.1), longest first."""
+    """Sequences whose lengths lie in ``(lower, upper]`` (HotSPa's grouping), longest first."""
 
     index: int
     upper: int
@@ -243,7 +244,7 @@ def greedy_pack(ids: Sequence[int], lengths: Sequence[int], capacity: int, pad: 
 
 def hotspa_pack(ids: Sequence[int], lengths: Sequence[int], bound: int, pad: str = "align",
                 align: int = 128, field: str = "packing") -> list[MicroBatch]:
-    """HotSPa 2.3: longest unused opens a micro-batch; add shortest-upward while total <= bound."""
+    """HotSPa's packing: longest unused opens a micro-batch; add shortest-upward while total <= bound."""
     ids_a, len_a = _as_arrays(ids, lengths, field)
     if bound < 1:
         raise ConfigError(f"{field}.bound: must be >= 1, got {bound}")

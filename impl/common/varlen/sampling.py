@@ -8,10 +8,10 @@ how steps are cut.
 
 Steps:
 - :meth:`LengthStream.by_count`: the next ``n`` sequences (HotSPa: 64 per step on CPU, GBS 512).
-- :meth:`LengthStream.by_tokens`: sequences until their total reaches the budget G (Hydraulis
-  spec 2.4, LobRA). Hydraulis truncates the last sequence so that the total is exactly G; the
-  substrate never truncates a sequence (a cut document is a different training sample), so the
-  overflowing sequence is handled by ``overflow``:
+- :meth:`LengthStream.by_tokens`: sequences until their total reaches the budget G (Hydraulis's
+  per-iteration planning and LobRA's, both in the authors' Hetu code). Hydraulis truncates the last
+  sequence so that the total is exactly G; the substrate never truncates a sequence (a cut document
+  is a different training sample), so the overflowing sequence is handled by ``overflow``:
   - ``"keep"`` (default): it stays in this step; ``G <= total < G + its length``.
   - ``"defer"``: it opens the next step; ``total <= G`` (a single sequence longer than G still
     forms a step on its own, so the stream always advances).

@@ -1,6 +1,7 @@
 """Workload for diffusion editing/serving (FISEdit; SwiftDiffusion reuses the model part)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -8,11 +9,27 @@ from impl.common.diffusion.pipelines import UNetShape
 from impl.common.host_alloc import check_host_malloc
 
 
+class EditSimScenario(enum.StrEnum):
+    """FISEdit's paper-scale sim scenarios F1-F4 (impl/fisedit/README.md, "Reconstructed choices")."""
+
+    f1 = "f1"
+    f2 = "f2"
+    f3 = "f3"
+    f4 = "f4"
+
+
+class MaskShape(enum.StrEnum):
+    """The synthetic edit mask: one rectangle, or a smooth random blob (impl/fisedit/mask.py)."""
+
+    rect = "rect"
+    blob = "blob"
+
+
 @dataclass
 class EditSimSpec:
-    """Sim-mode scenario at paper scale (spec fisedit.md 6)."""
+    """Sim-mode scenario at paper scale (F1-F4 [R], impl/fisedit/README.md)."""
 
-    scenario: str = "f1"  # f1 | f2 | f3 | f4
+    scenario: EditSimScenario = EditSimScenario.f1
     unet: str = "sd21"  # the UNet the cost model traces (sd21 = SD 2.1 768-v, latent 96)
     dtype: str = "fp16"
     num_steps: int = 50
@@ -25,7 +42,7 @@ class EditSimSpec:
     mask_p90: float = 0.35
     n_edits: int = 3000
     # Engine (fusion) gain of the paper's dense engine over stock diffusers, applied when
-    # include_engine_gain (spec 6: 1.3-1.6x, [R]); both figures are reported anyway.
+    # include_engine_gain ([R] 1.3-1.6x, impl/fisedit/README.md); both figures are reported anyway.
     engine_gain: float = 1.45
     # F3: host-RAM budgets per cached image, bytes
     host_budgets_bytes: List[float] = field(default_factory=lambda: [0.0, 4e9, 8e9, 16e9, 32e9, 64e9])
@@ -50,7 +67,7 @@ class DiffusionEditWorkload:
     # Synthetic mask of this latent ratio (random weights do not localise edits); null = the
     # captured mask.
     mask_ratio: Optional[float] = 0.1
-    mask_shape: str = "rect"  # rect | blob
+    mask_shape: MaskShape = MaskShape.rect
     # Mask side length override: a mask of another shape is rejected (bad-input check).
     mask_hw: Optional[List[int]] = None
     # Bad-input checks: an edit from another seed / scheduler than the cache was recorded with.

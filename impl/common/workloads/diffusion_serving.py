@@ -1,14 +1,16 @@
 """Workload for diffusion serving with ControlNet/LoRA add-ons (SwiftDiffusion / Katz)."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from impl.common.diffusion.pipelines import UNetShape
+from impl.common.traces.requests import Arrival
 
 
 def _tiny_unet() -> UNetShape:
-    # Spec swiftdiffusion.md 5: two resolutions, one cross-attention block.
+    # SwiftDiffusion's real CPU mode [R]: two resolutions, one cross-attention block.
     return UNetShape(sample_size=32, block_out_channels=[32, 64], layers_per_block=1,
                      down_block_types=["DownBlock2D", "CrossAttnDownBlock2D"],
                      up_block_types=["CrossAttnUpBlock2D", "UpBlock2D"], cross_attention_dim=32,
@@ -17,11 +19,12 @@ def _tiny_unet() -> UNetShape:
 
 @dataclass
 class AddonTraceSpec:
-    """Spec-6 request generator ([R] where the sources give no numbers) or a trace file."""
+    """SwiftDiffusion's sim request generator ([R] where the sources give no numbers;
+    impl/swiftdiffusion/README.md) or a trace file."""
 
     num_requests: int = 2000
     rate_rps: float = 1.0
-    arrival: str = "poisson"  # poisson | gamma
+    arrival: Arrival = Arrival.poisson
     cv: float = 3.0  # gamma bursts
     service_a_share: float = 0.5
     cn_count_probs: List[float] = field(default_factory=lambda: [0.30, 0.45, 0.20, 0.05])
@@ -32,14 +35,34 @@ class AddonTraceSpec:
     hot_cn_calls: float = 0.95  # ... take 95% of calls
     num_loras: int = 7000
     lora_zipf_alpha: float = 0.9
-    file: Optional[str] = None  # a JSON trace with the spec-1 fields replaces the generator
+    file: Optional[str] = None  # a JSON trace with the production trace's fields replaces the generator
+
+
+class ServingSimScenario(enum.StrEnum):
+    """SwiftDiffusion's paper-scale sim scenarios (impl/swiftdiffusion/README.md, "Sim")."""
+
+    e1 = "e1"
+    e2 = "e2"
+    e3 = "e3"
+    e4 = "e4"
+
+
+class ServingScenario(enum.StrEnum):
+    """SwiftDiffusion's real experiments (impl/swiftdiffusion/README.md, "Reconstructed choices")."""
+
+    controlnet = "controlnet"
+    bal = "bal"
+    cfg = "cfg"
+    lora_api = "lora_api"
+    quality = "quality"
 
 
 @dataclass
 class AddonSimSpec:
-    """Sim scenarios at paper scale (spec 6); profile numbers live in the system config."""
+    """Sim scenarios at paper scale (E1-E4, impl/swiftdiffusion/README.md); profile numbers live in
+    the system config."""
 
-    scenario: str = "e1"  # e1 | e2 | e3 | e4
+    scenario: ServingSimScenario = ServingSimScenario.e1
     # E1: add-on configs (ControlNets, LoRAs) of the artifact's table
     configs: List[List[int]] = field(default_factory=lambda: [[0, 0], [0, 1], [1, 0], [1, 1], [2, 2], [3, 0], [3, 2]])
     gpus: int = 16
@@ -57,10 +80,10 @@ class AddonSimSpec:
 @dataclass
 class DiffusionServingWorkload:
     kind: str = "diffusion_serving"
-    # real mode (spec 5)
-    scenario: str = "controlnet"  # controlnet | bal | cfg | lora_api | quality
+    # real mode
+    scenario: ServingScenario = ServingScenario.controlnet
     unet: UNetShape = field(default_factory=_tiny_unet)
-    cond_channels: List[int] = field(default_factory=lambda: [8, 16])  # spec 5: cond side = 2x latent
+    cond_channels: List[int] = field(default_factory=lambda: [8, 16])  # cond side = 2x latent
     cond_size: int = 0  # control image side; 0 = latent x the ControlNet's factor (bad-input check)
     scheduler: str = "euler"
     num_steps: int = 30

@@ -1,6 +1,7 @@
 """Workload for hybrid-parallel (DP x TP x PP) training on a GPU cluster (Malleus, Elastor,
 Hydraulis, ...): the cluster shape, the nominal layout, the global batch, the memory profile
-the planner's memory rows use, and the real-mode padding of spec malleus 5."""
+the planner's memory rows use, and the real-mode padding of Malleus's CPU runs
+(impl/malleus/README.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,12 +20,13 @@ class HybridModelShape(ModelShape):
 
 @dataclass
 class HybridMemory:
-    """The planner's per-GPU memory rows (spec malleus 2.2: k_d = state + act x min(d, inflight_cap)
-    per layer, E on the first / last stage, X, capacity C), all from the Megatron step model's
+    """The planner's per-GPU memory rows (the memory constraint of Malleus's planner, the authors'
+    code Hetu `python/hetu/engine/strategy.py`: k_d = state + act x min(d, inflight_cap) per layer,
+    E on the first / last stage, X, capacity C), all from the Megatron step model's
     memory terms at the nominal TP degree (:func:`impl.common.parallel.cost.memory_model`)."""
 
     enabled: bool = False
-    # Megatron sequence parallelism: off [R] (the spec's 70B tp8 profile, 1231 + 416 d MB, is the
+    # Megatron sequence parallelism: off [R] (the authors' 70B tp8 profile, 1231 + 416 d MB, is the
     # no-SP reading of the step model within 13%: 1392 + 434 d).
     sequence_parallel: bool = False
     # C = memory - headroom; null = the step model's allocatable bytes (fitted or carried).
@@ -51,13 +53,15 @@ class HybridWorkload:
     iterations: int = 20
     warmup_iterations: int = 2
     # Real mode: per layer and micro-batch, forward / backward compute is padded (sleep) to
-    # these times, times the GPU's slowdown factor (spec malleus 5). 0 = unpadded.
+    # these times, times the GPU's slowdown factor (Malleus's real CPU mode [R],
+    # impl/malleus/README.md). 0 = unpadded.
     layer_fwd_pad_s: float = 0.0
     layer_bwd_pad_s: float = 0.0
     # Sim: a profiled forward + backward time of one layer per micro-batch at the nominal TP
     # degree (a fidelity job's per-layer profile); null = the Megatron step model's layer time.
     sim_layer_time_s: Optional[float] = None
-    # Sim: a pipeline's fill + drain. "spec" (malleus 6, every paper figure): (m + S - 1) x the
+    # Sim: a pipeline's fill + drain. "spec" (Malleus's reconstructed cost model [R],
+    # impl/malleus/README.md; every paper figure): (m + S - 1) x the
     # slowest stage; "stagewise": max over stages j of m t_j + sum_{k<j} t_k, the 1F1B critical
     # path through the bottleneck stage (equal to "spec" when stages are equal; lower when the
     # bottleneck is early, e.g. a straggler on stage 0 whose bubble the later stages hide).

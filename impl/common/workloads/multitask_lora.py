@@ -3,8 +3,9 @@ task has its own sequence-length distribution and per-step batch (sequences per 
 
 ``tasks`` is a list of :class:`TaskSpec`: ``name``, ``lengths`` (a
 :class:`~impl.common.varlen.lengths.LengthDist`; its ``max_len`` is the task's maximum) and
-``batch_seqs`` (the task's per-step global batch, LobRA spec 4 Table 4). ``model`` is the frozen
-base; ``lora_rank`` / ``lora_alpha`` the adapters of every task (spec 2.6: r = 16, alpha = 16).
+``batch_seqs`` (the task's per-step global batch, LobRA's appendix Table 4). ``model`` is the frozen
+base; ``lora_rank`` / ``lora_alpha`` the adapters of every task (r = 16, alpha = 16 as in
+the authors' code, Hetu `examples/lobra`).
 """
 from __future__ import annotations
 

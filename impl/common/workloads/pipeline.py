@@ -45,9 +45,11 @@ class PipelineWorkload:
     dtype: str = "fp16"
     iterations: int = 5
     warmup_iterations: int = 2
-    # Real mode only: pad every F/B/W op to this many seconds (spec 5: keeps a 2-core CPU
+    # Real mode only: pad every F/B/W op to this many seconds (ADAPTRA's real CPU mode [R],
+    # impl/adaptra/README.md: keeps a 2-core CPU
     # compute-bound in a controlled way). 0 = no padding. Recorded in the record's config.
     op_pad_s: float = 0.0
-    # Sim only: fixed per-op times override the cost model when set (spec's "t = 10 ms").
+    # Sim only: fixed per-op times override the cost model when set (e.g. the 10 ms ops of
+    # the ZB simulator reference, impl/adaptra/README.md).
     sim_op_time_s: Optional[float] = None
     torch_threads: int = 1

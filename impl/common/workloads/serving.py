@@ -9,7 +9,8 @@ from impl.common.workloads.pipeline import ModelShape
 
 @dataclass
 class LlamaShape(ModelShape):
-    """Tiny Llama for real mode; defaults = spec caraserve.md section 5. ``ffn_hidden`` is the
+    """Tiny Llama for real mode; defaults = CaraServe's real CPU mode
+    (impl/caraserve/README.md). ``ffn_hidden`` is the
     SwiGLU width (LlamaConfig's intermediate_size), ``seq_len`` its max_position_embeddings.
     Built by :func:`impl.common.llm.model.build_llama`."""
 
@@ -25,7 +26,7 @@ class LlamaShape(ModelShape):
 
 @dataclass
 class PaperModel(ModelShape):
-    """Paper-scale shape for sim costs and for the emulated adapter bytes (spec 6)."""
+    """Paper-scale shape for sim costs and for the emulated adapter bytes."""
 
     name: str = "llama2-7b"
     num_layers: int = 32
@@ -66,8 +67,8 @@ class ServingAdapters:
     # One distinct adapter per request (the paper's synthetic setting): num_adapters and
     # the popularity are then ignored.
     per_request: bool = False
-    # Popularity: "zipf" (zipf_alpha, the [R] default of spec 6) or "lognormal", the MAF stand-in
-    # of spec caraserve.md 10: per-adapter weights lognormal with lognormal_sigma (3.54: the top
+    # Popularity: "zipf" (zipf_alpha, the [R] default) or "lognormal", the MAF stand-in
+    # of impl/caraserve/README.md: per-adapter weights lognormal with lognormal_sigma (3.54: the top
     # 18.6% of adapters carry 99.6% of the weight, as in the Azure Functions trace), adapters
     # grouped at random into popularity_groups groups (0 = one per server, as the papers map MAF
     # functions), each group an equal share of the requests, weight-proportional within it.
@@ -85,19 +86,20 @@ class ServingWorkload:
     adapters: ServingAdapters = field(default_factory=ServingAdapters)
     tp: int = 1
     num_servers: int = 1
-    # TPOT SLO = slo_scale x the reference's per-token latency (the paper's: 1.5x, spec 10).
+    # TPOT SLO = slo_scale x the reference's per-token latency (the paper's: 1.5x).
     slo_scale: float = 1.5
-    # What slo_scale multiplies: "base" (default, the paper's, spec caraserve.md 10) = the mean
+    # What slo_scale multiplies: "base" (default, the paper's) = the mean
     # per-token latency of the same trace served by the same engine, batching and prefill policy
     # on the base model alone, no LoRA (a reference run in the job, info.slo_reference);
-    # "isolated" = each request's isolated batch-1 TPOT at its rank (the old [R] of spec 4, which
+    # "isolated" = each request's isolated batch-1 TPOT at its rank (the old [R] default, which
     # no scheduler can meet once requests batch); "hf_peft" = the mean per-token latency of an
     # HF-PEFT run (merged adapter, no cross-adapter batching, sim only) on the job's first
-    # slo_reference_requests requests and servers (v1's wording, spec 9).
+    # slo_reference_requests requests and servers (v1's wording).
     slo_reference: str = "base"
     slo_reference_requests: int = 500
-    # Real mode on a CPU-only host: the emulated load of a mean-bytes adapter takes load_rho x
-    # the measured isolated prefill (spec 5: rho = T_load / T_prefill); bytes-proportional per rank.
+    # Real mode on a CPU-only host: the emulated load of a mean-bytes adapter takes load_rho x the
+    # measured isolated prefill (rho = T_load / T_prefill, impl/caraserve/README.md);
+    # bytes-proportional per rank.
     load_rho: float = 0.5
     # Real mode: rounds of the trace per system (interleaved systems rotate order per round).
     repeats: int = 1

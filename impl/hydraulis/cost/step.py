@@ -1,4 +1,6 @@
-"""Sim-mode prices shared by every Hydraulis policy and baseline (spec hydraulis 2.1, 2.2, 6).
+"""Sim-mode prices shared by every Hydraulis policy and baseline: the authors' cost model
+(`examples/hydraulis/strategy/`) and disaggregation, priced as ``impl/hydraulis/README.md``
+("Design choices for the [R] details") states.
 
 One step = the slowest replica's 1F1B time over its micro-batches + the parameter/gradient
 exchange with the optimizer layout. Every policy is priced by these functions on the same
@@ -7,12 +9,12 @@ cost objects, so a ratio between two policies comes from their plans alone.
 - Micro-batch time ``T_mb = Σ_i (a s_i² + b s_i) + c + b·pad`` [R]: alignment (or static-shape)
   padding costs its linear work only: it is one extra segment that varlen attention masks.
   A padded-to-max row (mode 0) is priced as a real sequence of the row length.
-- Exchange [R] (disaggregation 2.2, and Megatron's distributed optimizer alike): each GPU of a
+- Exchange [R] (disaggregation, and Megatron's distributed optimizer alike): each GPU of a
   replica of ``g = tp·pp`` GPUs receives its bf16 parameter shard (2 B/param) and returns its
   fp32 gradient shard (4 B/param): ``6·|θ|/g·(R − 1)/R`` bytes over the step model's inter-node
   bus bandwidth (intra-node when the job fits in one node), ``R`` = replicas (the ring factor of the
   reduce-scatter / all-gather; 0 for a single replica).
-- Overlap [R] (spec 2.2: the exact overlap is unknown), one rule for every policy:
+- Overlap [R] (the authors' overlap is not known; README "Step price"), one rule for every policy:
   communication hides behind the compute of the micro-batch it accompanies. The exchange
   overlaps one micro-batch per replica (gradients with the last backward, parameters with the
   first forward, as Megatron's distributed optimizer does): a replica's exposed exchange is

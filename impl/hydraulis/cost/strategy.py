@@ -1,4 +1,6 @@
-"""Hydraulis strategy prices and planning memory (spec hydraulis 2.1, 6, 9), one pricing path.
+"""Hydraulis strategy prices and planning memory, one pricing path (the authors' cost
+model, `examples/hydraulis/strategy/`; our choices: ``impl/hydraulis/README.md``, "Design choices
+for the [R] details").
 
 A strategy ``k = (tp, pp)`` is priced per pipeline stage and packed micro-batch as
 ``T_mb = Σ_i (a s_i² + b s_i) + c`` in **milliseconds** (the authors' unit); a replica running
@@ -18,7 +20,7 @@ Planning memory (:class:`StrategyMemory`): the shared step-model
 profile's allocatable bytes) with ZeRO-1 over every GPU of the job: the optimizer states live in
 the optimizer layout, which spreads them over all N GPUs whatever its (dp, tp, pp), so the layout
 does not change a strategy's memory. ``maxlen`` is the unrounded longest micro-batch (the offline
-generator's input, spec 9); ``cap`` rounds it down to a multiple of 128 (planning, spec 2.1).
+generator's input, as in the authors' code); ``cap`` rounds it down to a multiple of 128 (planning).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
 from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost, split_heads
 from impl.common.parallel.dims import ParallelDims
+from impl.hydraulis.sim_config import CostSource
 
 GIB = 2.0 ** 30
 CAP_ROUND = 128
@@ -159,7 +162,7 @@ def _load(path: str, _mtime: int) -> CostData:
 # ---------------------------------------------------------------------------- planning memory
 
 
-OptLayout = ParallelDims  # the optimizer (master weights + states) layout (os_dp, os_tp, os_pp), spec 2.2
+OptLayout = ParallelDims  # the optimizer (master weights + states) layout (os_dp, os_tp, os_pp)
 ZERO_STAGES = (1, 3)
 
 
@@ -167,7 +170,7 @@ ZERO_STAGES = (1, 3)
 class StrategyMemory:
     """Per-GPU memory of one job's strategies, from the shared step-model
     :class:`~impl.common.cost.varlen_model.MemoryModel` (``zero1=True, sequence_parallel=True``)
-    with the optimizer sharded over all ``num_gpus`` GPUs (the optimizer layout's spread, spec 2.2).
+    with the optimizer sharded over all ``num_gpus`` GPUs (the optimizer layout's spread).
     ``zero=3`` (DeepSpeed-like only, pp = 1) also shards the bf16 parameters and fp32 gradients
     over the N GPUs, from the same terms. Nothing here is a second price: every byte is the shared
     model's."""
@@ -220,7 +223,7 @@ class StrategyMemory:
         return self._memo[key]
 
     def cap(self, tp: int, pp: int, parallel: str = "tp", zero: int = 1) -> int:
-        """maxlen rounded down to a multiple of 128 (planning, spec 2.1)."""
+        """maxlen rounded down to a multiple of 128 (planning, as in the authors' code)."""
         return self.maxlen(tp, pp, parallel, zero) // CAP_ROUND * CAP_ROUND
 
     def fits(self, tp: int, pp: int, tokens: int, parallel: str = "tp", zero: int = 1) -> bool:
@@ -240,7 +243,7 @@ class CostSpec:
     pp_degrees: list = field(default_factory=lambda: list(PP_DEGREES))
 
 
-SOURCES = ("derived", "published")
+SOURCES = tuple(CostSource)
 
 
 def check_source(source: str) -> None:

@@ -1,7 +1,7 @@
-"""Knobs only real mode reads (``system.real.*``, spec hydraulis 5).
+"""Knobs only real mode reads (``system.real.*``; the CPU experiment, README "Real mode").
 
-Replica kinds are the CPU stand-ins for strategies that differ in speed and memory: spec 5's
-A = activation checkpointing with a 2048-token micro-batch cap, B = no checkpointing with a
+Replica kinds are the CPU stand-ins for strategies that differ in speed and memory: the CPU
+experiment's A = activation checkpointing with a 2048-token micro-batch cap, B = no checkpointing with a
 1024-token cap (the cap is a memory limit: a micro-batch above it is an error, never clipped),
 and optionally a ``tp: 2`` kind spanning both ranks. A real candidate is a list of kind names
 whose ``tp`` sum to the rank count; a run is one batching rule over a candidate pool.

@@ -1,5 +1,5 @@
-"""Profiling the replica kinds in the job itself (spec hydraulis 5: "fit (a, b, c) per replica
-from timed micro-batches of 64…2048 tokens"), before the measured steps.
+"""Profiling the replica kinds in the job itself (README "Real mode": (a, b, c) fitted per replica
+from timed micro-batches of 64…2048 tokens), before the measured steps.
 
 Every rank times the same kind at the same time, so the fit sees the concurrency of a training
 step (both cores busy), the kinds interleaved row by row. Rows: one sequence of each ``fit_lengths`` entry up to the kind's cap,

@@ -1,14 +1,14 @@
 """One real run's plan of one step, as plain data (rank 0 plans, every rank executes).
 
-- ``greedy`` (B0, spec 5): greedy packing (spec 2.5) to the smallest cap of the run's one
+- ``greedy`` (B0, README "Real mode"): greedy packing (as the authors' batching modes 2/3) to the smallest cap of the run's one
   candidate, micro-batch i to replica ``i mod R`` (equal micro-batch counts, a short replica
   padded with nothing: Megatron's DP split of packed samples).
 - ``two_stage`` (B1, H): :func:`impl.hydraulis.step_plan.plan_step` over the run's pool with the
   fitted :class:`~impl.hydraulis.cost.strategy.ReplicaCost` of each kind (dispatch, then ILP packing).
-Either way the micro-batches run largest-first (spec 2.4) and the plan carries the cost
+Either way the micro-batches run largest-first (as in the authors' planner) and the plan carries the cost
 model's prediction of every replica's compute time (:meth:`ReplicaCost.replica_time`), so the
 record compares it with the measured time. :class:`PlanAhead` runs the planner in a thread of
-rank 0 while the previous step trains (spec 2.4 [R]).
+rank 0 while the previous step trains ([R], README "Real mode").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replica kinds on CPU ranks (spec hydraulis 5): one compute module per (kind, rank), refilled
+"""Replica kinds on CPU ranks (the CPU experiment, README "Real mode"): one compute module per (kind, rank), refilled
 from the step's full weights, running its micro-batches with the kind's cap enforced.
 
 A kind's cap is its memory limit: a micro-batch above it raises :class:`CapExceeded` (one

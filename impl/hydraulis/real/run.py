@@ -1,7 +1,7 @@
-"""Hydraulis real mode (spec hydraulis 5): W gloo ranks (spec: 2), 1 thread each, the tiny varlen
-decoder in fp32, G tokens per step.
+"""Hydraulis real mode (the CPU experiment, README "Real mode"): W gloo ranks (2 there), 1 thread
+each, the tiny varlen decoder in fp32, G tokens per step.
 
-One job runs every configured run (``system.real.runs``; spec 5: B0 = A+A greedy packing with
+One job runs every configured run (``system.real.runs``; the CPU experiment's: B0 = A+A greedy packing with
 equal micro-batch counts, B1 = A+A two-stage, H = A+B two-stage) interleaved: each round draws
 one batch and runs one step of every run on it, the order rotating every round; each run
 trains its own copy of the model from the same initialisation. Per job:
@@ -53,7 +53,7 @@ from impl.hydraulis.real.plan import PlanAhead, Planner, RunPlan, check_run
 from impl.hydraulis.real.replica import ReplicaModel
 from impl.common.execution import set_torch_threads
 
-# The spec 5 runs as systems: policy -> (batching, candidate pool of replica kinds).
+# The CPU experiment's runs (README "Real mode") as systems: policy -> (batching, candidate pool of replica kinds).
 REAL_POLICIES = {"hydraulis_h": ("two_stage", [["A", "B"]]), "hydraulis_b0": ("greedy", [["A", "A"]]),
                  "hydraulis_b1": ("two_stage", [["A", "A"]])}
 
@@ -274,7 +274,7 @@ def _step(job: HydraulisRealJob, run: RealRun, plan: RunPlan, layout: OptimizerL
 def summarise(results: list, job: HydraulisRealJob, rtol: float) -> RunResult:
     res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each; TP/PP memory and "
                                           "speed differences stood in by activation checkpointing and token caps "
-                                          "(spec hydraulis 5)"])
+                                          "(impl/hydraulis/README.md, 'Real mode')"])
     W = len(results)
     tokens = results[0]["tokens"]
     per: dict[str, list] = {}

@@ -1,4 +1,4 @@
-"""LobRA's cost model (spec 2.1): per scheme (tp, pp), one layer's time for ``mbs`` sequences
+"""LobRA's cost model (the authors' code, Hetu `examples/lobra`; paper App. D): per scheme (tp, pp), one layer's time for ``mbs`` sequences
 padded to ``s``::
 
     f(mbs, s) = (c1·mbs + c2)·s² + (c3·mbs + c4)·s + (c5·mbs + c6)
@@ -105,14 +105,14 @@ class Scheme:
         return self.cost.fixed(s) * self.num_layers / self.pp
 
     def throughput_per_gpu(self, m: int = 16) -> float:
-        """Spec 2.1: max_tokens·m / (latency·tp·pp), latency of m full micro-batches of one
+        """The authors' per-GPU throughput: max_tokens·m / (latency·tp·pp), latency of m full micro-batches of one
         max_tokens-long sequence under the (m + pp − 1) pipeline shortcut."""
         lat = self.t(1, self.max_tokens) * (m + self.pp - 1)
         return self.max_tokens * m / (lat * self.gpus)
 
 
 def replica_time(scheme: Scheme, micro_batches: Sequence[tuple[int, int]]) -> float:
-    """``Σ t + (pp−1)·max t`` over ``(mbs, s)`` micro-batches (spec 2.1)."""
+    """``Σ t + (pp−1)·max t`` over ``(mbs, s)`` micro-batches."""
     ts = [scheme.t(n, s) for n, s in micro_batches if n > 0]
     if not ts:
         return 0.0

@@ -1,6 +1,6 @@
-"""Paper-scale schemes for sim mode (spec 2.1, 6, 10): f_tp(mbs, s) and max_tokens per (tp, pp).
+"""Paper-scale schemes for sim mode (ours, impl/lobra/README.md): f_tp(mbs, s) and max_tokens per (tp, pp).
 
-Derived, not profiled (only 7B profiles ship with the authors' code; spec 9). One stage's
+Derived, not profiled (only 7B profiles ship with the authors' code). One stage's
 micro-batch time is the Megatron step model's (:func:`impl.common.cost.varlen_model.seq_cost`:
 GEMMs at the profile's kernel tables, causal attention, the TP collectives on the step model's
 intra- or inter-node bus bandwidth, so TP 16 across two nodes is priced by it, the pipeline p2p,
@@ -12,7 +12,7 @@ by :mod:`impl.lobra.sim` (``system.sim.step_overhead_s``).
 f is per layer of an L/pp-layer stage (fixed micro-batch part in c6, linear in mbs otherwise:
 c1 = attention, c3 = matrices + collectives bandwidth, c2 = c4 = c5 = 0).
 
-``max_tokens`` by the authors' profiling rule (spec 10, ``scripts/profile_memory.py``): for each
+``max_tokens`` by the authors' profiling rule (Hetu ``examples/lobra/scripts/profile_memory.py``): for each
 tp and each pp dividing the layers, mbs 1 with 2·pp micro-batches at lengths ``profile_lengths``
 (1K..16K); max_tokens is the largest that fits. Memory per GPU [R]: frozen bf16 weights / (tp·pp)
 + per task LoRA params (bf16) + fp32 grads + Adam (12 B) on the adapters / (tp·pp) + activations
@@ -32,9 +32,9 @@ from impl.lobra.cost.replica import Scheme, TpCost
 
 TP_DEGREES = (1, 2, 4, 8, 16)
 MAX_PP = 8
-PROFILE_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # scripts/profile_memory.py (spec 10)
+PROFILE_LENGTHS = (1024, 2048, 4096, 8192, 16384)  # Hetu examples/lobra/scripts/profile_memory.py
 LORA_MATRIX_FACTOR = 2.0 / 3.0
-# Spec 4, Table 3 [S2] (per-GPU throughput, model not stated): 2K tokens unless noted.
+# Paper appendix, Table 3 [P] (per-GPU throughput, model not stated): 2K tokens unless noted.
 TABLE3 = {(1, 1): 5.11, (2, 1): 4.30, (1, 8): 4.45, (2, 4): 4.27, (4, 2): 3.48, (8, 1): 2.79}
 TABLE3_TP8_16K = 2.33
 

@@ -11,16 +11,16 @@ from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, sim
 from impl.swiftdiffusion.sim.common import _plt, best_split, diffusers_slo, trace_for
 from impl.swiftdiffusion.sim.sweeps import e3, e4
 
-# The artifact's measured s/request (spec 4), for comparison only: (ControlNets, LoRAs) -> (Diffusers, Katz)
+# The artifact's measured s/request (its run logs), for comparison only: (ControlNets, LoRAs) -> (Diffusers, Katz)
 ARTIFACT = {(0, 0): (2.88, 1.71), (0, 1): (6.19, 1.84), (1, 0): (4.26, 1.74), (1, 1): (7.29, 1.89),
             (2, 2): (13.36, 2.00), (3, 0): (7.09, 1.80), (3, 2): (14.78, 2.03)}
 # Rows the profile's numbers were read off (profile.py); the others are predictions.
 CALIBRATION_ROWS = {(0, 0), (0, 1), (1, 0), (2, 2), (3, 0)}
-# The artifact's Nirvana rows (spec 4), for comparison only: (ControlNets, LoRAs) -> {K: s/request}.
+# The artifact's Nirvana rows (its run logs), for comparison only: (ControlNets, LoRAs) -> {K: s/request}.
 # No profile number was read off them: every Nirvana latency of the sim is a prediction.
 ARTIFACT_NIRVANA = {(1, 1): {10: 6.16}, (2, 2): {10: 11.20}, (3, 2): {20: 11.08}}
 NIRVANA_KS = (10, 20)
-# DistriFusion rows (spec 4): 0C/0L and 2C/2L calibrate the profile's df_* numbers; 3C/2L is predicted.
+# The artifact's DistriFusion rows: 0C/0L and 2C/2L calibrate the profile's df_* numbers; 3C/2L is predicted.
 ARTIFACT_DISTRIFUSION = {(0, 0): 1.84, (2, 2): 9.26, (3, 2): 10.58}
 
 

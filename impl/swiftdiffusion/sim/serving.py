@@ -1,5 +1,5 @@
-"""Request-level diffusion serving simulator (spec 6): GPUs as servers, ControlNet pool, caches,
-add-on loads, costs from :class:`impl.swiftdiffusion.profile.SimProfile`.
+"""Request-level diffusion serving simulator (README.md, "Sim results"): GPUs as servers, ControlNet
+pool, caches, add-on loads, costs from :class:`impl.swiftdiffusion.profile.SimProfile`.
 
 Requests are planned in arrival order, strict FIFO (a request starts no earlier than the one
 before it), so every cache decision happens in time order:

@@ -1,6 +1,6 @@
-"""Sim sweeps (spec 6): E3 sensitivity of Katz on 16 GPUs (BAL bound K, remote LoRA bandwidth,
-ControlNet cache per pool GPU, ControlNet:base GPU split) and E4 cache size vs add-on switches
-per request (LRU/LFU over the request stream, as the trace study's scripts do).
+"""Sim sweeps (README.md, E3 and E4): E3 sensitivity of Katz on 16 GPUs (BAL bound K, remote LoRA
+bandwidth, ControlNet cache per pool GPU, ControlNet:base GPU split) and E4 cache size vs add-on
+switches per request (LRU/LFU over the request stream, as the trace study's scripts do).
 
 E3 measures each point as E2 does: throughput at the p99 SLO (E2's SLO, from Diffusers at the
 default profile) plus the unloaded mean latency (requests far apart: no queueing). The split

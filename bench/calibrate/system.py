@@ -64,10 +64,10 @@ import torch
 import torch.nn.functional as F
 
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
-from impl.common.calibrate_comm import measure_comm
+from bench.calibrate.comm import measure_comm
 from impl.common.diffusion.windows import (gather_cells, gather_tokens, gather_windows, pad_for_windows, scatter_blocks,
                                            scatter_cells, scatter_tokens, window_size)
-from impl.common.hardware import HardwareProfile
+from impl.common.hardware import DiffusionRates, HardwareProfile
 from impl.common.host_alloc import check_host_malloc, host_malloc_in_force
 from impl.common.execution import set_torch_threads
 
@@ -504,7 +504,7 @@ def median_profile(paths: List[pathlib.Path], out: pathlib.Path) -> None:
     merged = merge(nodes, "")
     merged["source"] = f"median of {len(paths)} calibrations ({nodes[0].get('source', '')} ...)"
     profile = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HardwareProfile), merged))
-    header = ("# Written by median_profile (impl/common/calibrate.py); regenerate, do not edit.\n"
+    header = ("# Written by median_profile (bench/calibrate/system.py); regenerate, do not edit.\n"
               f"# Every number: the median over {len(paths)} fresh system=calibrate runs:\n"
               + "".join(f"#   {p}\n" for p in paths))
     write_profile_atomic(profile, out, header)
@@ -710,6 +710,7 @@ class Calibrate(System):
                 source=f"measured by system=calibrate on {host} at {when}",
                 measured=True,
                 peak_flops={d: r4(v) for d, v in peak.items()},
+                diffusion=DiffusionRates(
                 conv_flops={d: r4(v) for d, v in conv.items()},
                 conv_window_flops={d: r4(v) for d, v in window["flops"].items()},
                 window_gather_bytes_per_s={d: r4(v) for d, v in window["gather"].items()},
@@ -722,7 +723,7 @@ class Calibrate(System):
                 cell_scatter_bytes_per_s={d: r4(v) for d, v in gathers["cell_scatter"].items()},
                 token_gather_bytes_per_s={d: r4(v) for d, v in gathers["token_gather"].items()},
                 token_scatter_bytes_per_s={d: r4(v) for d, v in gathers["token_scatter"].items()},
-                host_dispatch_s=r4(metrics["host_dispatch_s"].value) if "host_dispatch_s" in metrics else 0.0,
+                host_dispatch_s=r4(metrics["host_dispatch_s"].value) if "host_dispatch_s" in metrics else 0.0),
                 memory_bytes=memory,
                 memory_bw_bytes_per_s=r4(metrics["mem_bw_bytes_per_s"].value),
                 gpus_per_node=gpus,
@@ -739,7 +740,7 @@ class Calibrate(System):
             )
             dev_name = torch.cuda.get_device_name(0) if use_cuda else (platform.processor() or platform.machine())
             header = (
-                "# Written by system=calibrate (impl/common/calibrate.py); regenerate, do not edit.\n"
+                "# Written by system=calibrate (bench/calibrate/system.py); regenerate, do not edit.\n"
                 f"# Host {host}, device {kind} ({dev_name}), torch {torch.__version__}, {when}.\n"
                 f"# Load average (1/5/15 min) {load} on {os.cpu_count()} CPUs: a busy host measures low.\n"
                 f"# Matmul and memory measured with {info['threads']} torch thread(s) (system.threads).\n"

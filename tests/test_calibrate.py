@@ -9,10 +9,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from impl.common.api import ConfigError, JobContext, RunResult
-from impl.common.calibrate import Calibrate, CalibrateConfig, resolve_output, write_profile_atomic
+from bench.calibrate.system import Calibrate, CalibrateConfig, resolve_output, write_profile_atomic
 from impl.common.hardware import HardwareProfile
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 TINY = dict(matmul_sizes=[16, 32], dtypes=["fp32", "bf16"], warmup=1, repeats=3, min_repeats=2,
             max_seconds_per_measurement=0.5, mem_bw_bytes=1 << 20, comm_procs=2,
@@ -49,12 +49,12 @@ def test_profile_written_and_valid(calibrated):
     assert hw.source.startswith("measured by system=calibrate on ")
     assert hw.mfu == 1.0 and hw.comm_efficiency == 1.0
     assert set(hw.peak_flops) == {"fp32", "bf16"}
-    assert set(hw.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.conv_flops.values())
-    for rates in (hw.conv_window_flops, hw.window_gather_bytes_per_s, hw.window_scatter_bytes_per_s, hw.attn_flops,
-                  hw.cell_gather_bytes_per_s, hw.cell_scatter_bytes_per_s, hw.token_gather_bytes_per_s,
-                  hw.token_scatter_bytes_per_s, hw.linear_flops, hw.activation_bytes_per_s, hw.elementwise_bytes_per_s):
+    assert set(hw.diffusion.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.diffusion.conv_flops.values())
+    for rates in (hw.diffusion.conv_window_flops, hw.diffusion.window_gather_bytes_per_s, hw.diffusion.window_scatter_bytes_per_s, hw.diffusion.attn_flops,
+                  hw.diffusion.cell_gather_bytes_per_s, hw.diffusion.cell_scatter_bytes_per_s, hw.diffusion.token_gather_bytes_per_s,
+                  hw.diffusion.token_scatter_bytes_per_s, hw.diffusion.linear_flops, hw.diffusion.activation_bytes_per_s, hw.diffusion.elementwise_bytes_per_s):
         assert set(rates) == {"fp32", "bf16"} and all(v > 0 for v in rates.values())
-    assert 0 < hw.host_dispatch_s < 1e-3  # CPU host: one tiny call, measured
+    assert 0 < hw.diffusion.host_dispatch_s < 1e-3  # CPU host: one tiny call, measured
     for value in [*hw.peak_flops.values(), hw.memory_bytes, hw.memory_bw_bytes_per_s,
                   hw.intra_node_bw_bytes_per_s, hw.intra_node_latency_s, hw.inter_node_bw_bytes_per_s,
                   hw.inter_node_latency_s, hw.host_link_bw_bytes_per_s, hw.host_mem_bw_bytes_per_s,
@@ -121,7 +121,7 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path, monkeypatch):
 
 def test_system_yaml_validates_against_config():
     node = OmegaConf.load(REPO / "conf" / "system" / "calibrate.yaml")
-    assert node._target_ == "impl.common.calibrate.Calibrate" and node.name == "calibrate"
+    assert node._target_ == "bench.calibrate.system.Calibrate" and node.name == "calibrate"
     data = {k: v for k, v in OmegaConf.to_container(node).items() if k not in ("_target_", "name")}
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Calibrate.Config), data))
     assert cfg == CalibrateConfig()  # the yaml states the defaults
@@ -144,7 +144,7 @@ def test_bad_knobs_fail_with_one_line_naming_the_field(bad, field):
 def test_weights_evictor_runs_untimed_before_every_timed_sample_only():
     import torch
 
-    from impl.common import calibrate as cal
+    from bench.calibrate import system as cal
 
     cfg = CalibrateConfig(warmup=2, repeats=4, min_repeats=4)
     log = []
@@ -160,7 +160,7 @@ def test_weights_evictor_runs_untimed_before_every_timed_sample_only():
 
 
 def test_median_profile_takes_each_measured_number_s_median(tmp_path):
-    from impl.common.calibrate import median_profile
+    from bench.calibrate.system import median_profile
 
     paths = []
     for i, (flops, bw) in enumerate([(1e11, 3e9), (3e11, 1e9), (2e11, 2e9)]):

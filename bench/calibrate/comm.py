@@ -83,7 +83,7 @@ def _comm_worker(ctx: RankContext, p2p_sizes: List[int], ar_sizes: List[int], wa
 
 
 def measure_comm(cfg) -> Dict[str, Dict[int, List[float]]]:
-    """Run ``cfg.comm_procs`` ranks (a :class:`~impl.common.calibrate.CalibrateConfig`) and
+    """Run ``cfg.comm_procs`` ranks (a :class:`~bench.calibrate.system.CalibrateConfig`) and
     return rank 0's samples (seconds). Rendezvous and every collective time out after
     ``cfg.comm_timeout_s``; the whole measurement after twice that."""
     run = launch(_comm_worker, cfg.comm_procs,
