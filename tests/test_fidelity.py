@@ -265,7 +265,7 @@ def test_serving_profile_fits_per_row_overhead_from_decode_steps_at_batch_B():
     assert cost["iteration_overhead_s"] == pytest.approx(0.004)
     assert cost["iteration_overhead_per_row_s"] == pytest.approx(0.0007)
     assert "least squares" in prof.sources["cost.iteration_overhead_per_row_s"]
-    # without the batch profile: batch 1 only, as before
+    # without the batch profile: the fit has batch 1 only, so no per-row term
     old = {k: v for k, v in info.items() if "batch" not in k and "kernel" not in k}
     assert "iteration_overhead_per_row_s" not in _serving(RunResult(metrics={}, info=old), wl, _hw()).system["cost"]
 

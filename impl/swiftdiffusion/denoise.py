@@ -11,7 +11,7 @@ import torch
 from impl.common.api import ConfigError
 
 from impl.swiftdiffusion import split_unet
-from impl.swiftdiffusion.system import Aggregation
+from impl.swiftdiffusion.aggregation import Aggregation
 
 AGGREGATIONS = tuple(Aggregation)
 

@@ -19,20 +19,12 @@ Every record carries ``latency_s`` (mean per request of the system's own path) a
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
+from impl.swiftdiffusion.aggregation import Aggregation
 from impl.swiftdiffusion.profile import SimProfile
-
-class Aggregation(enum.StrEnum):
-    """How N ControlNets' residuals combine: diffusers' ``MultiControlNetModel`` sum, or the Katz
-    code's mean with one shared scale (a labelled variant)."""
-
-    sum = "sum"
-    katz_mean = "katz_mean"
-
 
 NIRVANA_STEPS = 50  # the artifact's K counts steps of 50: strength = 1 - K/50
 

@@ -199,8 +199,8 @@ def test_cpu_layer_overhead_zero_is_unchanged_and_positive_raises_only_cpu_assis
         rise = {rid: ttft[knob][rid] - ttft[0.0][rid] for rid in ttft[0.0]}
         # a longer CPU layer lets more of the load land: later layers switch to the device sooner
         assert 0 < runs[knob].cpu_layers <= runs[0.0].cpu_layers
-        # each CPU layer pays the knob; the layers that switch to the device sooner no longer pay
-        # the CPU path's own exposed part (o's sync and transfers), so the rise is at most that
+        # each CPU layer pays the knob; a layer that switches to the device sooner skips the CPU
+        # path's own exposed part (o's sync and transfers), so the rise is at most that
         assert 0 < sum(rise.values()) <= knob * runs[knob].cpu_layers * (1 + 1e-9)
         warm = [r.rid for r in runs[0.0].records if not r.cold]
         assert warm and all(rise[rid] == 0.0 for rid in warm)
