@@ -4,7 +4,7 @@ Profiles live in ``conf/hardware/*.yaml``; ``local.yaml`` is written by ``system
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional
 
 
@@ -186,15 +186,11 @@ class HardwareProfile:
     def with_megatron(self, **parts: Any) -> "HardwareProfile":
         """This profile with the given ``megatron`` parts (``knobs``, ``kernels``, ``carried_from``)
         replaced (the others kept)."""
-        import dataclasses
-
-        return dataclasses.replace(self, megatron=dataclasses.replace(self.megatron, **parts))
+        return replace(self, megatron=replace(self.megatron, **parts))
 
     def with_diffusion(self, **rates: Any) -> "HardwareProfile":
         """This profile with the given ``diffusion`` rates replaced (the others kept)."""
-        import dataclasses
-
-        return dataclasses.replace(self, diffusion=dataclasses.replace(self.diffusion, **rates))
+        return replace(self, diffusion=replace(self.diffusion, **rates))
 
     def flops(self, dtype: str) -> float:
         """Achievable FLOP/s for ``dtype`` (peak x mfu)."""
@@ -263,12 +259,10 @@ class HardwareProfile:
 def refuse_flat_diffusion_keys(node: Any, prefix: str = "") -> None:
     """A profile written before the diffusion rates had their own section holds them at the top
     level: one line naming the first such key and where it lives now."""
-    import dataclasses
-
     from impl.common.api import ConfigError
 
     keys = set(node.keys()) if hasattr(node, "keys") else set()
-    stale = [f.name for f in dataclasses.fields(DiffusionRates) if f.name in keys]
+    stale = [f.name for f in fields(DiffusionRates) if f.name in keys]
     if stale:
         raise ConfigError(f"{prefix}hardware.{stale[0]}: moved to hardware.diffusion.{stale[0]} (nest the diffusion rates "
                           f"under 'diffusion:', or re-run system=calibrate)")

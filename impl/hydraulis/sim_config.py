@@ -13,13 +13,6 @@ class CostSource(enum.StrEnum):
     published = "published"
 
 
-class IlpScope(enum.StrEnum):
-    """Which replicas stage 2 packs by ILP: the ones that can be the slowest (critical), or all."""
-
-    critical = "critical"
-    all = "all"
-
-
 @dataclass
 class SimCost:
     """Where strategy prices come from (impl/hydraulis/cost/strategy.py): derived = the Megatron step model

@@ -18,6 +18,7 @@ A plan is plain data: :meth:`StepPlan.to_dict` prints/saves it, :func:`check_pla
 """
 from __future__ import annotations
 
+import enum
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,12 +29,18 @@ from impl.common.api import ConfigError
 from impl.hydraulis.cost.strategy import ReplicaCost, fmt_strategy
 from impl.hydraulis.dispatch import DEFAULT_BUDGET, dispatch, token_balanced
 from impl.hydraulis.packing import Packing, pack_replica, packing_score, score_lower_bound
-from impl.hydraulis.sim_config import IlpScope
 
 DISPATCHES = ("greedy", "token_balanced")
 # ILPs for every replica (the authors' code) or only where they can move the candidate's max
 # score ("critical": a replica whose LPT packing already scores below the candidate's slowest
 # replica keeps it; exact for the candidate's score, so the winner is unchanged).
+class IlpScope(enum.StrEnum):
+    """Which replicas stage 2 packs by ILP: the ones that can be the slowest (critical), or all."""
+
+    critical = "critical"
+    all = "all"
+
+
 ILP_SCOPES = tuple(IlpScope)
 
 

@@ -27,7 +27,8 @@ from typing import List
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from impl.hydraulis.real.config import HydraulisRealKnobs
-from impl.hydraulis.sim_config import HydraulisSimKnobs, IlpScope
+from impl.hydraulis.sim_config import HydraulisSimKnobs
+from impl.hydraulis.step_plan import IlpScope
 
 SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
                 "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
