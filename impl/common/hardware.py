@@ -166,13 +166,17 @@ class HardwareProfile:
     # Intra-node GPU-GPU link (NVLink / PCIe peer), per direction per GPU.
     intra_node_bw_bytes_per_s: float = 0.0
     intra_node_latency_s: float = 0.0
-    # Inter-node network per GPU (e.g. one 400 Gb/s NIC per GPU = 50e9 bytes/s).
+    # Inter-node network: ONE NIC's rate per direction (a 400 Gb/s NIC = 50e9 bytes/s), and how
+    # many NICs a node has (0 = one per GPU); impl.common.collectives prices rings over every
+    # NIC of a node, all-to-all and send/recv over one.
     inter_node_bw_bytes_per_s: float = 0.0
     inter_node_latency_s: float = 0.0
+    nics_per_node: int = 0
     # Host <-> device link (PCIe) and host memory.
     host_link_bw_bytes_per_s: float = 0.0
     host_mem_bw_bytes_per_s: float = 0.0
-    # Efficiency factors applied by cost models (fraction of peak actually achieved).
+    # Efficiency factors applied by cost models (fraction of peak actually achieved);
+    # comm_efficiency: of each link's datasheet rate, in (0, 1] (impl.common.collectives).
     mfu: float = 0.4
     comm_efficiency: float = 0.8
     # Measured collective figures (calibration only; null for datasheet profiles).

@@ -69,7 +69,7 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
 def _key(hw: HardwareProfile) -> str:
     # every field _carried / _neutral read: an override of any of them is another step profile
     return repr((hw.name, hw.measured, sorted((hw.peak_flops or {}).items()), hw.memory_bytes,
-                 hw.memory_bw_bytes_per_s, hw.gpus_per_node, hw.intra_node_bw_bytes_per_s, hw.inter_node_bw_bytes_per_s,
+                 hw.memory_bw_bytes_per_s, hw.gpus_per_node, hw.intra_node_bw_bytes_per_s, hw.inter_node_bw_bytes_per_s, hw.nics_per_node,
                  hw.intra_node_latency_s, hw.inter_node_latency_s, hw.comm_efficiency, hw.allreduce_bw_bytes_per_s,
                  hw.megatron))
 
