@@ -15,7 +15,7 @@ from faults.spec import KINDS as FAULT_KINDS
 from impl.common.api import ConfigError, NotApplicable, System
 from impl.common.errors import first_line
 from impl.common.execution import Execution, ExecutionConfig, resolve as resolve_execution
-from impl.common.hardware import HardwareProfile, refuse_flat_diffusion_keys
+from impl.common.hardware import HardwareProfile, refuse_flat_diffusion_keys, refuse_renamed_knobs
 from impl.common.workloads import KINDS as WORKLOAD_KINDS, workload_class
 
 
@@ -81,6 +81,7 @@ def typed_fault(node: Any) -> Any:
 
 def typed_hardware(node: Any) -> HardwareProfile:
     refuse_flat_diffusion_keys(node or {})
+    refuse_renamed_knobs(node or {})
     return _merge("hardware", HardwareProfile, node)
 
 

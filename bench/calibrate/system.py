@@ -680,7 +680,9 @@ class Calibrate(System):
             metrics["p2p_bw_bytes_per_s"] = Metric.from_samples([s_big / t for t in p2p[s_big]], "B/s", "higher")
             n = cfg.comm_procs
             a_small, a_big = min(ar), max(ar)
-            bus = 2.0 * (n - 1) / n
+            from impl.common.collectives import CollOp, bus_factor
+
+            bus = bus_factor(CollOp.ALL_REDUCE, n)  # nccl-tests' busbw convention
             metrics["allreduce_latency_s"] = Metric.from_samples(ar[a_small], "s", "lower")
             metrics["allreduce_bw_bytes_per_s"] = Metric.from_samples(
                 [a_big / t * bus for t in ar[a_big]], "B/s", "higher")

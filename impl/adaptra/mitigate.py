@@ -16,16 +16,17 @@ from impl.adaptra.detect import ChangeDetector
 from impl.common.cost.comm import dp_allreduce_time_s
 
 
-def bucketed_allreduce_s(grad_bytes: float, dp: int, bw_bytes_per_s: float, latency_s: float,
+def bucketed_allreduce_s(grad_bytes: float, dp: int, hw, ranks_per_node: int,
                          bucket_bytes: float, slow_link_delay_s: float = 0.0) -> float:
-    """All-reduce ``grad_bytes`` over ``dp`` ranks in buckets of ``bucket_bytes`` (last one
-    partial), each bucket paying the slow link's delay once per ring step."""
+    """All-reduce ``grad_bytes`` over ``dp`` ranks (``ranks_per_node`` per node of profile ``hw``)
+    in buckets of ``bucket_bytes`` (last one partial), each bucket paying the slow link's delay
+    once per ring step."""
     if dp <= 1 or grad_bytes <= 0:
         return 0.0
     full, rest = divmod(float(grad_bytes), float(bucket_bytes))
-    t = int(full) * dp_allreduce_time_s(bucket_bytes, dp, bw_bytes_per_s, latency_s, slow_link_delay_s)
+    t = int(full) * dp_allreduce_time_s(bucket_bytes, dp, hw, ranks_per_node, slow_link_delay_s)
     if rest > 0:
-        t += dp_allreduce_time_s(rest, dp, bw_bytes_per_s, latency_s, slow_link_delay_s)
+        t += dp_allreduce_time_s(rest, dp, hw, ranks_per_node, slow_link_delay_s)
     return t
 
 

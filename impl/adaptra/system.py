@@ -254,36 +254,29 @@ class PipelineTraining(System):
         return DpMitigation()
 
     def _dp_allreduce(self, job: JobContext):
-        """``(grad bytes per stage, bw, latency)`` of the stage gradient all-reduce, or None
-        when there is none (dp = 1, or hand-set op times without a model).
+        """``(grad bytes per stage, hardware, ranks per node)`` of the stage gradient all-reduce,
+        or None when there is none (dp = 1, or hand-set op times without a model).
 
-        A stage's DP group is ``dp`` ranks ``tp`` apart (placement in impl.common.cost.comm);
-        it stays inside a node when dp·tp <= gpus_per_node. Each TP rank all-reduces its own
-        shard over its own link.
+        A stage's DP group is ``dp`` ranks ``tp`` apart (placement in impl.common.cost.comm),
+        priced by impl.common.collectives (one NIC per ring once there is one rank per node).
         """
         from impl.common.cost.transformer import stage_grad_bytes
 
         wl, hw = job.workload, job.hardware
         if wl.dp <= 1 or wl.sim_op_time_s:
             return None
-        from impl.common.megatron.derive import bus_bw
+        from impl.common.collectives import group_ranks_per_node
 
-        intra = wl.dp * wl.tp <= hw.gpus_per_node
-        # the step model's bus bandwidth (a measured host's: its measured all-reduce rate)
-        bw = bus_bw(hw, intra)
-        if hw.allreduce_bw_bytes_per_s:
-            lat = hw.allreduce_latency_s or hw.inter_node_latency_s
-        else:
-            lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
-        return stage_grad_bytes(wl.model, wl.stages, wl.dtype, wl.tp), bw, lat
+        k = group_ranks_per_node(wl.dp, wl.tp, hw.gpus_per_node)
+        return stage_grad_bytes(wl.model, wl.stages, wl.dtype, wl.tp), hw, k
 
     def _dp_times(self, dp_spec, dp: int, slow: dict) -> Optional[tuple]:
         from impl.adaptra.mitigate import bucketed_allreduce_s
 
         if dp_spec is None:
             return None
-        grads, bw, lat = dp_spec
-        return tuple(bucketed_allreduce_s(g, dp, bw, lat, self.cfg.bucket_bytes, slow.get(s, 0.0))
+        grads, hw, k = dp_spec
+        return tuple(bucketed_allreduce_s(g, dp, hw, k, self.cfg.bucket_bytes, slow.get(s, 0.0))
                      for s, g in enumerate(grads))
 
     def _run_sim(self, job: JobContext) -> RunResult:

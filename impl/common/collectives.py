@@ -106,10 +106,15 @@ def bus_factor(op: CollOp, n: int) -> float:
 
 def group_ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
     """Ranks per node of a group of ``size`` ranks ``stride`` apart in global rank order (Megatron:
-    tp stride 1, dp stride tp, pp stride tp x dp), the group's first rank at a node's start."""
+    tp stride 1, dp stride tp, pp stride tp x dp), the group's first rank at a node's start. A
+    group its nodes split unevenly is priced at the largest even split below (the fuller node's
+    ranks wait for the emptier's NICs)."""
     if size < 1 or stride < 1 or gpus_per_node < 1:
         raise ConfigError(f"group placement: size, stride and gpus_per_node must be >= 1, got {size}, {stride}, {gpus_per_node}")
-    return max(1, min(size, gpus_per_node // stride))
+    k = max(1, min(size, gpus_per_node // stride))
+    while size % k:
+        k -= 1
+    return k
 
 
 def _op(op) -> CollOp:

@@ -60,9 +60,11 @@ class MegatronKnobs:
     gemm_time_factor: float = 1.0
     attn_time_factor: float = 1.0
     elementwise_time_factor: float = 1.0
-    # Achieved bus bandwidth (bytes/s per GPU) of NCCL collectives and P2P inside a node and across nodes.
-    intra_node_bus_bw_bytes_per_s: float = 360e9
-    inter_node_bus_bw_bytes_per_s: float = 40e9
+    # NCCL's achieved fraction of each link's datasheet rate (NVLink inside a node, the NICs
+    # across nodes) in the step's collectives and P2P, priced by impl.common.collectives; the
+    # step model's communication feature is seconds at the nominal rate, theta = 1 / efficiency.
+    intra_node_comm_efficiency: float = 0.8
+    inter_node_comm_efficiency: float = 0.8
     # Host/launch time per transformer layer and micro-batch (forward + backward), and per iteration.
     layer_overhead_s: float = 0.0
     iteration_overhead_s: float = 0.0
@@ -272,6 +274,24 @@ def refuse_flat_diffusion_keys(node: Any, prefix: str = "") -> None:
                           f"under 'diffusion:', or re-run system=calibrate)")
 
 
+# Knob names a profile written before the collectives module may still carry -> their replacement.
+RENAMED_KNOBS = {"intra_node_bus_bw_bytes_per_s": "intra_node_comm_efficiency",
+                 "inter_node_bus_bw_bytes_per_s": "inter_node_comm_efficiency"}
+
+
+def refuse_renamed_knobs(node: Any, prefix: str = "") -> None:
+    """A profile whose Megatron knobs still hold a bus bandwidth: one line naming the new field
+    (an efficiency of the link, not a bandwidth: re-fit or re-derive the profile)."""
+    from impl.common.api import ConfigError
+
+    meg = node.get("megatron") if hasattr(node, "get") else None
+    knobs = meg.get("knobs") if hasattr(meg, "get") else None
+    for old, new in RENAMED_KNOBS.items():
+        if hasattr(knobs, "keys") and old in knobs.keys():
+            raise ConfigError(f"{prefix}hardware.megatron.knobs.{old}: replaced by hardware.megatron.knobs.{new} (a "
+                              f"fraction of the link's datasheet rate; re-run mlsys-bench-calibrate-megatron)")
+
+
 def hardware_dir() -> "pathlib.Path":
     """The package's ``conf/hardware`` folder."""
     import pathlib
@@ -300,6 +320,7 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
         raise ConfigError(f"hardware: no profile {name_or_path!r} (known: {known})")
     raw = OmegaConf.load(p)
     refuse_flat_diffusion_keys(raw, f"{p}: ")
+    refuse_renamed_knobs(raw, f"{p}: ")
     try:
         node = OmegaConf.merge(OmegaConf.structured(HardwareProfile), raw)
     except OmegaConfBaseException as e:

@@ -19,7 +19,8 @@ from impl.common.parallel.plan import Plan, uniform_plan
 from impl.common.varlen.packing import MicroBatch, assign_dp, greedy_pack, group_by_boundaries, hotspa_pack
 
 from impl.hotspa.strategy import GroupPlan, Strategy
-from impl.common.megatron.derive import bus_bw
+from impl.common import collectives as coll
+from impl.common.cost.comm import flow_rates, link_efficiencies
 
 PARAM_BYTES = 2.0  # bf16 compute copy: what a parameter switch moves
 GRAD_BYTES = 4.0  # fp32 accumulated gradient: what a gradient switch moves
@@ -95,8 +96,9 @@ class PricingEnv:
         trs = [dataclasses.replace(t, nbytes=t.nbytes * bytes_per_param) for t in self.transfers(src, dst, policy)]
         if not trs:
             return 0.0
-        t = migration_time_s(trs, bus_bw(self.hw, True), bus_bw(self.hw, False))
-        lat = self.hw.inter_node_latency_s if any(x.inter_node for x in trs) else self.hw.intra_node_latency_s
+        intra_bw, inter_bw, intra_lat, inter_lat = flow_rates(self.hw)  # each flow: NVLink, or one NIC
+        t = migration_time_s(trs, intra_bw, inter_bw)
+        lat = inter_lat if any(x.inter_node for x in trs) else intra_lat
         if fused:
             return t + lat
         msgs: dict[tuple[str, int], int] = {}
@@ -106,19 +108,19 @@ class PricingEnv:
         return t + lat * max(msgs.values())
 
     def dp_collective_s(self, s: Strategy, bytes_per_param: float, kind: str, parallel: str = "tp") -> float:
-        """Ring reduce-scatter or all-gather (``rs``/``ag``: (n-1)/n) or all-reduce (``ar``:
-        2(n-1)/n) of the GPU's model shard over the data-parallel group (Ulysses: dp x sp)."""
+        """Reduce-scatter, all-gather or all-reduce (``rs``/``ag``/``ar``) of the GPU's model shard over
+        the data-parallel group (Ulysses: dp x sp), priced by :mod:`impl.common.collectives`."""
         lay = self.layout(s, parallel)
         n = s.dp * (s.tp if parallel == "ulysses" else 1)
         if n <= 1:
             return 0.0
         nbytes = bytes_per_param * self.model_params / lay.param_shard
-        span = s.dp * s.tp  # Megatron layout: a stage's DP (and SP) ranks are dp*tp consecutive GPUs
-        intra = span <= self.gpn and self.gpn % span == 0
-        bw = bus_bw(self.hw, intra)
-        lat = self.hw.intra_node_latency_s if intra else self.hw.inter_node_latency_s
-        factor = {"rs": 1.0, "ag": 1.0, "ar": 2.0}[kind]
-        return factor * (n - 1) / n * nbytes / bw + factor * (n - 1) * lat
+        # Megatron layout: a stage's DP ranks are tp apart (Ulysses: dp x sp consecutive GPUs)
+        stride = 1 if parallel == "ulysses" else s.tp
+        op = {"rs": coll.CollOp.REDUCE_SCATTER, "ag": coll.CollOp.ALL_GATHER, "ar": coll.CollOp.ALL_REDUCE}[kind]
+        hw = self.hw if self.hw.gpus_per_node == self.gpn else dataclasses.replace(self.hw, gpus_per_node=self.gpn)
+        k = coll.group_ranks_per_node(n, stride, self.gpn)
+        return coll.time_s(op, nbytes, hw, n, k, **link_efficiencies(self.hw))
 
     @property
     def model_params(self) -> float:

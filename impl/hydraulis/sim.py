@@ -35,7 +35,9 @@ from impl.hydraulis.cost.strategy import (CAP_ROUND, GIB, CostSpec, OptLayout, R
                    load_cost_data, strategy_cost, strategy_costs)
 from impl.hydraulis.dispatch import dispatch
 from impl.hydraulis.generator import Histogram, Pool, generate_pool
-from impl.hydraulis.cost.step import StepPrice, aligned, finish, from_micro_batches, link_bw, switch_s
+from impl.common import collectives as coll
+from impl.common.cost.comm import link_efficiencies
+from impl.hydraulis.cost.step import StepPrice, aligned, finish, from_micro_batches, switch_s
 from impl.hydraulis.step_plan import plan_step
 from impl.common.megatron.derive import step_knobs
 
@@ -129,8 +131,14 @@ def _ulysses(env: SimEnv, sp: int, zero: int) -> Optional[tuple[ReplicaCost, flo
 
     gather_ms = 0.0
     if zero == 3:  # params all-gathered in forward and backward, grads reduce-scattered: bf16
-        gather_ms = 3 * 2.0 * model_params(m) * (env.n - 1) / env.n / link_bw(env.hw, env.n) * 1e3
+        gather_ms = 3 * _all_gather_s(env, 2.0 * model_params(m)) * 1e3
     return r, gather_ms
+
+
+def _all_gather_s(env: SimEnv, nbytes: float) -> float:
+    """Bandwidth seconds of an all-gather (or reduce-scatter) of ``nbytes`` over every GPU of the job."""
+    k = coll.group_ranks_per_node(env.n, 1, env.hw.gpus_per_node)
+    return coll.collective(coll.CollOp.ALL_GATHER, nbytes, env.hw, env.n, k, **link_efficiencies(env.hw)).bandwidth_s
 
 
 def price_deepspeed(env: SimEnv, r: ReplicaCost, gather_ms: float, zero: int, lengths: Sequence[int]) -> StepPrice:
@@ -141,7 +149,7 @@ def price_deepspeed(env: SimEnv, r: ReplicaCost, gather_ms: float, zero: int, le
 
     # ZeRO-1: grads reduce-scattered and params all-gathered once per step over all GPUs
     # (Ulysses replicates parameters over sp), overlapping one micro-batch like the others.
-    ex = 6.0 * model_params(env.wl.model) * (env.n - 1) / env.n / link_bw(env.hw, env.n) if zero == 1 else 0.0
+    ex = _all_gather_s(env, 6.0 * model_params(env.wl.model)) if zero == 1 else 0.0
     comp, step = 0.0, 0.0
     for rank in assign_dp(mbs, dp):
         ts = [max(r.mb_time(ls) + r.b * pad, gather_ms) for ls, pad in from_micro_batches(rank) if ls]

@@ -25,7 +25,7 @@ import numpy as np
 
 from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.cost.comm import ring_allreduce_time_s
-from impl.common.megatron.derive import bus_bw, step_knobs
+from impl.common.megatron.derive import step_knobs
 
 from impl.lobra.cost.replica import Scheme, pow2_ceil, replica_time
 from impl.lobra.dispatch import ReplicaGroup
@@ -143,7 +143,8 @@ def sync_time_s(wl, hw, groups, num_tasks: int) -> float:
         return 0.0
     shard = max(1, min(g.scheme.gpus for g in groups))
     nbytes = 2.0 * lora_params_per_layer(wl.model, wl.lora_rank) * wl.model.num_layers * num_tasks / shard
-    return ring_allreduce_time_s(nbytes, replicas, bus_bw(hw, False), hw.inter_node_latency_s)
+    # replicas sit on different nodes: one rank per node, each ring over one NIC
+    return ring_allreduce_time_s(nbytes, replicas, hw, 1)
 
 
 def step_time(groups, sp) -> float:

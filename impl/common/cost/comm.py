@@ -5,28 +5,46 @@ Placement (Megatron's default order, tp fastest, then dp, then pp): the GPU of p
 p, data-parallel rank d, tensor rank t is global rank ``p·dp·tp + d·tp + t``, and node
 ``rank // gpus_per_node``. A pipeline link is intra-node only if every (d, t) pair of its two
 stages shares a node; otherwise the slowest pair (inter-node) gates it. Each TP rank sends
-its own copy of the activation over its own NIC, so a message costs ``msg_bytes / bw``.
-Bandwidths are derated by ``hw.comm_efficiency``.
+its own copy of the activation over its own NIC, so a message is one send/recv of
+``msg_bytes``. Every transfer is priced by :mod:`impl.common.collectives` at the step model's
+link efficiencies (:func:`impl.common.megatron.derive.comm_efficiencies`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
+from impl.common import collectives as coll
 from impl.common.api import ConfigError
 from impl.common.hardware import HardwareProfile
 
 
-def ring_allreduce_time_s(nbytes: float, n: int, bw_bytes_per_s: float, latency_s: float) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n-1)/n · bytes / bw + latency."""
+def link_efficiencies(hw: HardwareProfile) -> dict:
+    """The step model's link efficiencies for ``hw`` (keyword arguments of :func:`coll.collective`)."""
+    from impl.common.megatron.derive import comm_efficiencies
+
+    return comm_efficiencies(hw)
+
+
+def flow_rates(hw: HardwareProfile) -> tuple[float, float, float, float]:
+    """One GPU-to-GPU flow (re-sharding, migration): (NVLink bytes/s, ONE NIC's bytes/s, their
+    latencies) as :mod:`impl.common.collectives` prices a send/recv, at the step model's efficiencies."""
+    eff = link_efficiencies(hw)
+    intra = coll.collective(coll.CollOp.SEND_RECV, 1.0, hw, 2, 2, **eff)
+    inter = coll.collective(coll.CollOp.SEND_RECV, 1.0, hw, 2, 1, **eff)
+    return 1.0 / intra.bandwidth_s, 1.0 / inter.bandwidth_s, intra.latency_s, inter.latency_s
+
+
+def ring_allreduce_time_s(nbytes: float, n: int, hw: HardwareProfile, ranks_per_node: Optional[int] = None) -> float:
+    """All-reduce of ``nbytes`` over ``n`` ranks (``ranks_per_node`` per node, default packed) at
+    the step model's link efficiencies (:mod:`impl.common.collectives`)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
-    if bw_bytes_per_s <= 0:
-        raise ConfigError(f"all-reduce bandwidth must be > 0 bytes/s, got {bw_bytes_per_s}")
-    return 2.0 * (n - 1) / n * nbytes / bw_bytes_per_s + latency_s
+    return coll.time_s(coll.CollOp.ALL_REDUCE, nbytes, hw, n, ranks_per_node, **link_efficiencies(hw))
 
 
-def dp_allreduce_time_s(grad_bytes: float, dp: int, bw_bytes_per_s: float, latency_s: float,
+def dp_allreduce_time_s(grad_bytes: float, dp: int, hw: HardwareProfile, ranks_per_node: Optional[int] = None,
                         slow_link_delay_s: float = 0.0) -> float:
     """Gradient ring all-reduce over ``dp`` ranks gated by one slow link (ADAPTRA's S5
     scenario [R], impl/adaptra/README.md).
@@ -37,7 +55,7 @@ def dp_allreduce_time_s(grad_bytes: float, dp: int, bw_bytes_per_s: float, laten
     """
     if dp <= 1:
         return 0.0
-    return ring_allreduce_time_s(grad_bytes, dp, bw_bytes_per_s, latency_s) + 2 * (dp - 1) * slow_link_delay_s
+    return ring_allreduce_time_s(grad_bytes, dp, hw, ranks_per_node) + 2 * (dp - 1) * slow_link_delay_s
 
 
 def _nodes_of(rank_base: int, width: int, gpus_per_node: int) -> list[int]:
@@ -52,16 +70,11 @@ def same_node(src_stage: int, dst_stage: int, tp: int, dp: int, gpus_per_node: i
 
 def p2p_time_s(src_stage: int, dst_stage: int, msg_bytes: float, hw: HardwareProfile,
                tp: int = 1, dp: int = 1) -> float:
-    """Base time of one pipeline message: latency + bytes / (bw · comm_efficiency)."""
+    """Base time of one pipeline message: a send/recv over NVLink, or across nodes over one NIC."""
     if msg_bytes <= 0:
         return 0.0
-    if same_node(src_stage, dst_stage, tp, dp, hw.gpus_per_node):
-        bw, lat = hw.intra_node_bw_bytes_per_s, hw.intra_node_latency_s
-    else:
-        bw, lat = hw.inter_node_bw_bytes_per_s, hw.inter_node_latency_s
-    if bw <= 0:
-        raise ConfigError(f"hardware {hw.name}: p2p bandwidth for stages {src_stage}->{dst_stage} must be > 0 bytes/s, got {bw}")
-    return lat + msg_bytes / (bw * hw.comm_efficiency)
+    k = 2 if same_node(src_stage, dst_stage, tp, dp, hw.gpus_per_node) else 1
+    return coll.time_s(coll.CollOp.SEND_RECV, msg_bytes, hw, 2, k, **link_efficiencies(hw))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from impl.common.hardware import HardwareProfile
 from impl.common.workloads.pipeline import ModelShape
 
 from .comm import ring_allreduce_time_s
-from impl.common.megatron.derive import step_knobs, bus_bw
+from impl.common.megatron.derive import step_knobs
 
 BYTES_PER_ELEM = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -111,14 +111,12 @@ def tp_allreduce_bytes_per_layer(micro_batch_size: int, seq_len: int, hidden: in
 
 def tp_allreduce_time_s(micro_batch_size: int, seq_len: int, hidden: int, dtype: str, tp: int,
                         hw: HardwareProfile) -> float:
-    """Time of one per-layer TP all-reduce at the step model's bus bandwidth; TP groups sit
-    inside a node when tp <= gpus_per_node."""
+    """Time of one per-layer TP all-reduce at the step model's link efficiencies; TP groups fill
+    a node before spanning the next."""
     if tp <= 1:
         return 0.0
-    intra = tp <= hw.gpus_per_node
-    lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
     nbytes = tp_allreduce_bytes_per_layer(micro_batch_size, seq_len, hidden, dtype)
-    return ring_allreduce_time_s(nbytes, tp, bus_bw(hw, intra), lat)
+    return ring_allreduce_time_s(nbytes, tp, hw)
 
 
 @dataclass(frozen=True)
@@ -199,10 +197,8 @@ def _step_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) ->
     compute_fwd = float(f @ (th * keep)) / 3.0
     if tp <= 1:
         return compute_fwd, 0.0
-    intra = tp <= hw.gpus_per_node
     nbytes = tp_allreduce_bytes_per_layer(micro_batch_size, model.seq_len, model.hidden, "bf16")
-    lat = hw.intra_node_latency_s if intra else hw.inter_node_latency_s
-    return compute_fwd, ring_allreduce_time_s(nbytes, tp, bus_bw(hw, intra), lat)
+    return compute_fwd, ring_allreduce_time_s(nbytes, tp, hw)
 
 
 def stage_grad_bytes(model: ModelShape, stages: int, dtype: str, tp: int = 1) -> tuple[float, ...]:

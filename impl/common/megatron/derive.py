@@ -6,9 +6,10 @@ ran on A800 / A100 / H800; the measured launches are H100's).
   fraction of their peak; no Ampere launch or probe is in the data) and floored by its bytes over
   the target's HBM bandwidth (memory-bound); the time factors over the tables are kept (the same
   software's kernels over the table's).
-- Intra- and inter-node bus bandwidth: scaled by the target's datasheet link over the base's
-  (``intra_node_bw_bytes_per_s``, ``inter_node_bw_bytes_per_s``), so H800's capped NVLink and
-  A100's HDR IB are priced from the measured H100 efficiency of those links.
+- Intra- and inter-node communication efficiencies: kept (a fraction of each link's datasheet
+  rate); the target's own links (``intra_node_bw_bytes_per_s``, ``inter_node_bw_bytes_per_s``,
+  ``nics_per_node``) price its collectives through :mod:`impl.common.collectives`, so H800's
+  capped NVLink and A100's HDR IB are priced at the measured H100 efficiency of those links.
 - Per-layer and per-iteration overheads (host work) and the bytes per token, per logit and fixed
   (software): kept.
 - Allocatable memory: the target's memory less the base's headroom (memory - allocatable).
@@ -48,13 +49,7 @@ def derived_profile(base: HardwareProfile, target: HardwareProfile, name: str = 
         raise ConfigError(f"--from: profile {base.name} has no kernel tables to carry")
     tables = carried(base.megatron.kernels, base.peak_flops["bf16"], base.memory_bw_bytes_per_s, target)
     headroom = base.memory_bytes - k.allocatable_bytes
-    knobs = dataclasses.replace(
-        k,
-        intra_node_bus_bw_bytes_per_s=k.intra_node_bus_bw_bytes_per_s * target.intra_node_bw_bytes_per_s
-        / base.intra_node_bw_bytes_per_s,
-        inter_node_bus_bw_bytes_per_s=k.inter_node_bus_bw_bytes_per_s * target.inter_node_bw_bytes_per_s
-        / base.inter_node_bw_bytes_per_s,
-        allocatable_bytes=target.memory_bytes - headroom)
+    knobs = dataclasses.replace(k, allocatable_bytes=target.memory_bytes - headroom)
     if target.memory_bytes <= 0:  # a profile that states no memory prices time only: nothing allocatable
         knobs = dataclasses.replace(knobs, allocatable_bytes=0.0)
     elif knobs.allocatable_bytes <= 0:
@@ -97,11 +92,12 @@ def tables_of(hw: HardwareProfile) -> KernelTables:
     return step_profile(hw).megatron.kernels
 
 
-def bus_bw(hw: HardwareProfile, intra_node: bool) -> float:
-    """Achieved collective bandwidth per GPU: the step model's bus bandwidth (fitted, or carried
-    from ``megatron.carried_from`` by the datasheet link ratio)."""
+def comm_efficiencies(hw: HardwareProfile) -> dict:
+    """The step model's link efficiencies (fitted, or carried from ``megatron.carried_from``) as
+    :func:`impl.common.collectives.collective` keyword arguments, so every pricer's collectives
+    run at the rate the step model's do."""
     k = step_knobs(hw)
-    return k.intra_node_bus_bw_bytes_per_s if intra_node else k.inter_node_bus_bw_bytes_per_s
+    return {"intra_efficiency": k.intra_node_comm_efficiency, "inter_efficiency": k.inter_node_comm_efficiency}
 
 
 def _carried(hw: HardwareProfile) -> HardwareProfile:
@@ -125,11 +121,10 @@ def _carried(hw: HardwareProfile) -> HardwareProfile:
 def _neutral(hw: HardwareProfile) -> HardwareProfile:
     """A measured host, or a profile with measured kernel tables and no fit yet (what the fit
     starts from): its own tables (a host's: flat at its measured matmul rate), factors 1, its
-    links x ``comm_efficiency`` (1 on a measured profile), all of its memory."""
+    links at ``comm_efficiency`` (1 on a measured profile), all of its memory."""
     rate_dtype = "bf16" if "bf16" in (hw.peak_flops or {}) else "fp32"
     knobs = hw.megatron.knobs or MegatronKnobs(
-        intra_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.intra_node_bw_bytes_per_s) * hw.comm_efficiency,
-        inter_node_bus_bw_bytes_per_s=(hw.allreduce_bw_bytes_per_s or hw.inter_node_bw_bytes_per_s) * hw.comm_efficiency,
+        intra_node_comm_efficiency=hw.comm_efficiency, inter_node_comm_efficiency=hw.comm_efficiency,
         allocatable_bytes=hw.memory_bytes)
     own = hw.megatron.kernels
     return hw.with_megatron(knobs=knobs, kernels=own if own and own.gemm else flat_tables(hw, rate_dtype))

@@ -13,10 +13,14 @@ compute and communication, as the measured launches ran):
   logits and Adam over the rank's shard, over the HBM bandwidth, x ``elementwise_time_factor``;
 - TP: four all-reduces per layer (two forward, two backward; with sequence parallelism four
   all-gathers and four reduce-scatters, the same bus bytes) of rows x h x 2 B, plus the
-  embedding's forward and the LM head's backward one, on NVLink inside a node and on IB when
-  the TP group spans nodes; each collective pays the link latency;
+  embedding's forward and the LM head's backward one;
 - PP: per stage boundary a forward activation and a backward gradient of rows x h x 2 B / tp
-  (Megatron's scatter-gather), on the link between the two stages' GPUs;
+  (Megatron's scatter-gather), a send/recv between the two stages' GPUs;
+- every collective and send/recv priced by :mod:`impl.common.collectives` from the profile's
+  links and the group's placement (NVLink inside a node; across nodes a ring over the node's
+  NICs, or ONE NIC for a send/recv or a group with one rank per node), with its per-hop
+  latency: the feature is seconds at the links' nominal rate, under F_INTRA or F_INTER by the
+  link that bounds it, theta = 1 / ``intra_node_comm_efficiency`` or ``inter_node_...``;
 - ``layer_overhead_s`` per layer (kernel launch gaps and host work that the GPU waits for).
 LM head rows (``grid``): pad mbs x context; pack also mbs x context, because the fork pads hidden
 states back to the micro-batch grid before the LM head.
@@ -43,11 +47,12 @@ depend on the profile (its tables and HBM bandwidth), not only on the layout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
 
+from impl.common import collectives as coll
 from impl.common.api import ConfigError
 from impl.common.cost.comm import same_node
 from impl.common.hardware import HardwareProfile, MegatronKnobs
@@ -88,20 +93,40 @@ def optimizer_step_s(params: float, shard: int, hw: HardwareProfile, knobs: Opti
 
 def theta_of(hw: HardwareProfile, k: MegatronKnobs) -> np.ndarray:
     """Seconds per unit of each time feature (the table-priced ones: a factor near 1)."""
-    for name in ("gemm_time_factor", "attn_time_factor", "elementwise_time_factor", "intra_node_bus_bw_bytes_per_s",
-                 "inter_node_bus_bw_bytes_per_s"):
+    for name in ("gemm_time_factor", "attn_time_factor", "elementwise_time_factor", "intra_node_comm_efficiency",
+                 "inter_node_comm_efficiency"):
         if not getattr(k, name) > 0:
             raise ConfigError(f"hardware.megatron.knobs.{name}: must be > 0, got {getattr(k, name)}")
     th = np.zeros(N_TIME)
     th[F_GEMM] = k.gemm_time_factor
     th[F_ATTN] = k.attn_time_factor
     th[F_ELEM] = k.elementwise_time_factor
-    th[F_INTRA] = 1.0 / k.intra_node_bus_bw_bytes_per_s
-    th[F_INTER] = 1.0 / k.inter_node_bus_bw_bytes_per_s
+    th[F_INTRA] = 1.0 / k.intra_node_comm_efficiency
+    th[F_INTER] = 1.0 / k.inter_node_comm_efficiency
     th[F_LAYERS] = k.layer_overhead_s
     th[F_ITER] = k.iteration_overhead_s
     th[F_FIXED] = 1.0
     return th
+
+
+def comm_terms(op: coll.CollOp, hw: HardwareProfile, ranks: int, ranks_per_node: int,
+               gpus_per_node: Optional[int] = None) -> tuple[int, float, float]:
+    """(time feature, seconds per byte at the links' nominal rate, latency seconds) of ``op`` over
+    ``ranks`` GPUs, ``ranks_per_node`` per node, nodes of ``gpus_per_node`` (the layout's)."""
+    if gpus_per_node is not None and gpus_per_node != hw.gpus_per_node:
+        hw = replace(hw, gpus_per_node=gpus_per_node)
+    per_byte, link, lat = coll.link_rate(op, hw, ranks, ranks_per_node, intra_efficiency=1.0, inter_efficiency=1.0)
+    return (F_INTRA if link == coll.Link.NVLINK else F_INTER), per_byte, lat
+
+
+def group_terms(op: coll.CollOp, hw: HardwareProfile, size: int, stride: int, gpus_per_node: int) -> tuple[int, float, float]:
+    """:func:`comm_terms` of a group of ``size`` ranks ``stride`` apart in Megatron's rank order."""
+    return comm_terms(op, hw, size, coll.group_ranks_per_node(size, stride, gpus_per_node), gpus_per_node)
+
+
+def p2p_terms(hw: HardwareProfile, intra: bool, gpus_per_node: int) -> tuple[int, float, float]:
+    """:func:`comm_terms` of one send/recv inside a node or across two."""
+    return comm_terms(coll.CollOp.SEND_RECV, hw, 2, 2 if intra else 1, gpus_per_node)
 
 
 def phi_of(k: MegatronKnobs) -> np.ndarray:
@@ -283,15 +308,14 @@ def layer_terms(model: MegatronModel, tp: int, rows, attn_sq, hw: HardwareProfil
     f[..., F_ELEM] = elementwise_bytes(model, tp, sequence_parallel) * local / hbm * (4.0 / 3.0 if full else 1.0)
     f[..., F_LAYERS] = 1.0
     if tp > 1:
-        inter = tp > gpus_per_node
-        f[..., F_INTER if inter else F_INTRA] = (TP_COLLECTIVES_PER_LAYER * 2.0 * (tp - 1) / tp * BF16
-                                                 * model.hidden * rows)
-        f[..., F_FIXED] = TP_COLLECTIVES_PER_LAYER * (hw.inter_node_latency_s if inter else hw.intra_node_latency_s)
+        col, per_byte, lat = group_terms(coll.CollOp.ALL_REDUCE, hw, tp, 1, gpus_per_node)
+        f[..., col] = TP_COLLECTIVES_PER_LAYER * per_byte * BF16 * model.hidden * rows
+        f[..., F_FIXED] = TP_COLLECTIVES_PER_LAYER * lat
     if u > 1:
-        inter = u > gpus_per_node
+        col, per_byte, lat = group_terms(coll.CollOp.ALL_TO_ALL, hw, u, 1, gpus_per_node)
         width = 2 * (model.hidden + model.kv_hidden)  # q + out, k + v
-        f[..., F_INTER if inter else F_INTRA] = 2.0 * (u - 1) / u * BF16 * width * local
-        f[..., F_FIXED] = ULYSSES_ALL_TO_ALLS_PER_LAYER * (hw.inter_node_latency_s if inter else hw.intra_node_latency_s)
+        f[..., col] = per_byte * 2.0 * BF16 * width * local  # forward + backward
+        f[..., F_FIXED] = ULYSSES_ALL_TO_ALLS_PER_LAYER * lat
     return f
 
 
@@ -315,13 +339,12 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     hbm = hw.memory_bw_bytes_per_s
     if not hbm > 0:
         raise ConfigError(f"hardware {hw.name}: memory_bw_bytes_per_s must be > 0 to price Megatron")
-    lat_intra, lat_inter = hw.intra_node_latency_s, hw.inter_node_latency_s
     rows, sq, grid = work.rows, work.attn_sq, work.grid
     it, ndp, m = rows.shape
     T = np.zeros((it, ndp, m, pp, N_TIME))
     layers = layer_terms(model, tp, rows, sq, hw, gpn, lay.recompute, lay.sequence_parallel, u)
     tables = tables_of(hw)
-    inter = tp > gpn
+    tp_col, tp_per_byte, tp_lat = group_terms(coll.CollOp.ALL_REDUCE, hw, tp, 1, gpn) if tp > 1 else (F_INTRA, 0.0, 0.0)
     # Ulysses: every GPU of the group holds rows / u tokens outside attention (embedding, head, p2p).
     rows, grid = rows / u, grid / u
     for s in range(pp):
@@ -330,8 +353,8 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
         if tp > 1:
             # The embedding's forward and the LM head's backward all-reduce.
             extra = (rows if s == 0 else 0.0) + (grid if s == pp - 1 else 0.0)
-            f[..., F_INTER if inter else F_INTRA] += 2.0 * (tp - 1) / tp * BF16 * h * extra
-            f[..., F_FIXED] += ((s == 0) + (s == pp - 1)) * (lat_inter if inter else lat_intra)
+            f[..., tp_col] += tp_per_byte * BF16 * h * extra
+            f[..., F_FIXED] += ((s == 0) + (s == pp - 1)) * tp_lat
         if s == 0:
             # Embedding gather (read a row, write it; GPT adds the position row) and its
             # scatter-add gradient: about 5 passes of h per token.
@@ -344,9 +367,9 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             f[..., F_ELEM] += (5.0 * BF16 * h * rows / (tp if lay.sequence_parallel else 1)
                                + CE_BYTES_PER_LOGIT * grid * V / tp) / hbm
         for nb in ([s - 1] if s > 0 else []) + ([s + 1] if s < pp - 1 else []):
-            intra = same_node(s, nb, tp * u, dp, gpn)
-            f[..., F_INTRA if intra else F_INTER] += 2.0 * BF16 * h * rows / tp
-            f[..., F_FIXED] += 2.0 * (lat_intra if intra else lat_inter)
+            col, per_byte, lat = p2p_terms(hw, same_node(s, nb, tp * u, dp, gpn), gpn)
+            f[..., col] += 2.0 * per_byte * BF16 * h * rows / tp
+            f[..., F_FIXED] += 2.0 * lat
 
     # An empty placeholder micro-batch (a rank with fewer micro-batches than the others) costs nothing.
     T *= (rows > 0)[..., None, None]
@@ -355,19 +378,20 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
     Pmax = max(P)
     dp = dp * u  # Ulysses replicates the parameters over its group: gradients sync over dp x u
     if dp > 1:
-        intra = dp * tp <= gpn
-        if lay.distributed_optimizer:
-            bus = (dp - 1) / dp * (4.0 + BF16) * Pmax  # reduce-scatter fp32 grads + all-gather bf16 params
-            n_coll = 2
-        else:
-            bus = 2.0 * (dp - 1) / dp * 4.0 * Pmax
-            n_coll = 1
-        G[F_INTRA if intra else F_INTER] += bus
-        G[F_FIXED] += n_coll * (lat_intra if intra else lat_inter)
+        # Distributed optimizer: reduce-scatter of fp32 grads + all-gather of bf16 params; else
+        # an all-reduce of fp32 grads. The group: dp ranks tp apart.
+        syncs = ((coll.CollOp.REDUCE_SCATTER, 4.0), (coll.CollOp.ALL_GATHER, BF16)) if lay.distributed_optimizer \
+            else ((coll.CollOp.ALL_REDUCE, 4.0),)
+        for op, nb in syncs:
+            col, per_byte, lat = group_terms(op, hw, dp, tp, gpn)
+            G[col] += per_byte * nb * Pmax
+            G[F_FIXED] += lat
     if pp > 1 and model.tied:
-        intra = same_node(0, pp - 1, tp, dp, gpn)
-        G[F_INTRA if intra else F_INTER] += 4.0 * V / tp * h
-        G[F_FIXED] += lat_intra if intra else lat_inter
+        # fp32 embedding-gradient all-reduce between the first and the last stage
+        both = 2 if same_node(0, pp - 1, tp, dp, gpn) else 1
+        col, per_byte, lat = comm_terms(coll.CollOp.ALL_REDUCE, hw, 2, both, gpn)
+        G[col] += per_byte * 4.0 * V / tp * h
+        G[F_FIXED] += lat
     shard = dp if lay.distributed_optimizer else 1
     G[F_ELEM] += OPT_BYTES_PER_PARAM * Pmax / shard / hbm
     G[F_ITER] = 1.0

@@ -11,9 +11,9 @@ reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
 - Pipeline i: T_i = (m_i + S_i - 1) * max_j stage_ij + 2 (S_i - 1) P2P messages (fill + drain);
   ``workload.pipeline_bubble=stagewise``: max_j (m_i stage_ij + sum_{k<j} stage_ik) instead
   (the same for equal stages; what the 1F1B runtime pays with a heterogeneous pipeline).
-- Iteration = max_i T_i + gradient synchronisation: ZeRO reduce-scatter + all-gather (ring,
-  2(n-1)/n * shard bytes) per layer over its n holders, the GPU with most bytes gating, at the
-  inter-node bandwidth when the holders span nodes.
+- Iteration = max_i T_i + gradient synchronisation: ZeRO reduce-scatter + all-gather (an
+  all-reduce's bytes, :mod:`impl.common.collectives`) of each layer's shard over its n holders,
+  the GPU with most bytes gating, over the NICs when the holders span nodes.
 Every figure carries its unit in the name (``_s``, ``_bytes``, ``_mb``).
 """
 from __future__ import annotations
@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from impl.common.api import ConfigError
-from impl.common.cost.comm import ring_allreduce_time_s
+from impl.common import collectives as coll
+from impl.common.cost.comm import flow_rates, link_efficiencies, ring_allreduce_time_s
 from impl.common.cost.transformer import bytes_per_elem, layer_matrix_params
 
 from .plan import Plan
-from impl.common.megatron.derive import step_knobs, bus_bw
+from impl.common.megatron.derive import step_knobs
 
 MB = 1024.0 * 1024.0
 PIPELINE_BUBBLES = ("spec", "stagewise")
@@ -59,9 +60,10 @@ class HybridCostModel:
         bubble = getattr(wl, "pipeline_bubble", "spec")
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
-        return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw,
-                   bus_bw(hw, True), hw.intra_node_latency_s,
-                   bus_bw(hw, False), hw.inter_node_latency_s,
+        # One GPU's achieved rate on each link (a flow between two GPUs: NVLink, or ONE NIC
+        # across nodes), for the re-sharding and migration flows that price themselves.
+        intra_bw, inter_bw, intra_lat, inter_lat = flow_rates(hw)
+        return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw, intra_bw, intra_lat, inter_bw, inter_lat,
                    getattr(wl, "sim_layer_time_s", None), bubble)
 
     @property
@@ -85,7 +87,7 @@ class HybridCostModel:
         if tp_size == self.tp:
             return float(self.measured_layer_s)
         compute = self.measured_layer_s * self.tp / tp_size
-        ar = ring_allreduce_time_s(self.act_bytes, tp_size, self.intra_bw_bytes_per_s, self.intra_lat_s)
+        ar = ring_allreduce_time_s(self.act_bytes, tp_size, self.hw)
         return compute + 4.0 * ar
 
     def alpha(self, levels: int = 4) -> list[float]:
@@ -99,8 +101,8 @@ class HybridCostModel:
         return out
 
     def p2p_s(self, same_node: bool) -> float:
-        bw, lat = (self.intra_bw_bytes_per_s, self.intra_lat_s) if same_node else (self.inter_bw_bytes_per_s, self.inter_lat_s)
-        return lat + self.act_bytes / bw
+        return coll.time_s(coll.CollOp.SEND_RECV, self.act_bytes, self.hw, 2, 2 if same_node else 1,
+                           **link_efficiencies(self.hw))
 
     def layer_grad_bytes(self) -> float:
         return float(layer_matrix_params(self.model) * bytes_per_elem(self.dtype))
@@ -238,18 +240,20 @@ def grad_sync_s(plan: Plan, cm: HybridCostModel) -> float:
                 holders[layer].append(g)
     per_gpu: dict[int, float] = {}
     layer_bytes = cm.layer_grad_bytes()
+    eff = link_efficiencies(cm.hw)
+    lat = 0.0
     for groups in holders:
         n = len(groups)
         if n <= 1:
             continue
         nodes = {plan.groups[g].node for g in groups}
-        bw = cm.intra_bw_bytes_per_s if len(nodes) == 1 else cm.inter_bw_bytes_per_s
+        # each shard's ring: one rank per holder group; an uneven node split priced at one per node
+        k = n // len(nodes) if n % len(nodes) == 0 and n // len(nodes) <= cm.hw.gpus_per_node else 1
         for g in groups:
-            shard = layer_bytes / plan.groups[g].size
-            t = 2.0 * (n - 1) / n * shard / bw
+            c = coll.collective(coll.CollOp.ALL_REDUCE, layer_bytes / plan.groups[g].size, cm.hw, n, k, **eff)
+            lat = max(lat, c.latency_s)
             for d in plan.groups[g].gpus:
-                per_gpu[d] = per_gpu.get(d, 0.0) + t
-    lat = 2 * (plan.dp - 1) * cm.inter_lat_s
+                per_gpu[d] = per_gpu.get(d, 0.0) + c.bandwidth_s
     return (max(per_gpu.values()) + lat) if per_gpu else 0.0
 
 

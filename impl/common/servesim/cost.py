@@ -22,6 +22,8 @@ that neither the model shape nor the hardware profile gives are :class:`ServingC
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field, fields
 from typing import List, Optional, Sequence
@@ -103,6 +105,19 @@ class ServingCostConfig:
         if self.lora_sites > 4:
             raise ConfigError(f"system.cost.lora_sites must be at most 4 (q, k, v, o: the CPU path's two LoRA "
                               f"inputs), got {self.lora_sites}")
+
+
+@functools.lru_cache(maxsize=64)
+def _tp_all_reduce_rate(tp: int, bw_bytes_per_s: float, latency_s: float) -> tuple[float, float]:
+    """(seconds per byte, latency seconds) of a TP all-reduce inside one node at the link's
+    datasheet rate (the serving knobs carry no link efficiency of their own)."""
+    from impl.common import collectives as coll
+    from impl.common.hardware import HardwareProfile
+
+    link = HardwareProfile(name="serving-tp", gpus_per_node=tp, intra_node_bw_bytes_per_s=bw_bytes_per_s,
+                           intra_node_latency_s=latency_s)
+    per_byte, _, lat = coll.link_rate(coll.CollOp.ALL_REDUCE, link, tp, tp, intra_efficiency=1.0)
+    return per_byte, lat
 
 
 @dataclass(kw_only=True)
@@ -194,8 +209,8 @@ class ServingCost(ServingCostConfig):
         if self.tp == 1:
             return 0.0
         msg = tokens * self.hidden * self.dtype_bytes
-        per = 2 * (self.tp - 1) / self.tp * msg / self.intra_bw_bytes_per_s + 2 * (self.tp - 1) * self.intra_latency_s
-        return 2 * self.num_layers * per
+        per_byte, lat = _tp_all_reduce_rate(self.tp, self.intra_bw_bytes_per_s, self.intra_latency_s)
+        return 2 * self.num_layers * (per_byte * msg + lat)
 
     # ---- iteration costs -------------------------------------------------------------------
     def prefill_s(self, lens: Sequence[int], ranks: Sequence[int], lora: bool = True, kernel: str = "sgmv") -> float:

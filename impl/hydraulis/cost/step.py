@@ -31,13 +31,15 @@ from impl.common.cost.transformer import model_params
 from impl.common.varlen.packing import MicroBatch
 
 from impl.hydraulis.cost.strategy import ReplicaCost
-from impl.common.megatron.derive import bus_bw
+from impl.common import collectives as coll
+from impl.common.cost.comm import flow_rates, link_efficiencies
 
 
 def link_bw(hw, num_gpus: int) -> float:
-    """Achieved bandwidth per GPU of the exchange / switch / ZeRO-3 gathers: the step model's bus
-    bandwidth (intra-node when the job fits in one node), as its own collectives use."""
-    return bus_bw(hw, num_gpus <= hw.gpus_per_node)
+    """Achieved bandwidth of one GPU's flow in the switch / ZeRO-3 gathers: NVLink when the job fits
+    in one node, else ONE NIC (:func:`impl.common.cost.comm.flow_rates`)."""
+    intra_bw, inter_bw, _, _ = flow_rates(hw)
+    return intra_bw if num_gpus <= hw.gpus_per_node else inter_bw
 
 
 def mb_time_ms(r: ReplicaCost, lengths: Sequence[int], pad_tokens: int = 0) -> float:
@@ -72,7 +74,12 @@ def aligned(lengths: Sequence[int], align: int) -> tuple[tuple[int, ...], int]:
 def exchange_one_s(model, hw, num_gpus: int, r: ReplicaCost, R: int) -> float:
     if R <= 1:
         return 0.0
-    return 6.0 * float(model_params(model)) / r.gpus * (R - 1) / R / link_bw(hw, num_gpus)
+    # each GPU gathers its peers' shards across the R replicas (one GPU per replica per node at
+    # most once the job spans nodes)
+    k = R if num_gpus <= hw.gpus_per_node else coll.group_ranks_per_node(R, r.gpus, hw.gpus_per_node)
+    c = coll.collective(coll.CollOp.ALL_GATHER, 6.0 * float(model_params(model)) / r.gpus, hw, R, k,
+                        **link_efficiencies(hw))
+    return c.bandwidth_s
 
 
 def exchange_s(model, hw, num_gpus: int, replicas: Sequence[ReplicaCost]) -> float:
