@@ -157,7 +157,8 @@ def test_hybrid_cost_model_layer_time_is_the_step_models_on_every_profile():
     assert stage1 > 8 * hc.layer_time_s(4)
     hd = HybridCostModel.build(wl, ds)
     assert hd.layer_time_s(4) == pytest.approx(hc.layer_time_s(4), rel=1e-12)
-    assert hd.intra_bw_bytes_per_s == pytest.approx(cal.megatron.knobs.intra_node_bus_bw_bytes_per_s)
+    # one GPU's NVLink flow at the step model's intra-node efficiency
+    assert hd.intra_bw_bytes_per_s == pytest.approx(cal.intra_node_bw_bytes_per_s * cal.megatron.knobs.intra_node_comm_efficiency)
     with pytest.raises(ConfigError, match="workload.dtype: fp32"):  # the step model prices bf16 steps only
         HybridCostModel.build(SimpleNamespace(**{**vars(wl), "dtype": "fp32"}), ds)
 
@@ -186,8 +187,10 @@ def test_derived_profiles_scale_links_and_keep_headroom():
         raw = load_hardware(ds)
         assert d.megatron.knobs.gemm_time_factor == h100.megatron.knobs.gemm_time_factor
         assert d.megatron.kernels is not None and len(d.megatron.kernels.gemm) == len(h100.megatron.kernels.gemm)
-        assert d.megatron.knobs.intra_node_bus_bw_bytes_per_s / h100.megatron.knobs.intra_node_bus_bw_bytes_per_s == \
-            pytest.approx(raw.intra_node_bw_bytes_per_s / h100.intra_node_bw_bytes_per_s)
+        # link efficiencies carried unchanged: the target's own links price its collectives
+        assert d.megatron.knobs.intra_node_comm_efficiency == h100.megatron.knobs.intra_node_comm_efficiency
+        assert d.megatron.knobs.inter_node_comm_efficiency == h100.megatron.knobs.inter_node_comm_efficiency
+        assert d.intra_node_bw_bytes_per_s == raw.intra_node_bw_bytes_per_s
         assert raw.memory_bytes - d.megatron.knobs.allocatable_bytes == \
             pytest.approx(h100.memory_bytes - h100.megatron.knobs.allocatable_bytes)
         assert d.calibration["derived_from"] == "h100-megatron"
@@ -271,7 +274,7 @@ def test_fit_recovers_the_knobs_that_generated_the_measurements(launches, hw):
     """Measurements made by the model itself with known knobs: the fit finds knobs that
     reproduce them (time and memory within 1%), on launches of both modes."""
     truth = dataclasses.replace(MegatronKnobs(), gemm_time_factor=1.2, attn_time_factor=1.4, elementwise_time_factor=1.5,
-                                intra_node_bus_bw_bytes_per_s=150e9, inter_node_bus_bw_bytes_per_s=30e9,
+                                intra_node_comm_efficiency=0.6, inter_node_comm_efficiency=0.5,
                                 layer_overhead_s=5e-4, iteration_overhead_s=0.3, activation_factor=1.1,
                                 logits_bytes=8.0, memory_overhead_bytes=1e9,
                                 allocatable_bytes=70e9)
