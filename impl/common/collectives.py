@@ -9,7 +9,7 @@ Links (``HardwareProfile``): NVLink inside a node, ``intra_node_bw_bytes_per_s``
 direction; the network, ``inter_node_bw_bytes_per_s`` per NIC per direction, ``nics_per_node``
 NICs on a node (0 = one per GPU). Each link's achieved rate is its datasheet rate x an
 efficiency in (0, 1] (``intra_efficiency``, ``inter_efficiency``; default the profile's
-``comm_efficiency``). NCCL reaches ~0.8 of NVLink (nccl-tests issue 309: 369 of 450 GB/s on
+``comm_efficiency``). NCCL reaches ~0.8 of NVLink (github.com/NVIDIA/nccl-tests/issues/309: 369 of 450 GB/s on
 H100) and ~0.94-0.96 of an IB NIC (SimAI ``astra-sim-alibabacloud/.../calbusbw.h``: CX6_BW 23.5
 of 25 GB/s, CX7_BW 48.5 of 50); below ~0.5 is a misconfigured link, not an efficiency.
 
@@ -81,7 +81,7 @@ class CollectiveCost:
 
 
 @dataclass(frozen=True)
-class Placement:
+class GroupPlacement:
     """A group of ``ranks`` GPUs, ``ranks_per_node`` of them on each of ``nodes`` nodes."""
 
     ranks: int
@@ -130,7 +130,7 @@ def _eff(name: str, value: float) -> float:
     return float(value)
 
 
-def placement(hw: HardwareProfile, ranks: int, ranks_per_node: Optional[int] = None) -> Placement:
+def placement(hw: HardwareProfile, ranks: int, ranks_per_node: Optional[int] = None) -> GroupPlacement:
     """The checked placement: ``ranks_per_node`` defaults to as many as fit on a node."""
     if not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"collective ranks: must be an integer >= 1, got {ranks!r}")
@@ -140,7 +140,7 @@ def placement(hw: HardwareProfile, ranks: int, ranks_per_node: Optional[int] = N
                           f"{hw.gpus_per_node})], got {k!r}")
     if ranks % k:
         raise ConfigError(f"collective ranks_per_node: {k} does not divide ranks={ranks}")
-    return Placement(ranks, k)
+    return GroupPlacement(ranks, k)
 
 
 def rails(hw: HardwareProfile, k: int) -> int:
@@ -198,7 +198,7 @@ def link_rate(op, hw: HardwareProfile, ranks: int, ranks_per_node: Optional[int]
     return f / nv_bound, Link.NVLINK, steps * lat_out
 
 
-def _tree_all_reduce(hw: HardwareProfile, pl: Placement, nv: float, nic: float) -> tuple[float, Link, float]:
+def _tree_all_reduce(hw: HardwareProfile, pl: GroupPlacement, nv: float, nic: float) -> tuple[float, Link, float]:
     k, nodes = pl.ranks_per_node, pl.nodes
     nv_bound = nv if k > 1 else math.inf
     nic_bound = nic * rails(hw, k)

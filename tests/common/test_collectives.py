@@ -37,7 +37,7 @@ def a800():
 
 
 def test_dgx_a100_two_nodes_all_reduce_is_bounded_by_the_eight_nics(a100):
-    # NVIDIA/nccl issue 812: all_reduce_perf, 2 DGX A100 (8 x 200 Gb/s HDR each), 16 ranks, 1 GiB:
+    # github.com/NVIDIA/nccl/issues/812: all_reduce_perf, 2 DGX A100 (8 x 200 Gb/s HDR each), 16 ranks, 1 GiB:
     # busbw ~192 GB/s (8 rails x ~24 GB/s).
     c = collective(CollOp.ALL_REDUCE, GIB, a100, 16, 8)
     assert c.bound == Bound.NIC and c.algorithm == "ring"
@@ -47,20 +47,20 @@ def test_dgx_a100_two_nodes_all_reduce_is_bounded_by_the_eight_nics(a100):
 
 
 def test_h100_one_node_ring_all_reduce(h100):
-    # NVIDIA/nccl-tests issue 309: 8 x H100 SXM, NCCL_NVLS_ENABLE=0 (ring), large sizes: busbw ~369 GB/s.
+    # github.com/NVIDIA/nccl-tests/issues/309: 8 x H100 SXM, NCCL_NVLS_ENABLE=0 (ring), large sizes: busbw ~369 GB/s.
     c = collective(CollOp.ALL_REDUCE, 8 * GIB, h100, 8, 8)
     assert c.bound == Bound.NVLINK
     assert c.busbw_bytes_per_s == pytest.approx(369e9, rel=0.05)
 
 
 def test_a800_one_node_all_reduce(a800):
-    # NVIDIA/nccl issue 412: 8 x A800 (NVLink capped at 400 GB/s bidirectional): busbw ~160 GB/s.
+    # github.com/NVIDIA/nccl/issues/412: 8 x A800 (NVLink capped at 400 GB/s bidirectional): busbw ~160 GB/s.
     c = collective(CollOp.ALL_REDUCE, 8 * GIB, a800, 8, 8)
     assert c.busbw_bytes_per_s == pytest.approx(160e9, rel=0.05)
 
 
 def test_send_recv_across_two_nodes_is_one_nic(a100):
-    # NVIDIA/nccl issue 1272: sendrecv_perf between two nodes, one 200 Gb/s NIC each: 18-24 GB/s.
+    # github.com/NVIDIA/nccl/issues/1272: sendrecv_perf between two nodes, one 200 Gb/s NIC each: 18-24 GB/s.
     c = collective(CollOp.SEND_RECV, GIB, a100, 2, 1)
     assert c.link == Link.NIC and c.busbw_bytes_per_s == c.algbw_bytes_per_s
     assert 18e9 <= c.busbw_bytes_per_s <= 24e9
@@ -75,7 +75,7 @@ def test_ring_with_one_rank_per_node_is_bounded_by_one_nic(a100):
 
 
 def test_small_all_reduce_across_two_nodes_is_tens_of_microseconds(a100):
-    # NVIDIA/nccl issue 1244: an 8 KiB all-reduce over 16 ranks on two nodes takes tens of us
+    # github.com/NVIDIA/nccl/issues/1244: an 8 KiB all-reduce over 16 ranks on two nodes takes tens of us
     # (NCCL picks the tree there; a ring would pay 30 network hops).
     c = collective(CollOp.ALL_REDUCE, 8192, a100, 16, 8)
     assert c.algorithm == "tree" and c.bound == Bound.LATENCY

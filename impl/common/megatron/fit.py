@@ -52,7 +52,7 @@ def knob_ranges(hw: HardwareProfile) -> dict:
         "elementwise_time_factor": (0.5, 4.0, "memory-bound kernels over their fused byte count (unfused "
                                     "kernels re-read their inputs)"),
         "intra_node_comm_efficiency": (0.3, 1.0, "NCCL's fraction of the NVLink datasheet rate per direction "
-                                       "(a ring reaches ~0.8: nccl-tests issue 309, 369 of 450 GB/s on H100)"),
+                                       "(a ring reaches ~0.8: github.com/NVIDIA/nccl-tests/issues/309, 369 of 450 GB/s on H100)"),
         "inter_node_comm_efficiency": (0.3, 1.0, "NCCL's fraction of the NIC's line rate (~0.94-0.96 on IB: SimAI "
                                        "calbusbw.h CX6_BW 23.5 of 25, CX7_BW 48.5 of 50 GB/s)"),
         "layer_overhead_s": (0.0, 2e-3, "host dispatch the GPU waits for, per layer and micro-batch: ~100 kernels "
