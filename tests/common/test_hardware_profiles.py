@@ -159,3 +159,14 @@ def test_consistent_with_adaptra_spec_section_6():
         assert hw.inter_node_bw_bytes_per_s == pytest.approx(ib), name
         # The quoted PCIe figure is an achievable rate: comm_efficiency x the per-direction peak.
         assert hw.comm_efficiency * hw.host_link_bw_bytes_per_s == pytest.approx(pcie_achieved, rel=0.03), name
+
+
+def test_old_bus_bandwidth_knob_is_one_line_naming_the_new_field(tmp_path):
+    from impl.common.api import ConfigError
+    from impl.common.hardware import load_hardware
+
+    p = tmp_path / "old.yaml"
+    p.write_text("name: old\nmegatron:\n  knobs:\n    intra_node_bus_bw_bytes_per_s: 4.5e11\n")
+    with pytest.raises(ConfigError, match="intra_node_comm_efficiency") as e:
+        load_hardware(str(p))
+    assert "\n" not in str(e.value)
