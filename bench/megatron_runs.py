@@ -153,6 +153,8 @@ def format_arch_tables(tables: dict, title: str) -> str:
 def check_not_fitted_on(runs: str, hw: HardwareProfile) -> str:
     """The runs file's sha256, refused when the profile's knobs were fitted on it (a held-out
     check prices launches no fit saw)."""
+    if not pathlib.Path(runs).is_file():
+        raise ConfigError(f"--runs: no such file {runs}")
     sha = file_sha256(runs)
     fitted = (hw.calibration or {}).get("runs_sha256")
     if fitted and fitted == sha:
@@ -163,7 +165,6 @@ def check_not_fitted_on(runs: str, hw: HardwareProfile) -> str:
 
 def run_pricing(runs: str, hardware: str, out: pathlib.Path, folds: Optional[int], seed: int = 0,
                 own_histograms: bool = False, holdout: bool = False) -> dict:
-    launches = load_runs(runs)
     hw = load_hardware(hardware)
     if holdout:
         if folds:
@@ -171,6 +172,7 @@ def run_pricing(runs: str, hardware: str, out: pathlib.Path, folds: Optional[int
         if hw.megatron.knobs is None:
             raise ConfigError(f"--holdout: hardware {hw.name} has no fitted Megatron knobs to check")
         check_not_fitted_on(runs, hw)
+    launches = load_runs(runs)
     priced = megafit.featurize(launches, hw, DocLengths(launches, own=own_histograms))
     if folds:
         bar = _progress(folds, f"{folds}-fold fit")
