@@ -131,9 +131,9 @@ def test_two_node_pair_is_one_launch():
         "[after training is done] datetime: x\n"
     files = {"logs/gpt/gpt_megatron_gpus16_7b_seqlen4096_gbs64_mbs2_dp4_tp2_pp2_pad_sp_node0.log": node0,
              "logs/gpt/gpt_megatron_gpus16_7b_seqlen4096_gbs64_mbs2_dp4_tp2_pp2_pad_sp_node1.log": node1}
-    recs, excluded = fl.normalise(files, branch="llama", commit="c")
-    assert excluded == 0 and len(recs) == 1
-    r = recs[0]
+    res = fl.normalise(files, branch="llama", commit="c")
+    assert (res.known, res.repeated, len(res.records)) == (0, 0, 1)
+    r = res.records[0]
     assert r["num_nodes"] == 2 and r["status"] == "ok" and r["start_time"] == "2024-03-12 03:00:03"
     assert len(r["source"]["paths"]) == 2 and r["effective"]["gpus"] == 16 and r["effective"]["dp"] == 4
     assert [m["rank"] for m in r["memory_per_rank"]] == [0, 8] and r["max_allocated_mb_max_over_ranks"] == 400.0
@@ -143,28 +143,68 @@ def test_two_node_pair_is_one_launch():
 def test_printed_arguments_win_over_the_file_name():
     # The name says mbs 8 and pack; the launch printed mbs 2 and pad.
     files = {"logs/gpt/gpt_megatron_gpus8_7b_seqlen4096_gbs64_mbs8_dp2_tp2_pp2_pack_sp.log": gpt_log()}
-    (r,), _ = fl.normalise(files, branch="llama", commit="c")
+    (r,) = fl.normalise(files, branch="llama", commit="c").records
     assert r["effective"]["mbs"] == 2 and r["effective"]["mode"] == "pad"
 
 
 def test_no_arguments_layout_from_the_name_and_known_launches_excluded():
     files = {"logs/llama/llama_megatron_gpus8_7b_seqlen8192_gbs512_mbs1_dp2_tp2_pp2_pad_nosp.log":
              _start("2024-03-12 04:00:00") + _iter(10, 5.0, 1.0) + _iter(20, 5.0, 1.0)}
-    (r,), _ = fl.normalise(files, branch="llama", commit="c")
+    (r,) = fl.normalise(files, branch="llama", commit="c").records
     assert r["effective"]["arch"] == "llama" and r["effective"]["model_dims"] is None
     assert r["effective"]["sequence_parallel"] is False and r["status"] == "incomplete"
     assert set(r["config"]) == set(fl.NO_ARGS_CONFIG_KEYS)
     known = dict(r, start_time="2024-03-12 04:01:00", iterations=[])
-    recs, excluded = fl.normalise(files, branch="llama", commit="c", exclude=[known])
-    assert (recs, excluded) == ([], 1)
+    res = fl.normalise(files, branch="llama", commit="c", exclude=[known])
+    assert (res.records, res.known) == ([], 1)
     far = dict(known, start_time="2024-03-13 04:00:00")
-    assert fl.normalise(files, branch="llama", commit="c", exclude=[far])[1] == 0
+    assert fl.normalise(files, branch="llama", commit="c", exclude=[far]).known == 0
 
 
 def test_appended_launches_split():
     text = gpt_log() + llama_oom_log()
     segs = fl.split_launches("tmp_for_test_logs/t.log", text)
     assert len(segs) == 2 and segs[1].torchrun_time == "2024-03-12 02:00:00"
+
+
+PREAMBLE = ("local_ip = 10.0.0.2, master_ip = 10.0.0.1, nodes_num = 2, gpus_num = 16, node_rank = 1\n"
+            "use llama 13b model, gpu_num=16, seq_len = 8192, DP=2, MP=4, PP=2, GBS=512, MBS=1\n"
+            "use sequence-packing\n")
+
+
+def test_launch_script_echo_starts_a_launch_and_gives_its_layout():
+    # The echo before torchrun belongs to the launch that follows, not to the one before it; a
+    # launch that printed no arguments takes its layout from it, its OOM events the node's address.
+    oom = ("rank 5 catch CUDA out of memory. Tried to allocate 1.50 GiB. GPU 5 has a total capacty of 79.11 GiB of "
+           "which 20.00 MiB is free. Process 7 has 79.00 GiB memory in use. Of the allocated memory 70.00 GiB is "
+           "allocated by PyTorch, and 2.00 GiB is reserved by PyTorch but unallocated.\n")
+    text = gpt_log() + PREAMBLE + _start("2024-03-12 05:00:00") + oom
+    segs = fl.split_launches("tmp_for_test_logs/t.log", text)
+    assert len(segs) == 2 and not any("local_ip" in t for _, t in segs[0].lines)
+    rec = fl.launch_record([segs[1]], branch="b", commit="c")
+    assert rec["effective"] == {"arch": "llama", "dp": 2, "gbs": 512, "gpus": 16, "mbs": 1, "mode": "pack", "model": "13b",
+                                "model_dims": None, "pp": 2, "recompute": None, "seq_length": 8192,
+                                "sequence_parallel": False, "tp": 4}
+    assert rec["status"] == "oom" and rec["num_nodes"] == 2
+    assert rec["oom_events"] == [{"allocated_by_pytorch_gib": 70.0, "free_mib": 20.0, "gpu_local_index": 5,
+                                  "node": "10.0.0.2", "process_in_use_gib": 79.0, "rank": 5,
+                                  "reserved_unallocated_mib": 2048.0, "total_capacity_gib": 79.11,
+                                  "tried_to_allocate_mib": 1536.0}]
+
+
+def test_a_launch_logged_twice_is_kept_once():
+    # The fork's test logs repeat launches that have files of their own: the richer log is kept.
+    own = {"logs/gpt/gpt_megatron_gpus8_7b_seqlen4096_gbs64_mbs2_dp2_tp2_pp2_pad_sp.log": gpt_log()}
+    both = dict(own, **{"tmp_for_test_logs/test_gpt_gpus8_pad_sp.log": gpt_log() + llama_oom_log()})
+    res = fl.normalise(both, branch="b", commit="c")
+    assert (len(res.records), res.repeated) == (2, 1)
+    assert sorted(r["source"]["paths"][0] for r in res.records) == [
+        "logs/gpt/gpt_megatron_gpus8_7b_seqlen4096_gbs64_mbs2_dp2_tp2_pp2_pad_sp.log", "tmp_for_test_logs/test_gpt_gpus8_pad_sp.log"]
+    # A repeat without iteration reports is matched by torchrun's start time (within seconds).
+    bare = _start("2024-03-12 01:00:02") + "[Rank 0] (after 10 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 3.0\n"
+    assert fl.normalise(dict(own, **{"tmp_for_test_logs/x.log": bare}), branch="b", commit="c").repeated == 1
+    later = bare.replace("01:00:02", "01:02:00")
+    assert fl.normalise(dict(own, **{"tmp_for_test_logs/x.log": later}), branch="b", commit="c").repeated == 0
 
 
 @pytest.mark.parametrize("bad, what", [

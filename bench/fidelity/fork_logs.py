@@ -76,7 +76,7 @@ _MEM = re.compile(r"^\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| 
 _PARAMS = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
 _VOCAB = re.compile(r"> padded vocab \(size: (\d+)\) with \d+ dummy tokens \(new size: (\d+)\)")
 _MICRO = re.compile(r"setting number of micro-batches to constant (\d+)")
-_OOM = re.compile(r"^torch\.cuda\.OutOfMemoryError: CUDA out of memory\. Tried to allocate ([0-9.]+) (MiB|GiB|KiB|B)\. "
+_OOM = re.compile(r"^(?:torch\.cuda\.OutOfMemoryError: |rank (?P<rank>\d+) catch )CUDA out of memory\. Tried to allocate ([0-9.]+) (MiB|GiB|KiB|B)\. "
                   r"GPU (\d+) has a total capac\w* of ([0-9.]+) GiB of which ([0-9.]+) (MiB|GiB|KiB|B) is free\. "
                   r"Process \d+ has ([0-9.]+) (MiB|GiB) memory in use\. Of the allocated memory ([0-9.]+) (MiB|GiB) "
                   r"is allocated by PyTorch, and ([0-9.]+) (MiB|GiB|KiB|B) is reserved")
@@ -88,6 +88,12 @@ _FILE_NAME = re.compile(r"^(?P<arch>gpt|llama)_megatron_gpus(?P<gpus>\d*)_(?P<mo
                         r"_mbs(?P<mbs>\d+)_dp(?P<dp>\d+)_tp(?P<tp>\d+)_pp(?P<pp>\d+)_(?P<mode>[a-z]+)"
                         r"(?:_(?P<sp>sp|nosp))?(?:_node(?P<node>\d+))?\.log$")
 _TEST_NAME = re.compile(r"^test_(?P<arch>gpt|llama)_gpus(?P<gpus>\d+)_.*\.log$")
+# The fork's launch scripts echo the launch before torchrun starts (benchmark/{gpt,llama}/*.sh):
+# the machine, and for a multi-node launch its node rank; the model and layout; pack and SP.
+_PREAMBLE = re.compile(r"^local_ip = ([0-9.]+),")
+_NODE_RANK = re.compile(r"nodes_num = (\d+), gpus_num = \d+, node_rank = (\d+)")
+_SCRIPT = re.compile(r"^use (?P<arch>gpt|llama) (?P<model>\d+b) model, gpu_num=(?P<gpus>\d+), seq_len = (?P<seq>\d+), "
+                     r"DP=(?P<dp>\d+), MP=(?P<tp>\d+), PP=(?P<pp>\d+), GBS=(?P<gbs>\d+), MBS=(?P<mbs>\d+)\s*$")
 _NODE = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)\.log$")
 
 # Error kinds (the February file's names), each a pattern of the log line that shows it.
@@ -151,13 +157,19 @@ def split_launches(path: str, text: str, node: Optional[int] = None) -> list[Seg
     """A log's launches: each starts at torchrun's warning block (the first one at line 1)."""
     segs: list[Segment] = []
     cur: Optional[Segment] = None
+    preamble = False  # the current launch began with the launch script's echo, torchrun not yet started
     for i, raw in enumerate(text.splitlines(), 1):
         m = _TORCHRUN_START.match(raw)
-        if m or cur is None:
-            if m and cur is not None and not any(t.strip() for _, t in cur.lines):
+        p = _PREAMBLE.match(raw)
+        if cur is None or p or (m and not preamble):
+            if cur is not None and not any(t.strip() for _, t in cur.lines):
                 segs.pop()
-            cur = Segment(path=path, node=node, first_line=i, torchrun_time=m.group(1) if m else None)
+            cur = Segment(path=path, node=node, first_line=i)
             segs.append(cur)
+            preamble = bool(p)
+        if m:
+            preamble = False
+            cur.torchrun_time = cur.torchrun_time or m.group(1)
         cur.lines.append((i, raw))
     if cur is not None and not any(t.strip() for _, t in cur.lines):
         segs.pop()
@@ -182,6 +194,9 @@ class Parsed:
     done: bool = False
     gpu_name: Optional[str] = None
     gpu_total_mib: Optional[int] = None
+    local_ip: Optional[str] = None
+    nodes: Optional[tuple] = None  # (nodes of the launch, this node's rank) as the launch script echoed
+    script: dict = field(default_factory=dict)  # the layout the launch script echoed
 
 
 def parse_segment(seg: Segment, node_label: Optional[str] = None) -> Parsed:
@@ -204,6 +219,19 @@ def parse_segment(seg: Segment, node_label: Optional[str] = None) -> Parsed:
                 raise _err(seg.path, n, f"arguments: cannot parse {text.strip()[:80]!r} (expected '  name ...... value')")
             # Anything else inside the block is another rank's output written across it (the
             # fork's test logs have such blocks): skipped, the argument it cut is lost.
+            continue
+        m = _PREAMBLE.match(text)
+        if m:
+            out.local_ip = m.group(1)
+            nr = _NODE_RANK.search(text)
+            out.nodes = (int(nr.group(1)), int(nr.group(2))) if nr else None
+            continue
+        m = _SCRIPT.match(text)
+        if m:
+            out.script = dict(m.groupdict(), mode="pad", sp="nosp")
+            continue
+        if out.script and text.strip() in ("use sequence-packing", "use sequence parallel"):
+            out.script["mode" if "packing" in text else "sp"] = "pack" if "packing" in text else "sp"
             continue
         if _ARGS_BEGIN.match(text):
             if out.args:
@@ -257,12 +285,14 @@ def parse_segment(seg: Segment, node_label: Optional[str] = None) -> Parsed:
             continue
         m = _OOM.match(text)
         if m:
-            out.ooms.append({"allocated_by_pytorch_gib": _gib(m.group(9), m.group(10)),
-                             "free_mib": round(_mib(m.group(5), m.group(6)), 2), "gpu_local_index": int(m.group(3)),
-                             "node": node_label, "process_in_use_gib": _gib(m.group(7), m.group(8)), "rank": None,
-                             "reserved_unallocated_mib": round(_mib(m.group(11), m.group(12)), 2),
-                             "total_capacity_gib": float(m.group(4)),
-                             "tried_to_allocate_mib": round(_mib(m.group(1), m.group(2)), 2)})
+            g = m.groups()[1:]
+            out.ooms.append({"allocated_by_pytorch_gib": _gib(g[8], g[9]),
+                             "free_mib": round(_mib(g[4], g[5]), 2), "gpu_local_index": int(g[2]),
+                             "node": out.local_ip or node_label, "process_in_use_gib": _gib(g[6], g[7]),
+                             "rank": int(m.group("rank")) if m.group("rank") else None,
+                             "reserved_unallocated_mib": round(_mib(g[10], g[11]), 2),
+                             "total_capacity_gib": float(g[3]),
+                             "tried_to_allocate_mib": round(_mib(g[0], g[1]), 2)})
             out.oom_line = out.oom_line or text.strip()[:400]
         if out.gpu_name is None:
             m = _SMI_NAME.match(text)
@@ -372,7 +402,8 @@ def launch_record(segs: Sequence[Segment], *, branch: str, commit: str, rid: str
     multi = len(segs) > 1 or any(s.node is not None for s in segs)
     parsed = [parse_segment(s, f"node{s.node}" if multi and s.node is not None else None) for s in segs]
     args = next((p.args for p in parsed if p.args), {})
-    names = _name_fields(segs[0].path)
+    # Where the launch printed no arguments: the launch script's echo, else the file name.
+    names = next((p.script for p in parsed if p.script), None) or _name_fields(segs[0].path)
     its_by_file = [p.iterations for p in parsed if p.iterations]
     its = max(its_by_file, key=len) if its_by_file else []
     eff = _effective(args, names)
@@ -417,7 +448,7 @@ def launch_record(segs: Sequence[Segment], *, branch: str, commit: str, rid: str
         "max_allocated_mb_max_over_ranks": max((m["max_allocated_mb"] for m in first_mem), default=None),
         "max_reserved_mb_max_over_ranks": max((m["max_reserved_mb"] for m in first_mem), default=None),
         "memory_per_rank": first_mem,
-        "num_nodes": len(segs),
+        "num_nodes": max([len(segs)] + [p.nodes[0] for p in parsed if p.nodes]),
         "oom_events": [o for p in parsed for o in p.ooms],
         "params_per_tp_pp_rank": dict(sorted(params.items())),
         "same_config_runs": None,
@@ -498,11 +529,43 @@ def known_elsewhere(rec: dict, others: Sequence[dict], slack_s: float = 120.0) -
     return False
 
 
+def same_launch(a: dict, b: dict, slack_s: float = 5.0) -> bool:
+    """One launch logged twice in the tree (the fork's test logs repeat launches that also have
+    files of their own): the same iteration reports, or started within ``slack_s`` by torchrun with
+    layouts that do not disagree."""
+    its = [r["elapsed_ms"] for r in a.get("iterations") or []]
+    if its and its == [r["elapsed_ms"] for r in b.get("iterations") or []]:
+        return True
+    ta, tb = _time(a.get("start_time")), _time(b.get("start_time"))
+    if not (ta and tb) or abs((ta - tb).total_seconds()) > slack_s:
+        return False
+    return a.get("effective") is None or b.get("effective") is None or _layout_key(a) == _layout_key(b)
+
+
+@dataclass
+class Normalised:
+    records: list
+    known: int  # launches left out: already in an --exclude file
+    repeated: int  # launches left out: a second log of a launch kept
+
+
+def _richer(r: dict):
+    """Which of two logs of one launch to keep: printed arguments, more nodes, more reports."""
+    e = r.get("effective") or {}
+    return (not e.get("model_dims"), -len(r["source"]["paths"]), -len(r.get("iterations") or []),
+            r["source"]["paths"][0])
+
+
 def normalise(files: dict[str, str], *, branch: str, commit: str, exclude: Sequence[dict] = (),
-              prefix: str = "H") -> tuple[list[dict], int]:
-    """(records, launches excluded as already in ``exclude``) in start order, ids ``H001``..."""
+              prefix: str = "H") -> Normalised:
+    """The launches of ``files`` in start order, ids ``H001``..., less those already in ``exclude``
+    and the second logs of one launch."""
     recs = [launch_record(segs, branch=branch, commit=commit) for segs in group_launches(files)]
-    kept = [r for r in recs if not known_elsewhere(r, exclude)]
+    fresh = [r for r in recs if not known_elsewhere(r, exclude)]
+    kept: list[dict] = []
+    for r in sorted(fresh, key=_richer):
+        if not any(same_launch(r, k) for k in kept):
+            kept.append(r)
     kept.sort(key=lambda r: (r["start_time"] or "9999", r["source"]["paths"][0]))
     width = max(3, len(str(len(kept))))
     for i, r in enumerate(kept, 1):
@@ -515,7 +578,7 @@ def normalise(files: dict[str, str], *, branch: str, commit: str, exclude: Seque
         if r["effective"] and r["effective"].get("model_dims"):
             same = [i for i in by_cfg[json.dumps(r["effective"], sort_keys=True)] if i != r["id"]]
             r["same_config_runs"] = same or None
-    return kept, len(recs) - len(kept)
+    return Normalised(kept, len(recs) - len(fresh), len(fresh) - len(kept))
 
 
 def _read_runs(path: str) -> list[dict]:
@@ -556,7 +619,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             commit, files = a.commit, read_folder(a.folder)
         others = [r for p in a.exclude for r in _read_runs(p)]
-        recs, excluded = normalise(files, branch=a.branch or a.ref, commit=commit, exclude=others)
+        res = normalise(files, branch=a.branch or a.ref, commit=commit, exclude=others)
+        recs = res.records
         write_runs(recs, pathlib.Path(a.out))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -565,7 +629,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r in recs:
         arch = (r["effective"] or {}).get("arch") or "-"
         counts[(arch, r["status"])] = counts.get((arch, r["status"]), 0) + 1
-    print(f"{len(files)} log files -> {len(recs)} launches ({excluded} already in --exclude, left out) -> {a.out}")
+    print(f"{len(files)} log files -> {len(recs)} launches -> {a.out} (left out: {res.known} already in --exclude, "
+          f"{res.repeated} logged twice in the tree)")
     for (arch, status), n in sorted(counts.items()):
         print(f"  {arch:<6} {status:<11} {n}")
     return 0
