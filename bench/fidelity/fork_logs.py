@@ -3,18 +3,21 @@
 
 The logs are the ones the public fork ``Sakura-gh/Megatron-LM`` committed (branch ``llama``:
 ``logs/gpt/*.log``, ``logs/llama/*.log``, ``tmp_for_test_logs/*.log``): one file per launch, or
-one file per node of a multi-node launch (``..._node0.log``, ``..._node1.log``), or several
-launches appended to one file (each starts with torchrun's warning block). Only the logs are
-read: what Megatron printed (its arguments, iteration reports, memory reports, per-rank
-parameter counts, out-of-memory messages, the fork's sequence-length statistics).
+one file per node of a multi-node launch (``..._node0.log``, ``..._node1.log``: one launch), or
+several launches appended to one file (each starts with the launch script's echo, else with
+torchrun's warning block). Only the logs are read: what Megatron printed (its arguments,
+iteration reports, memory reports, per-rank parameter counts, out-of-memory messages, the fork's
+sequence-length statistics) and what the launch script echoed.
 
     python -m bench.fidelity.fork_logs --git /work/.mirror/Sakura-gh+Megatron-LM/repo --ref llama \\
         --exclude impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz \\
         --out impl/common/megatron/data/megatron_h100_holdout.jsonl.gz
 
 The printed arguments are right where the file name disagrees; a launch that printed none (a
-node file whose node 0 is missing, or a launch that died first) takes its layout from its file
-name, with ``arch`` from the name and ``model_dims`` null, like the February file.
+node file whose node 0 is missing, or a launch that died first) takes its layout from the launch
+script's echo, else from its file name, with ``model_dims`` null, like the February file. A
+launch already in an ``--exclude`` file, and the second log of a launch logged twice (the test
+logs repeat launches that have files of their own), are left out and counted.
 """
 from __future__ import annotations
 
