@@ -192,6 +192,39 @@ def test_launch_script_echo_starts_a_launch_and_gives_its_layout():
                                   "tried_to_allocate_mib": 1536.0}]
 
 
+def test_prints_that_share_a_line():
+    # Ranks print at once: memory reports, parameter counts, an OOM message and rank 0's last
+    # line land on one line, or behind another rank's text.
+    text = (gpt_log().replace("[after training is done] datetime: 2024-03-12 01:10:00 \n", "")
+            + "[Rank 1] (after 10 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 3.0"
+              "[Rank 2] (after 10 iterations) memory (MB) | allocated: 1.0 | max allocated: 2500.0 | reserved: 3.0 | max reserved: 3.0\n"
+            + " > number of parameters on (tensor, pipeline) model parallel rank (0, 1): 11 > number of parameters on "
+              "(tensor, pipeline) model parallel rank (1, 0): 12\n"
+            + "rank 3: {'packing_seq_len': {'128': 1}, 'real_seq_len': {'128': 2}}[after training is done] datetime: x\n")
+    rec = fl.launch_record(fl.split_launches("logs/gpt/s.log", text), branch="b", commit="c")
+    assert [m["rank"] for m in rec["memory_per_rank"]] == [0, 1, 2, 4] and rec["max_allocated_mb_max_over_ranks"] == 2500.0
+    assert rec["params_per_tp_pp_rank"] == {"0,0": 1234, "0,1": 11, "1,0": 12, "1,1": 5678}
+    assert rec["status"] == "ok" and rec["seq_len_histogram"]["ranks_printed"] == [3]
+    oom = ("torch.cuda.OutOfMemoryError:     pretrain(x,CUDA out of memory. Tried to allocate 1.25 GiB. GPU 2 has a total "
+           "capacty of 79.11 GiB of which 547.50 MiB is free. Process 1 has 78.5 GiB memory in use. Of the allocated memory "
+           "70.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch but unallocated.\n")
+    rec = fl.launch_record(fl.split_launches("logs/gpt/o.log", gpt_log() + oom + oom), branch="b", commit="c")
+    assert rec["status"] == "oom" and len(rec["oom_events"]) == 1 and rec["oom_events"][0]["gpu_local_index"] == 2
+
+
+def test_cut_by_the_time_limit_or_reaching_the_last_iteration():
+    cut = gpt_log().replace("[after training is done] datetime: 2024-03-12 01:10:00 \n", "")
+    # Another node's log: no rank 0 print, but the reports reach train_iters (30/30).
+    assert fl.launch_record(fl.split_launches("a.log", cut), branch="b", commit="c")["status"] == "ok"
+    short = cut.replace(_iter(30, 820.0, 10.1), "")
+    assert fl.launch_record(fl.split_launches("a.log", short), branch="b", commit="c")["status"] == "incomplete"
+    killed = short + "Traceback (most recent call last):\nReceived SIGTERM\n"
+    assert fl.launch_record(fl.split_launches("a.log", killed), branch="b", commit="c")["status"] == "incomplete"
+    crashed = short + "Traceback (most recent call last):\ntorch.distributed.DistBackendError: NCCL error in: x\n"
+    rec = fl.launch_record(fl.split_launches("a.log", crashed), branch="b", commit="c")
+    assert rec["status"] == "error" and rec["error_kinds"] == ["nccl_error", "python_exception"]
+
+
 def test_a_launch_logged_twice_is_kept_once():
     # The fork's test logs repeat launches that have files of their own: the richer log is kept.
     own = {"logs/gpt/gpt_megatron_gpus8_7b_seqlen4096_gbs64_mbs2_dp2_tp2_pp2_pad_sp.log": gpt_log()}

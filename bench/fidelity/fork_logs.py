@@ -74,19 +74,19 @@ _LOSS = re.compile(r"lm loss: ([0-9.Ee+-]+)")
 _GRAD = re.compile(r"grad norm: ([0-9.Ee+-]+)")
 _SKIP = re.compile(r"number of skipped iterations:\s*(\d+)")
 _NAN = re.compile(r"number of nan iterations:\s*(\d+)")
-_MEM = re.compile(r"^\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([0-9.]+) \| "
+_MEM = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([0-9.]+) \| "
                   r"max allocated: ([0-9.]+) \| reserved: ([0-9.]+) \| max reserved: ([0-9.]+)")
 _PARAMS = re.compile(r"number of parameters on \(tensor, pipeline\) model parallel rank \((\d+), (\d+)\): (\d+)")
 _VOCAB = re.compile(r"> padded vocab \(size: (\d+)\) with \d+ dummy tokens \(new size: (\d+)\)")
 _MICRO = re.compile(r"setting number of micro-batches to constant (\d+)")
-_OOM = re.compile(r"^(?:torch\.cuda\.OutOfMemoryError: |rank (?P<rank>\d+) catch )CUDA out of memory\. Tried to allocate ([0-9.]+) (MiB|GiB|KiB|B)\. "
+_OOM = re.compile(r"(?:rank (?P<rank>\d+) catch )?CUDA out of memory\. Tried to allocate ([0-9.]+) (MiB|GiB|KiB|B)\. "
                   r"GPU (\d+) has a total capac\w* of ([0-9.]+) GiB of which ([0-9.]+) (MiB|GiB|KiB|B) is free\. "
                   r"Process \d+ has ([0-9.]+) (MiB|GiB) memory in use\. Of the allocated memory ([0-9.]+) (MiB|GiB) "
                   r"is allocated by PyTorch, and ([0-9.]+) (MiB|GiB|KiB|B) is reserved")
-_HIST = re.compile(r"^rank (\d+): (\{'packing_seq_len': \{[^}]*\}, 'real_seq_len': \{[^}]*\}\})")
+_HIST = re.compile(r"rank (\d+): (\{'packing_seq_len': \{[^}]*\}, 'real_seq_len': \{[^}]*\}\})")
 _SMI_NAME = re.compile(r"^\|\s+\d+\s+NVIDIA (.+?)\s{2,}\S+\s+\|")
 _SMI_MEM = re.compile(r"\|\s+(\d+)MiB / (\d+)MiB \|")
-_DONE = re.compile(r"^\[after training is done\]")
+_DONE = re.compile(r"\[after training is done\]")
 _FILE_NAME = re.compile(r"^(?P<arch>gpt|llama)_megatron_gpus(?P<gpus>\d*)_(?P<model>\d+b)_seqlen(?P<seq>\d+)_gbs(?P<gbs>\d+)"
                         r"_mbs(?P<mbs>\d+)_dp(?P<dp>\d+)_tp(?P<tp>\d+)_pp(?P<pp>\d+)_(?P<mode>[a-z]+)"
                         r"(?:_(?P<sp>sp|nosp))?(?:_node(?P<node>\d+))?\.log$")
@@ -102,7 +102,7 @@ _NODE = re.compile(r"^(?P<stem>.+)_node(?P<node>\d+)\.log$")
 # Error kinds (the February file's names), each a pattern of the log line that shows it.
 ERROR_KINDS = (
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),
-    ("nccl_cuda_oom", re.compile(r"NCCL.*(?:Cuda failure 'out of memory'|cudaErrorMemoryAllocation)")),
+    ("nccl_cuda_oom", re.compile(r"NCCL.*(?:Cuda failure \d* ?'out of memory'|cudaErrorMemoryAllocation)")),
     ("nccl_error", re.compile(r"NCCL error|DistBackendError")),
     ("child_failed", re.compile(r"ChildFailedError")),
     ("python_exception", re.compile(r"^Traceback \(most recent call last\)")),
@@ -191,6 +191,7 @@ class Parsed:
     hist: dict = field(default_factory=dict)  # rank -> dict
     vocab: Optional[tuple] = None  # (tokenizer size, padded size) of the first print
     microbatches: Optional[int] = None
+    iters_total: Optional[int] = None  # the "N/ total" of the iteration reports
     kinds: set = field(default_factory=set)
     error_line: Optional[str] = None
     oom_line: Optional[str] = None
@@ -236,6 +237,9 @@ def parse_segment(seg: Segment, node_label: Optional[str] = None) -> Parsed:
         if out.script and text.strip() in ("use sequence-packing", "use sequence parallel"):
             out.script["mode" if "packing" in text else "sp"] = "pack" if "packing" in text else "sp"
             continue
+        if _DONE.search(text):
+            # Rank 0's last print, often written onto another rank's line.
+            out.done = True
         if _ARGS_BEGIN.match(text):
             if out.args:
                 raise _err(seg.path, n, "arguments: a second argument block in one launch")
@@ -245,6 +249,7 @@ def parse_segment(seg: Segment, node_label: Optional[str] = None) -> Parsed:
             m = _ITER.match(text)
             if not m:
                 raise _err(seg.path, n, f"iteration: cannot parse {text.strip()[:80]!r}")
+            out.iters_total = int(m.group(2))
             loss, grad, skip, nan = (_LOSS.search(text), _GRAD.search(text), _SKIP.search(text), _NAN.search(text))
             out.iterations.append({"elapsed_ms": float(m.group(3)),
                                    "grad_norm": float(grad.group(1)) if grad else None,
@@ -253,49 +258,55 @@ def parse_segment(seg: Segment, node_label: Optional[str] = None) -> Parsed:
                                    "nan": int(nan.group(1)) if nan else None,
                                    "skipped": int(skip.group(1)) if skip else None})
             continue
-        if "memory (MB)" in text and text.startswith("[Rank "):
-            m = _MEM.match(text)
-            if not m:
+        if "memory (MB)" in text and "[Rank " in text:
+            # Ranks print at once: several reports can share one line.
+            found = list(_MEM.finditer(text))
+            if not found:
                 raise _err(seg.path, n, f"memory: cannot parse {text.strip()[:80]!r}")
-            out.memory.append({"after_iters": int(m.group(2)), "allocated_mb": float(m.group(3)),
-                               "max_allocated_mb": float(m.group(4)), "max_reserved_mb": float(m.group(6)),
-                               "rank": int(m.group(1)), "reserved_mb": float(m.group(5))})
+            for m in found:
+                out.memory.append({"after_iters": int(m.group(2)), "allocated_mb": float(m.group(3)),
+                                   "max_allocated_mb": float(m.group(4)), "max_reserved_mb": float(m.group(6)),
+                                   "rank": int(m.group(1)), "reserved_mb": float(m.group(5))})
             continue
-        m = _PARAMS.search(text)
-        if m:
-            out.params[f"{m.group(1)},{m.group(2)}"] = int(m.group(3))
+        found = list(_PARAMS.finditer(text))
+        if found:
+            for m in found:
+                out.params[f"{m.group(1)},{m.group(2)}"] = int(m.group(3))
             continue
-        if text.startswith("rank ") and "'packing_seq_len'" in text:
-            m = _HIST.match(text)
-            if not m:
+        if "rank " in text and "'packing_seq_len'" in text:
+            found = list(_HIST.finditer(text))
+            if not found:
                 raise _err(seg.path, n, f"seq_len_histogram: cannot parse {text.strip()[:80]!r}")
-            try:
-                out.hist[int(m.group(1))] = ast.literal_eval(m.group(2))
-            except (ValueError, SyntaxError):
-                raise _err(seg.path, n, "seq_len_histogram: not a dict literal") from None
+            for m in found:
+                try:
+                    out.hist[int(m.group(1))] = ast.literal_eval(m.group(2))
+                except (ValueError, SyntaxError):
+                    raise _err(seg.path, n, "seq_len_histogram: not a dict literal") from None
             continue
         m = _VOCAB.search(text)
         if m:
-            if out.vocab is None:
-                out.vocab = (int(m.group(1)), int(m.group(2)))
+            # Megatron pads to a multiple of 128 x tp while it reads its arguments; the fork's data
+            # loader builds the tokenizer again without tp: the largest print is the model's.
+            v = (int(m.group(1)), int(m.group(2)))
+            out.vocab = max(out.vocab, v, key=lambda x: x[1]) if out.vocab else v
             continue
         m = _MICRO.search(text)
         if m:
             out.microbatches = int(m.group(1))
             continue
-        if _DONE.match(text):
-            out.done = True
-            continue
-        m = _OOM.match(text)
+        # Anywhere in the line: ranks write their tracebacks across each other.
+        m = _OOM.search(text)
         if m:
             g = m.groups()[1:]
-            out.ooms.append({"allocated_by_pytorch_gib": _gib(g[8], g[9]),
+            event = {"allocated_by_pytorch_gib": _gib(g[8], g[9]),
                              "free_mib": round(_mib(g[4], g[5]), 2), "gpu_local_index": int(g[2]),
                              "node": out.local_ip or node_label, "process_in_use_gib": _gib(g[6], g[7]),
                              "rank": int(m.group("rank")) if m.group("rank") else None,
                              "reserved_unallocated_mib": round(_mib(g[10], g[11]), 2),
                              "total_capacity_gib": float(g[3]),
-                             "tried_to_allocate_mib": round(_mib(g[0], g[1]), 2)})
+                             "tried_to_allocate_mib": round(_mib(g[0], g[1]), 2)}
+            if event not in out.ooms:  # a chained traceback repeats the message
+                out.ooms.append(event)
             out.oom_line = out.oom_line or text.strip()[:400]
         if out.gpu_name is None:
             m = _SMI_NAME.match(text)
@@ -386,9 +397,11 @@ def _status(parsed: Sequence[Parsed], its: list) -> str:
     kinds = set().union(*(p.kinds for p in parsed))
     if any(p.ooms for p in parsed) or "oom" in kinds or "nccl_cuda_oom" in kinds:
         return "oom"
-    if any(p.done for p in parsed):
+    # The end: rank 0's last print, or (a log of another node) the last report at train_iters.
+    if any(p.done or (p.iterations and p.iterations[-1]["iteration"] == p.iters_total) for p in parsed):
         return "ok"
-    if its and not (kinds - {"sigterm_received", "child_failed", "python_exception", "exit_barrier"}):
+    # Cut by the time limit (the traceback is the signal's), or cut with no error printed.
+    if its and ("sigterm_received" in kinds or not kinds):
         return "incomplete"
     if kinds:
         return "error"
@@ -410,7 +423,7 @@ def launch_record(segs: Sequence[Segment], *, branch: str, commit: str, rid: str
     its_by_file = [p.iterations for p in parsed if p.iterations]
     its = max(its_by_file, key=len) if its_by_file else []
     eff = _effective(args, names)
-    vocab = next((p.vocab for p in parsed if p.vocab), None)
+    vocab = max((p.vocab for p in parsed if p.vocab), key=lambda x: x[1], default=None)
     if args:
         config = {k: args.get(k) for k in CONFIG_KEYS}
         json_file = args.get("json_file")
@@ -451,7 +464,8 @@ def launch_record(segs: Sequence[Segment], *, branch: str, commit: str, rid: str
         "max_allocated_mb_max_over_ranks": max((m["max_allocated_mb"] for m in first_mem), default=None),
         "max_reserved_mb_max_over_ranks": max((m["max_reserved_mb"] for m in first_mem), default=None),
         "memory_per_rank": first_mem,
-        "num_nodes": max([len(segs)] + [p.nodes[0] for p in parsed if p.nodes]),
+        # Nodes of the launch (8 GPUs each), also where only one node's log was kept.
+        "num_nodes": max([len(segs), -(-((eff or {}).get("gpus") or 0) // 8)] + [p.nodes[0] for p in parsed if p.nodes]),
         "oom_events": [o for p in parsed for o in p.ooms],
         "params_per_tp_pp_rank": dict(sorted(params.items())),
         "same_config_runs": None,
