@@ -285,3 +285,13 @@ def test_shipped_holdout_file_loads_both_archs():
     archs = {la.model.arch for la in launches if la.model}
     assert archs == {"gpt", "llama"}
     assert all(la.id.startswith("H") for la in launches)
+
+
+def test_compare_counts_fields_that_differ():
+    rec = fl.launch_record(fl.split_launches("logs/gpt/x.log", gpt_log()), branch="b", commit="c")
+    matched, differ = fl.compare([rec], [rec])
+    assert matched == 1 and not any(differ.values())
+    other = dict(rec, status="incomplete", oom_events=[{"x": 1}])
+    matched, differ = fl.compare([rec], [other])
+    assert matched == 1 and {k for k, n in differ.items() if n} == {"status", "oom_events"}
+    assert fl.compare([rec], [dict(rec, iterations=[], start_time="2020-01-01 00:00:00")])[0] == 0

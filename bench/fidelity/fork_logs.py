@@ -375,7 +375,7 @@ def _summary(its: list, eff: Optional[dict]) -> dict:
         "min_ms_excl_first": min(rest) if rest else None,
         "n_reports": len(its),
         "samples_per_s": round(eff["gbs"] / (med / 1e3), 3) if med and eff and eff.get("gbs") else None,
-        "spread_pct_excl_first": round((max(rest) - min(rest)) / med * 100, 2) if med else None,
+        "spread_pct_excl_first": round((max(rest) - min(rest)) / med * 100, 2) if len(rest) > 1 else None,
         "tflops_logged": None,
         "tokens_per_iter": tokens,
         "tokens_per_iter_note": ("gbs*seq_length (padded tokens included)" if pad else
@@ -511,7 +511,16 @@ def read_git(gitdir: str, ref: str, prefixes: Iterable[str] = DEFAULT_PREFIXES) 
             raise ConfigError(f"--git: git {' '.join(a[:2])} failed in {gitdir}: {getattr(e, 'stderr', e)!s}".strip()) from None
     commit = git("rev-parse", ref).strip()
     paths = [p for p in git("ls-tree", "-r", "--name-only", commit, "--", *prefixes).splitlines() if p.endswith(".log")]
-    return commit, {p: git("show", f"{commit}:{p}") for p in paths}
+    files, absent = {}, []
+    for p in paths:
+        try:
+            files[p] = git("show", f"{commit}:{p}")
+        except ConfigError:
+            absent.append(p)  # listed in the tree, its blob not in this copy (a partial mirror)
+    if absent:
+        print(f"note: {len(absent)} log files listed at {ref} could not be read from {gitdir} (first: {absent[0]}); "
+              f"left out", file=sys.stderr)
+    return commit, files
 
 
 def read_folder(root: str) -> dict[str, str]:
@@ -598,6 +607,33 @@ def normalise(files: dict[str, str], *, branch: str, commit: str, exclude: Seque
     return Normalised(kept, len(recs) - len(fresh), len(fresh) - len(kept))
 
 
+COMPARED = ("status", "iterations", "summary", "memory_per_rank", "max_allocated_mb_max_over_ranks",
+            "params_per_tp_pp_rank", "oom_events", "seq_len_histogram", "effective", "config", "num_nodes")
+
+
+def compare(recs: Sequence[dict], others: Sequence[dict]) -> tuple[int, dict]:
+    """(launches of ``recs`` found in ``others``, field -> how many of them differ there): a check
+    that this module reads logs as the file ``others`` was made. ``oom_events`` counts events,
+    ``config`` the printed arguments both have."""
+    matched, differ = 0, {f: 0 for f in COMPARED}
+    for r in recs:
+        o = next((x for x in others if known_elsewhere(r, [x])), None)
+        if o is None:
+            continue
+        matched += 1
+        for f in COMPARED:
+            a, b = r.get(f), o.get(f)
+            if f == "oom_events":
+                a, b = len(a or []), len(b or [])
+            elif f == "config":
+                keys = set(a or {}) & set(b or {})
+                a, b = {k: a[k] for k in keys}, {k: b[k] for k in keys}
+            elif f == "memory_per_rank":
+                a, b = (sorted(a or [], key=lambda m: m["rank"]), sorted(b or [], key=lambda m: m["rank"]))
+            differ[f] += a != b
+    return matched, differ
+
+
 def _read_runs(path: str) -> list[dict]:
     p = pathlib.Path(path)
     if not p.is_file():
@@ -628,13 +664,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--commit", default="", help="commit named in source for --folder")
     ap.add_argument("--prefix", action="append", default=None, help=f"tree folders to read (default {DEFAULT_PREFIXES})")
     ap.add_argument("--exclude", action="append", default=[], help="runs file whose launches are left out")
-    ap.add_argument("--out", required=True, help="runs file to write (.jsonl or .jsonl.gz)")
+    ap.add_argument("--out", default=None, help="runs file to write (.jsonl or .jsonl.gz)")
+    ap.add_argument("--compare", default=None, metavar="RUNS",
+                    help="instead of writing: how the launches found in RUNS agree with its lines, per field")
     a = ap.parse_args(argv)
     try:
         if a.git:
             commit, files = read_git(a.git, a.ref, tuple(a.prefix or DEFAULT_PREFIXES))
         else:
             commit, files = a.commit, read_folder(a.folder)
+        if a.compare:
+            recs = [launch_record(segs, branch=a.branch or a.ref, commit=commit) for segs in group_launches(files)]
+            matched, differ = compare(recs, _read_runs(a.compare))
+            print(f"{len(files)} log files -> {len(recs)} launches, {matched} of them in {a.compare}; differing:")
+            for f, n in differ.items():
+                print(f"  {f:<34} {n}")
+            return 0
+        if not a.out:
+            raise ConfigError("--out: a runs file to write is needed (or --compare)")
         others = [r for p in a.exclude for r in _read_runs(p)]
         res = normalise(files, branch=a.branch or a.ref, commit=commit, exclude=others)
         recs = res.records
