@@ -6,7 +6,10 @@ Megatron knobs to a runs file and write the profile with the fit's provenance.
     mlsys-bench-calibrate-megatron --runs impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz \\
         --hardware h100-sxm --output conf/hardware/h100-megatron.yaml
 
-``--folds K``: K-fold cross-validation, each launch predicted by knobs fitted on the other K-1
+    mlsys-bench-runs --runs impl/common/megatron/data/megatron_h100_holdout.jsonl.gz --holdout --out results/runs/megatron_holdout
+
+``--holdout``: price a file no fit saw with the profile's shipped knobs, error table per
+architecture (GPT, LLaMA). ``--folds K``: K-fold cross-validation, each launch predicted by knobs fitted on the other K-1
 folds (the errors quoted in ``bench/fidelity/README.md``). Without it, the profile's own knobs
 price every launch (in-sample when the profile was fitted on that file).
 """
@@ -125,10 +128,51 @@ def _diag(ax, xlabel: str, ylabel: str) -> None:
     ax.legend(fontsize=8, loc="upper left")
 
 
+ARCHS = ("gpt", "llama")
+
+
+def tables_by_arch(preds: Sequence[dict]) -> dict:
+    """The error table of every launch and of each architecture's launches."""
+    out = {"all": megafit.error_table(preds)}
+    for arch in ARCHS:
+        rows = [r for r in preds if r.get("arch") == arch]
+        if rows:
+            out[arch] = megafit.error_table(rows)
+    return out
+
+
+def format_arch_tables(tables: dict, title: str) -> str:
+    parts = [title]
+    for key, t in tables.items():
+        parts.append(format_table(t, f"-- {key} launches"))
+        parts.append(f"  median signed error (predicted / measured - 1): pad time {_pct(t['pad_time']['median_signed'])}, "
+                     f"pack time {_pct(t['pack_time']['median_signed'])}, memory {_pct(t['memory']['median_signed'])}")
+    return "\n".join(parts)
+
+
+def check_not_fitted_on(runs: str, hw: HardwareProfile) -> str:
+    """The runs file's sha256, refused when the profile's knobs were fitted on it (a held-out
+    check prices launches no fit saw)."""
+    if not pathlib.Path(runs).is_file():
+        raise ConfigError(f"--runs: no such file {runs}")
+    sha = file_sha256(runs)
+    fitted = (hw.calibration or {}).get("runs_sha256")
+    if fitted and fitted == sha:
+        raise ConfigError(f"--holdout: {runs} is the file {hw.name}'s knobs were fitted on (calibration.runs_sha256 "
+                          f"{sha[:16]}): not held out")
+    return sha
+
+
 def run_pricing(runs: str, hardware: str, out: pathlib.Path, folds: Optional[int], seed: int = 0,
-                own_histograms: bool = False) -> dict:
-    launches = load_runs(runs)
+                own_histograms: bool = False, holdout: bool = False) -> dict:
     hw = load_hardware(hardware)
+    if holdout:
+        if folds:
+            raise ConfigError("--holdout: prices with the profile's shipped knobs; --folds would re-fit them")
+        if hw.megatron.knobs is None:
+            raise ConfigError(f"--holdout: hardware {hw.name} has no fitted Megatron knobs to check")
+        check_not_fitted_on(runs, hw)
+    launches = load_runs(runs)
     priced = megafit.featurize(launches, hw, DocLengths(launches, own=own_histograms))
     if folds:
         bar = _progress(folds, f"{folds}-fold fit")
@@ -155,7 +199,14 @@ def run_pricing(runs: str, hardware: str, out: pathlib.Path, folds: Optional[int
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
     title = f"{pathlib.Path(runs).name}: {how}"
     plot(preds, table, out / "pred_vs_measured.png", title if len(title) < 110 else title[:107] + "...")
-    summary["text"] = format_table(table, f"{len(preds)} launches of {pathlib.Path(runs).name} on {hw.name}, {how}")
+    head = f"{len(preds)} launches of {pathlib.Path(runs).name} on {hw.name}, {how}"
+    if holdout:
+        summary["held_out"] = True
+        summary["tables_by_arch"] = tables_by_arch(preds)
+        summary["text"] = format_arch_tables(summary["tables_by_arch"], head + " (held out: no fit saw these launches)")
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+    else:
+        summary["text"] = format_table(table, head)
     return summary
 
 
@@ -168,11 +219,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the fold assignment")
     ap.add_argument("--own-histograms", action="store_true",
                     help="pack launches draw documents from their own histogram instead of the file's pooled one")
+    ap.add_argument("--holdout", action="store_true",
+                    help="held-out check: price with --hardware's shipped knobs (no re-fit; refused on the file they "
+                         "were fitted on) and report the error table per architecture")
     a = ap.parse_args(argv)
     try:
         if a.folds is not None and a.folds < 2:
             raise ConfigError(f"--folds: needs >= 2, got {a.folds}")
-        s = run_pricing(a.runs or _default_runs(), a.hardware, pathlib.Path(a.out), a.folds, a.seed, a.own_histograms)
+        s = run_pricing(a.runs or _default_runs(), a.hardware, pathlib.Path(a.out), a.folds, a.seed, a.own_histograms,
+                        holdout=a.holdout)
     except ConfigError as e:
         print(f"mlsys-bench-runs: error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 RUNS = REPO / "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
+HOLDOUT = REPO / "impl/common/megatron/data/megatron_h100_holdout.jsonl.gz"
 GPT7B = MegatronModel(arch="gpt", num_layers=32, hidden=4096, ffn_hidden=16384, heads=32, vocab=50257,
                       max_position_embeddings=4096)
 
@@ -35,10 +36,12 @@ def hw():
     return load_hardware("h100-megatron")
 
 
-def test_param_counts_equal_megatron_printed_counts(launches):
+@pytest.mark.parametrize("runs", [RUNS, HOLDOUT], ids=["february", "holdout"])
+def test_param_counts_equal_megatron_printed_counts(runs, launches):
     layouts = set()
     checked = 0
-    for la in launches:
+    archs = set()
+    for la in (launches if runs == RUNS else load_runs(runs)):
         if not la.printed_params or la.model is None or la.layout is None:
             continue
         counts = la.model.params_per_rank(la.layout.tp, la.layout.pp)
@@ -46,9 +49,12 @@ def test_param_counts_equal_megatron_printed_counts(launches):
             assert counts[p] == n, (la.id, t, p)
             checked += 1
         layouts.add((la.model.name, la.layout.tp, la.layout.pp, la.layout.context))
+        archs.add(la.model.arch)
         if la.printed_padded_vocab:
             assert padded_vocab(la.model.vocab, la.layout.tp) == la.printed_padded_vocab, la.id
     assert len(layouts) >= 5 and checked >= 100
+    # The held-out file's LLaMA launches (RMSNorm, SwiGLU, untied output layer) are checked too.
+    assert archs == ({"gpt"} if runs == RUNS else {"gpt", "llama"})
 
 
 def test_llama_counts_match_published_totals():

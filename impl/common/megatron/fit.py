@@ -267,7 +267,7 @@ def with_knobs(hw: HardwareProfile, knobs: MegatronKnobs, calibration: dict) -> 
 def predict(p: Priced, hw: HardwareProfile, knobs: Optional[MegatronKnobs] = None) -> dict:
     """One predictions.jsonl line: the prediction and the measured values beside it."""
     la = p.launch
-    row = {"id": la.id, "status": la.status, "mode": la.layout.mode, "model": la.model.name,
+    row = {"id": la.id, "status": la.status, "mode": la.layout.mode, "arch": la.model.arch, "model": la.model.name,
            "gpus": la.layout.gpus, "context": la.layout.context, "dp": la.layout.dp, "tp": la.layout.tp,
            "pp": la.layout.pp, "mbs": la.layout.mbs,
            "measured_fits": la.measured_fits, "measured_iteration_ms": la.measured_iteration_ms,
@@ -322,14 +322,15 @@ def cross_validate(priced: Sequence[Priced], hw: HardwareProfile, k: int, seed: 
 # ---- the error table ---------------------------------------------------------------------
 
 def error_table(preds: Sequence[dict]) -> dict:
-    """Median and 90th-percentile |error| of pad time, pack time and memory; verdict accuracy."""
+    """Median and 90th-percentile |error| of pad time, pack time and memory (and the median signed
+    error: below 0 the model under-prices); verdict accuracy."""
     out = {}
     for mode in ("pad", "pack"):
-        e = [abs(r["predicted_iteration_ms_if_run"] / r["measured_iteration_ms"] - 1) for r in preds
+        e = [r["predicted_iteration_ms_if_run"] / r["measured_iteration_ms"] - 1 for r in preds
              if r["mode"] == mode and r.get("measured_iteration_ms") and r.get("predicted_iteration_ms_if_run")]
         out[f"{mode}_time"] = _summary(e)
     # The measured peak covers the ranks the log printed (some logs kept one node's prints only).
-    e = [abs(r["predicted_peak_allocated_mb_printed_ranks"] / r["measured_peak_allocated_mb"] - 1) for r in preds
+    e = [r["predicted_peak_allocated_mb_printed_ranks"] / r["measured_peak_allocated_mb"] - 1 for r in preds
          if r.get("measured_peak_allocated_mb") and r.get("predicted_peak_allocated_mb_printed_ranks")]
     out["memory"] = _summary(e)
     v = [r for r in preds if r.get("measured_fits") is not None]
@@ -343,7 +344,10 @@ def error_table(preds: Sequence[dict]) -> dict:
 
 
 def _summary(e: Sequence[float]) -> dict:
+    """Of signed relative errors (predicted / measured - 1)."""
     if not e:
-        return {"n": 0, "median_abs": math.nan, "p90_abs": math.nan}
-    a = np.asarray(e)
-    return {"n": int(a.size), "median_abs": round(float(np.median(a)), 4), "p90_abs": round(float(np.percentile(a, 90)), 4)}
+        return {"n": 0, "median_abs": math.nan, "p90_abs": math.nan, "median_signed": math.nan}
+    s = np.asarray(e)
+    a = np.abs(s)
+    return {"n": int(a.size), "median_abs": round(float(np.median(a)), 4), "p90_abs": round(float(np.percentile(a, 90)), 4),
+            "median_signed": round(float(np.median(s)), 4)}

@@ -54,6 +54,7 @@ class Launch:
     histogram: Optional[dict] = None  # bucket upper bound (int, or the top label '>Nk') -> documents
     num_nodes: Optional[int] = None
     name: str = ""  # the model's name in the file (7b, 13b)
+    arch: str = ""  # effective.arch (gpt, llama; empty where the file has none)
     skip_reason: str = ""  # why a launch with a layout is not priced
     no_layout: bool = False  # printed no layout (effective.mode null on an error launch): skipped, counted
 
@@ -84,6 +85,18 @@ def _int(rec: dict, key: str, path: str, line: int, where: str) -> int:
     return v
 
 
+def _dims_of(spec, path: str, line: int) -> dict:
+    """``L32-h4096-ffn11008-heads32`` (``-kv8`` where key/value heads are fewer than heads)."""
+    try:
+        parts = dict((p.rstrip("0123456789"), int(p[len(p.rstrip("0123456789")):])) for p in str(spec).split("-"))
+        dims = {"num_layers": parts["L"], "hidden": parts["h"], "ffn_hidden": parts["ffn"], "heads": parts["heads"]}
+    except (KeyError, ValueError):
+        raise _err(path, line, "effective.model_dims", f"expected like 'L32-h4096-ffn16384-heads32', got {spec!r}") from None
+    if "kv" in parts:
+        dims["kv_heads"] = parts["kv"]
+    return dims
+
+
 def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronModel]:
     """The model the launch printed; None when it printed neither its arguments nor its dims
     (:func:`load_runs` then takes the dims of another launch of the same model name)."""
@@ -102,11 +115,8 @@ def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronMo
         spec = eff.get("model_dims")
         if spec is None:
             return None
-        try:
-            parts = dict((p.rstrip("0123456789"), int(p[len(p.rstrip("0123456789")):])) for p in str(spec).split("-"))
-            dims = {"num_layers": parts["L"], "hidden": parts["h"], "ffn_hidden": parts["ffn"], "heads": parts["heads"]}
-        except (KeyError, ValueError):
-            raise _err(path, line, "effective.model_dims", f"expected like 'L32-h4096-ffn16384-heads32', got {spec!r}") from None
+        dims = _dims_of(spec, path, line)
+        dims.pop("kv_heads", None)
     vocab = cfg.get("tokenizer_vocab_size")
     if vocab is None:
         return None
@@ -114,6 +124,13 @@ def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronMo
         raise _err(path, line, "config.tokenizer_vocab_size", f"must be a positive integer, got {vocab!r}")
     ctx = _int(eff, "seq_length", path, line, "effective")
     untie = cfg.get("untie_embeddings_and_output_weights")
+    # Key/value heads: Megatron reads num_query_groups only with group_query_attention on.
+    groups = cfg.get("num_query_groups") if cfg.get("group_query_attention") else None
+    if groups is not None and (isinstance(groups, bool) or not isinstance(groups, int) or groups < 1):
+        raise _err(path, line, "config.num_query_groups", f"must be a positive integer, got {groups!r}")
+    if groups is None and "-kv" in str(eff.get("model_dims") or ""):
+        groups = _dims_of(eff.get("model_dims"), path, line).get("kv_heads")
+    dims["kv_heads"] = 0 if groups in (None, dims["heads"]) else groups
     try:
         drop = cfg.get("hidden_dropout")
         return MegatronModel(arch=arch, vocab=vocab, max_position_embeddings=int(cfg.get("max_position_embeddings") or ctx),
@@ -142,6 +159,7 @@ def parse_line(text: str, line: int, path: str = "runs") -> Launch:
     eff = rec.get("effective")
     out = Launch(id=rid, status=status, model=None, layout=None, line=line, num_nodes=rec.get("num_nodes"))
     out.name = str((eff or {}).get("model") or "") if isinstance(eff, dict) else ""
+    out.arch = str((eff or {}).get("arch") or "") if isinstance(eff, dict) else ""
     if eff is None:
         return out
     if not isinstance(eff, dict):
@@ -261,10 +279,13 @@ def load_runs(path: str | pathlib.Path) -> list[Launch]:
                 out.append(parse_line(text, i, str(p)))
     if not out:
         raise ConfigError(f"--runs: {p} holds no launch")
-    by_name = {la.model.name: la.model for la in out if la.model is not None and la.model.name}
+    # A launch that printed no arguments takes the dims of a launch of the same arch and name
+    # (a LLaMA 7B is not a GPT 7B).
+    by_name = {(la.model.arch, la.model.name): la.model for la in out if la.model is not None and la.model.name}
     for la in out:
-        if la.model is None and la.layout is not None and la.name in by_name:
-            base = by_name[la.name]
+        key = (la.arch or "gpt", la.name)
+        if la.model is None and la.layout is not None and key in by_name:
+            base = by_name[key]
             la.model = replace(base, max_position_embeddings=max(la.layout.context, 1))
     return out
 
