@@ -10,12 +10,11 @@ class HotSPaSimKnobs:
     # ZeRO-1 optimizer sharding in every strategy (on in every config of the authors' scripts).
     zero1: bool = True
     # Memory: the step model's (activations by module x the profile's activation_factor, its
-    # logits and overhead; impl.common.cost.varlen_model.MemoryModel) under the one rule of every
-    # training system: the step model's allocatable bytes (fitted to Megatron-LM's OOM verdicts on
-    # H100, carried to datasheet profiles). The authors configure no capacity of their own (their
-    # presets were tuned by hand), so none replaces it; a number here (memory - this headroom) is a
-    # sensitivity input only (4 GiB was the old reconstructed Hetu slack; README sensitivity).
-    memory_headroom_bytes: Optional[float] = None
+    # logits and overhead; impl.common.cost.varlen_model.MemoryModel) under memory - this headroom;
+    # 4 GiB [R] (CUDA context, NCCL and allocator slack of the authors' Hetu runs); null = the
+    # step model's allocatable bytes (Megatron-LM's headroom fitted on H100: 12.6 GiB, which
+    # refuses four of the authors' A800 strategies by 1.5-6%; README sensitivity).
+    memory_headroom_bytes: Optional[float] = 4294967296.0
     # Megatron sequence parallelism: on, every activation is split by tp; off (TP without
     # --sequence-parallel), norms, residuals and layer inputs stay whole per TP rank [R: the paper does not say]
     sequence_parallel: bool = True
