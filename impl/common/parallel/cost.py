@@ -13,7 +13,10 @@ reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
   (the same for equal stages; what the 1F1B runtime pays with a heterogeneous pipeline).
 - Iteration = max_i T_i + gradient synchronisation: ZeRO reduce-scatter + all-gather (ring,
   2(n-1)/n * shard bytes) per layer over its n holders, the GPU with most bytes gating, at the
-  inter-node bandwidth when the holders span nodes.
+  inter-node bandwidth when the holders span nodes; + the step model's per-iteration terms
+  (:func:`impl.common.megatron.step.optimizer_step_s`, one rule for every training system): Adam
+  over the GPU's optimizer shard (each layer's parameters / its group size / its n holders; the
+  GPU with most gating) and ``iteration_overhead_s``.
 Every figure carries its unit in the name (``_s``, ``_bytes``, ``_mb``).
 """
 from __future__ import annotations
@@ -193,6 +196,7 @@ class IterationCost:
     compute_bound_s: float  # max_i m_i * max_j stage time (Z in seconds)
     grad_sync_s: float
     gpu_compute_s: dict  # device -> its own compute time this iteration (what x is measured from)
+    optimizer_s: float = 0.0  # the step model's per-iteration terms (Adam + iteration overhead)
 
 
 def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> IterationCost:
@@ -224,18 +228,42 @@ def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> Itera
         pipes.append(fill + p2p)
         zsec = max(zsec, p.micro_batches * slow)
     sync = grad_sync_s(plan, cm)
-    return IterationCost(max(pipes) + sync, tuple(pipes), zsec, sync, gpu_compute)
+    opt = optimizer_s(plan, cm)
+    return IterationCost(max(pipes) + sync + opt, tuple(pipes), zsec, sync, gpu_compute, opt)
+
+
+def _holders(plan: Plan) -> list[list[int]]:
+    """Per layer, the groups (one per pipeline) that hold it."""
+    holders: list[list[int]] = [[] for _ in range(plan.num_layers)]
+    for p in plan.pipelines:
+        for g, (lo, hi) in zip(p.groups, p.layer_ranges()):
+            for layer in range(lo, hi):
+                holders[layer].append(g)
+    return holders
+
+
+def optimizer_s(plan: Plan, cm: HybridCostModel) -> float:
+    """The step model's per-iteration terms (:func:`impl.common.megatron.step.optimizer_step_s`)
+    on the GPU with the largest optimizer shard: each layer it holds contributes the layer's
+    parameters / its group size / the layer's holders (ZeRO over the replicas, as
+    :func:`grad_sync_s` reduces)."""
+    from impl.common.megatron.step import optimizer_step_s
+
+    per_gpu: dict[int, float] = {}
+    layer_params = float(layer_matrix_params(cm.model))
+    for groups in _holders(plan):
+        for g in groups:
+            share = layer_params / plan.groups[g].size / len(groups)
+            for d in plan.groups[g].gpus:
+                per_gpu[d] = per_gpu.get(d, 0.0) + share
+    return optimizer_step_s(max(per_gpu.values(), default=0.0), 1, cm.hw)
 
 
 def grad_sync_s(plan: Plan, cm: HybridCostModel) -> float:
     """ZeRO reduce-scatter + all-gather of every layer's gradients over its holders."""
     if plan.dp <= 1:
         return 0.0
-    holders: list[list[int]] = [[] for _ in range(plan.num_layers)]
-    for p in plan.pipelines:
-        for g, (lo, hi) in zip(p.groups, p.layer_ranges()):
-            for layer in range(lo, hi):
-                holders[layer].append(g)
+    holders = _holders(plan)
     per_gpu: dict[int, float] = {}
     layer_bytes = cm.layer_grad_bytes()
     for groups in holders:
