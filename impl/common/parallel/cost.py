@@ -21,6 +21,7 @@ Every figure carries its unit in the name (``_s``, ``_bytes``, ``_mb``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -156,7 +157,7 @@ def memory_model(wl, hw) -> Optional[StageMemoryRows]:
     nominal TP degree, in MB: per layer the states (bf16 parameters, fp32 gradients, fp32 master
     + Adam over the dp replicas) and one micro-batch's activations by module x the profile's
     ``activation_factor``; E the larger of the first stage's embedding and the last stage's LM
-    head with its logits; X the profile's ``memory_overhead_bytes``; C its allocatable bytes (or
+    head (with pp > 1 a tied embedding's copy too, as the step model counts it) with its logits; X the profile's ``memory_overhead_bytes``; C its allocatable bytes (or
     memory - ``workload.memory.headroom_mb``)."""
     mem = getattr(wl, "memory", None)
     if mem is None or not mem.enabled:
@@ -174,10 +175,20 @@ def memory_model(wl, hw) -> Optional[StageMemoryRows]:
     state = per_param * m.layer_params_per_tp_rank(tp)
     layer_act = act.per_token_layer(m, tp, sp, m.dropout) * rows * k.activation_factor
     V = padded_vocab(m.vocab, tp, m.make_vocab_size_divisible_by)
-    table = per_param * V // tp * m.hidden
-    first = table + sum(act.embedding_bytes(m, tp, sp, m.dropout).values()) * rows * k.activation_factor * wl.pp
-    last = (0.0 if m.tied else table) + (sum(act.head_bytes(m, tp, sp).values()) * rows * k.activation_factor
-                                         + k.logits_bytes * rows * V / tp)
+    # The end stages' parameters beyond their layers, as the step model counts them
+    # (MegatronModel.params_per_rank): the embedding (GPT: and positions) on the first, the
+    # final norm and the output layer on the last, which with pp > 1 holds its own copy of a
+    # tied embedding (Megatron all-reduces the two copies' gradients).
+    ends = dataclasses.replace(m, num_layers=min(wl.pp, 2))
+    P = ends.params_per_rank(tp, min(wl.pp, 2))
+    layer = m.layer_params_per_tp_rank(tp)
+    emb_act = sum(act.embedding_bytes(m, tp, sp, m.dropout).values()) * rows * k.activation_factor * wl.pp
+    head_act = sum(act.head_bytes(m, tp, sp).values()) * rows * k.activation_factor + k.logits_bytes * rows * V / tp
+    if wl.pp == 1:  # one stage holds both ends (the rows add E once): both ends' bytes
+        first = last = per_param * (P[0] - layer) + emb_act + head_act
+    else:
+        first = per_param * (P[0] - layer) + emb_act
+        last = per_param * (P[-1] - layer) + head_act
     if mem.headroom_mb is not None:
         if not 0 <= mem.headroom_mb * MB < hw.memory_bytes:
             raise ConfigError(f"workload.memory.headroom_mb: {mem.headroom_mb} must be in [0, {hw.memory_bytes / MB:.0f})")
