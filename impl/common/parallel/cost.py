@@ -53,6 +53,10 @@ class HybridCostModel:
     # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the step model's).
     measured_layer_s: Optional[float] = None
     pipeline_bubble: str = "spec"  # spec | stagewise (workload.pipeline_bubble)
+    # Megatron sequence parallelism (``workload.memory.sequence_parallel``): the memory rows keep
+    # norms and residuals on s / tp tokens, and so does the step model's layer time (same
+    # collective bytes, as all-gathers + reduce-scatters).
+    sequence_parallel: bool = False
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
@@ -63,10 +67,12 @@ class HybridCostModel:
         bubble = getattr(wl, "pipeline_bubble", "spec")
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
+        mem = getattr(wl, "memory", None)
+        sp = bool(mem is not None and mem.enabled and mem.sequence_parallel)
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw,
                    bus_bw(hw, True), hw.intra_node_latency_s,
                    bus_bw(hw, False), hw.inter_node_latency_s,
-                   getattr(wl, "sim_layer_time_s", None), bubble)
+                   getattr(wl, "sim_layer_time_s", None), bubble, sp)
 
     @property
     def act_bytes(self) -> float:
@@ -74,12 +80,19 @@ class HybridCostModel:
         return float(self.micro_batch_size * m.seq_len * m.hidden * bytes_per_elem(self.dtype))
 
     def step_layer_s(self, tp_size: int) -> float:
-        """The step model's forward + backward of one layer for one micro-batch on ``tp_size`` GPUs."""
+        """The step model's forward + backward of one layer for one micro-batch on ``tp_size`` GPUs
+        (with ``sequence_parallel``: norms and residuals on rows / tp_size tokens, the rows padded
+        to a multiple of tp_size as Megatron pads them)."""
         from impl.common.megatron.model import MegatronModel
-        from impl.common.megatron.step import layer_time_s
+        from impl.common.megatron.step import layer_terms, theta_of
 
         rows = float(self.micro_batch_size * self.model.seq_len)
-        return layer_time_s(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw)
+        sp = self.sequence_parallel and tp_size > 1
+        if sp:
+            rows = math.ceil(rows / tp_size) * tp_size
+        f = layer_terms(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw,
+                        self.hw.gpus_per_node, sequence_parallel=sp)
+        return float(f @ theta_of(self.hw, step_knobs(self.hw)))
 
     def layer_time_s(self, tp_size: int) -> float:
         """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
