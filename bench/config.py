@@ -13,7 +13,6 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 
 from impl.common.execution import ExecutionConfig
-from impl.common.hardware import HardwareProfile
 
 
 class Mode(str, enum.Enum):
@@ -50,7 +49,7 @@ class ValidityConfig:
 class BenchConfig:
     system: Any = None
     workload: Any = None
-    hardware: HardwareProfile = field(default_factory=HardwareProfile)
+    hardware: Any = None
     fault: Any = None
     # Where real work runs: device, dtype, threads, backend (conf/execution/; impl.common.execution).
     execution: Any = None

@@ -80,9 +80,22 @@ def typed_fault(node: Any) -> Any:
 
 
 def typed_hardware(node: Any) -> HardwareProfile:
+    """The hardware node as a profile. A ``megatron.knobs`` node that names only some knobs
+    (an override such as ``+hardware.megatron.knobs.gemm_time_factor=1.1`` on a datasheet profile,
+    whose knobs are null) sets those on top of the knobs the profile is priced with (carried from
+    ``megatron.carried_from``), not on top of :class:`MegatronKnobs`' defaults."""
+    from impl.common.hardware import MegatronKnobs
+    from impl.common.megatron.derive import with_knob_overrides
+
     refuse_flat_diffusion_keys(node or {})
     refuse_renamed_knobs(node or {})
-    return _merge("hardware", HardwareProfile, node)
+    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    knobs = (data.get("megatron") or {}).get("knobs")
+    partial = isinstance(knobs, dict) and set(knobs) != {f.name for f in dataclasses.fields(MegatronKnobs)}
+    if not partial:
+        return _merge("hardware", HardwareProfile, data)
+    data["megatron"]["knobs"] = None
+    return with_knob_overrides(_merge("hardware", HardwareProfile, data), knobs)
 
 
 def typed_execution(node: Any, mode: str = "real") -> Execution:

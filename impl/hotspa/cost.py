@@ -36,6 +36,8 @@ class PricingEnv:
         self.hw = dataclasses.replace(hw, gpus_per_node=wl.gpus_per_node)
         self.mem = MemoryModel.for_hardware(self.hw, zero1=knobs.zero1, sequence_parallel=knobs.sequence_parallel,
                                             headroom_bytes=knobs.memory_headroom_bytes)
+        # time and memory read the same sequence-parallel setting
+        self.sequence_parallel = bool(knobs.sequence_parallel)
         self._cost: dict = {}
         self._plans: dict = {}
         self._transfers: dict = {}
@@ -47,7 +49,8 @@ class PricingEnv:
     def cost(self, s: Strategy, parallel: str = "tp") -> SeqCost:
         key = (s, parallel)
         if key not in self._cost:
-            self._cost[key] = seq_cost(self.model, self.layout(s, parallel), self.hw)
+            self._cost[key] = seq_cost(self.model, self.layout(s, parallel), self.hw,
+                                       sequence_parallel=self.sequence_parallel)
         return self._cost[key]
 
     def maxlen(self, s: Strategy, parallel: str = "tp") -> int:

@@ -1,6 +1,7 @@
 """Strategy and group planning from a length histogram ([R], ours: the authors'
-presets were hand-tuned offline; impl/hotspa/README.md "Reconstructed choices"): enumerate (dp,tp,pp), keep those whose ``maxlen`` covers a
-group's bound, give each group the strategy with the lowest estimated group time, and pick the
+presets were hand-tuned offline; impl/hotspa/README.md "Reconstructed choices"): enumerate (dp,tp,pp)
+with tp <= ``max_tp`` (and, for a group none of them holds, TP across nodes, as the paper's 32B
+(1,16,2) holds 32K), keep those whose ``maxlen`` covers a group's bound, give each group the strategy with the lowest estimated group time, and pick the
 boundary set (from ``candidates``, at most ``max_groups`` groups) that minimises the whole
 priced step: Σ group times + Σ switch times (+ the DP reductions and the update)."""
 from __future__ import annotations
@@ -28,12 +29,17 @@ def plan_groups(env: PricingEnv, batches, context: int, *, candidates, max_group
     strategies = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
     if not strategies:
         raise ConfigError(f"system.grouping=planned: no (dp,tp,pp) of {env.N} GPUs with tp <= {max_tp}")
-    maxlens = {s: env.maxlen(s) for s in strategies}
+    # TP across nodes (tp a multiple of the node) is a candidate only for a group that no
+    # strategy of tp <= max_tp holds: the HotSPa paper's 32B home strategy (1,16,2) spans two
+    # nodes so that its longest group holds 32K tokens (impl/hotspa/README.md "Reconstructed choices").
+    wide = [s for s in enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, env.N)
+            if s.tp > max_tp]
+    maxlens = {s: env.maxlen(s) for s in strategies + wide}
     best_len = max(maxlens.values())
     if best_len < context:
-        s = max(strategies, key=lambda x: (maxlens[x], x))
+        s = max(maxlens, key=lambda x: (maxlens[x], x))
         raise ConfigError(f"workload.context: a sequence of {context} tokens is longer than every strategy's maxlen "
-                          f"(best {best_len} at {s}, tp <= {max_tp})")
+                          f"(the largest {best_len} at {s}, tp up to {max(x.tp for x in maxlens)})")
     inner = sorted({int(c) for c in candidates if 0 < int(c) < context}, reverse=True)
     # Per (lo, hi) range: the fastest feasible strategy over the sample, priced alone.
     lengths_by_step = [(b.ids, b.lengths) for b in batches]
@@ -42,7 +48,7 @@ def plan_groups(env: PricingEnv, batches, context: int, *, candidates, max_group
     def choose(lo: int, hi: int) -> Strategy:
         if (lo, hi) in best_for:
             return best_for[(lo, hi)]
-        feas = [s for s in strategies if maxlens[s] >= hi]
+        feas = [s for s in strategies if maxlens[s] >= hi] or [s for s in wide if maxlens[s] >= hi]
         scores = {}
         for s in feas:
             t = 0.0

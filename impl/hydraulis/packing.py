@@ -206,6 +206,16 @@ def score_lower_bound(lengths: Sequence[int], idx: Sequence[int], replica: Repli
     return min((max(mx, tot / v) + replica.c) * (replica.pp - 1 + v) for v in range(v_lo, v_hi + 1))
 
 
+def time_lower_bound(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCost) -> float:
+    """A lower bound on the 1F1B time (ms) of any packing of ``idx`` under the replica's cap:
+    every sequence's cost once, ``c`` per micro-batch (at least ceil(tokens / cap) of them) and
+    ``pp - 1`` times the largest micro-batch, which holds at least the longest sequence."""
+    toks = np.array([int(lengths[i]) for i in idx], dtype=float)
+    costs = replica.a * toks ** 2 + replica.b * toks
+    v_lo = max(1, math.ceil(float(toks.sum()) / replica.cap))
+    return float(costs.sum()) + v_lo * replica.c + (replica.pp - 1) * (float(costs.max()) + replica.c)
+
+
 def _z(costs: np.ndarray, bins: Sequence[int], v: int) -> float:
     load = [0.0] * v
     for cv, j in zip(costs.tolist(), bins):

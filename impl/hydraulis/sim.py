@@ -39,7 +39,6 @@ from impl.common import collectives as coll
 from impl.common.cost.comm import link_efficiencies
 from impl.hydraulis.cost.step import StepPrice, aligned, finish, from_micro_batches, switch_s
 from impl.hydraulis.step_plan import plan_step
-from impl.common.megatron.derive import step_knobs
 
 HOMO_MODES = ("hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static")
 POOL_POLICIES = ("hydraulis", "hydraulis_greedy_dynamic", "hydraulis_token_balanced", "hydraulis_static_hetero")
@@ -559,10 +558,14 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
                 info["static_fallback_steps"] = fallback
         info["memory_limit_gib"] = mem.capacity_bytes / GIB
     if policy != "megatron_grid_like":
-        # [R] one rule for every policy: the step model's fixed cost per iteration (the fork's
-        # measured host/launch overhead, carried to datasheet profiles), which the grid baseline
-        # pays inside its iteration too
-        over = float(step_knobs(hw).iteration_overhead_s)
+        # [R] one rule for every policy (and every training system of the harness): the step
+        # model's per-iteration terms, Adam over the optimizer layout's shard (the whole model over
+        # the N GPUs) and the fork's measured host/launch overhead carried to datasheet profiles,
+        # which the grid baseline pays inside its iteration too
+        from impl.common.cost.transformer import model_params
+        from impl.common.megatron.step import optimizer_step_s
+
+        over = optimizer_step_s(float(model_params(wl.model)), wl.num_gpus, hw)
         prices = [dataclasses.replace(p, overhead_s=over) for p in prices]
         info["iteration_overhead_s"] = over
     steps = [p.step_s for p in prices]

@@ -1,16 +1,19 @@
 """Hydraulis per-step planning (the authors' planner, Hetu
 ``examples/hydraulis/strategy/new_dynamic.py``): for each candidate replica list, stage 1
-dispatch (:mod:`.dispatch`) then stage 2 packing per replica (:mod:`.packing`); the candidate
-with the smallest max-over-replicas packing score wins (the intended rule, as the authors' older
-distributed code path ranks; not the largest-index ranking of their entry point
-``new_find_optimal_strategy``).
+dispatch (:mod:`.dispatch`) then stage 2 packing per replica (:mod:`.packing`, which minimises
+the authors' packing score); the candidate whose packing has the smallest predicted step, the
+max-over-replicas 1F1B time (the price the simulator charges, :mod:`impl.hydraulis.cost.step`),
+wins. [R] The authors rank candidates by the packing score ``(z + c)(pp − 1 + v)`` itself, an
+upper bound of that time (every micro-batch as long as the longest): ranked by it, a layout of
+few even micro-batches beats a faster one of many uneven ones, so the planner chose with other
+prices than the step is charged (README "Step price").
 
 - Candidates whose largest capacity is below the longest sequence are dropped; if none is
   left the pool cannot hold the batch: one-line :class:`ConfigError`.
 - A candidate whose dispatch leaves a replica empty is dropped (infeasible in the authors' code
   too), never run with an idle replica.
-- Exact shortcuts [R]: a candidate whose replica bound already reaches the best score so far
-  is pruned, replicas are packed highest bound first, and with ``ilp_scope="critical"`` a
+- Exact shortcuts [R]: a candidate whose replica time bound (:func:`.packing.time_lower_bound`)
+  already reaches the best predicted time so far is pruned, replicas are packed highest bound first, and with ``ilp_scope="critical"`` a
   replica that cannot be the slowest keeps its LPT packing (see :data:`ILP_SCOPES`).
 - ``predicted_ms`` is the 1F1B time of the winner, ``max_r (Σ_j T_mb,j + (pp_r − 1)·max_j T_mb,j)``
   with ``T_mb = Σ_i seq_cost(s_i) + c``, recomputed from the assignment.
@@ -28,7 +31,7 @@ from impl.common.api import ConfigError
 
 from impl.hydraulis.cost.strategy import ReplicaCost, fmt_strategy
 from impl.hydraulis.dispatch import DEFAULT_BUDGET, dispatch, token_balanced
-from impl.hydraulis.packing import Packing, pack_replica, packing_score, score_lower_bound
+from impl.hydraulis.packing import Packing, pack_replica, packing_score, time_lower_bound
 
 DISPATCHES = ("greedy", "token_balanced")
 # ILPs for every replica (the authors' code) or only where they can move the candidate's max
@@ -60,8 +63,8 @@ class StepPlan:
     replicas: list  # list[ReplicaPlan], in the candidate's replica order
     predicted_ms: float
     plan_time_s: float
-    score: float = 0.0  # max_r score of the winner
-    # per candidate: its score (ok), a lower bound on it (pruned) or inf (dropped)
+    score: float = 0.0  # max_r packing score of the winner
+    # per candidate: its predicted time in ms (ok), a lower bound on it (pruned) or inf (dropped)
     candidate_scores: list = field(default_factory=list)
     statuses: dict = field(default_factory=dict)  # ILP status -> count over the winner's replicas
     ilp_solves: int = 0  # over every candidate
@@ -99,10 +102,11 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
                    mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
                    cutoff: float = math.inf, ilp_scope: str = "critical",
                    refine: bool = True, budget: int = DEFAULT_BUDGET) -> tuple[Optional[list], float, int, str]:
-    """(replica plans or None, max score, ILP solves, outcome) of one candidate. Outcome:
-    ``ok``; ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch
-    leaves a replica without data: dropped); ``pruned`` (its score provably cannot go
-    below ``cutoff``, the best candidate so far: the returned score is that lower bound)."""
+    """(replica plans or None, predicted time in ms, ILP solves, outcome) of one candidate; the
+    predicted time is the max over replicas of the packing's 1F1B time. Outcome: ``ok``;
+    ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch leaves a
+    replica without data: dropped); ``pruned`` (its time provably cannot go below ``cutoff``,
+    the best candidate so far: the returned time is that lower bound)."""
     if max(r.cap for r in replicas) < max(lengths):
         return None, math.inf, 0, "no_fit"
     if dispatch_rule == "greedy":
@@ -114,7 +118,7 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
         raise ConfigError(f"system.dispatch: unknown {dispatch_rule!r} (one of: {', '.join(DISPATCHES)})")
     if not d.feasible:
         return None, math.inf, 0, "empty_replica"
-    lbs = [score_lower_bound(lengths, idx, r, v_window) for r, idx in zip(replicas, d.assign)]
+    lbs = [time_lower_bound(lengths, idx, r) for r, idx in zip(replicas, d.assign)]
     if max(lbs) >= cutoff:
         return None, max(lbs), 0, "pruned"
     plans: list = [None] * len(replicas)
@@ -127,19 +131,20 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
                                   target=worst if ilp_scope == "critical" else -math.inf)
         solves += p.ilp_solves
         worst = max(worst, p.score)
-        if p.score >= cutoff:
-            return None, p.score, solves, "pruned"
-        plans[k] = ReplicaPlan(r, p.micro_batches, p.score, replica_time_ms(lengths, p.micro_batches, r),
-                               p.status, p.lower_bound)
-    return plans, max(p.score for p in plans), solves, "ok"
+        t = replica_time_ms(lengths, p.micro_batches, r)
+        if t >= cutoff:
+            return None, t, solves, "pruned"
+        plans[k] = ReplicaPlan(r, p.micro_batches, p.score, t, p.status, p.lower_bound)
+    return plans, max(p.time_ms for p in plans), solves, "ok"
 
 
 def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]], *, shuffles: int = 100,
               seed: int = 0, v_window: int = 16, time_limit_s: float = 0.5, node_limit: Optional[int] = None,
               mip_rel_gap: float = 0.0, dispatch_rule: str = "greedy", includes_c: bool = True,
               ilp_scope: str = "critical", refine: bool = True, budget: int = DEFAULT_BUDGET) -> StepPlan:
-    """The winning candidate's plan. Candidates are visited in pool order; one that provably
-    cannot beat the best so far is pruned (exact: the winner and its packing are unchanged)."""
+    """The winning candidate's plan (smallest predicted 1F1B time; ties: the earlier in the pool).
+    Candidates are visited in pool order; one that provably cannot beat the best so far is
+    pruned (exact: the winner and its packing are unchanged)."""
     t0 = time.perf_counter()
     if ilp_scope not in ILP_SCOPES:
         raise ConfigError(f"system.ilp_scope: unknown {ilp_scope!r} (one of: {', '.join(ILP_SCOPES)})")
@@ -160,12 +165,12 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
     if best is None:
         raise ConfigError(f"strategy pool: every one of {len(candidates)} candidates leaves a replica without "
                           f"data for this batch of {len(lengths)} sequences (such a candidate is dropped)")
-    score, ci, plans = best
+    _, ci, plans = best
     statuses: dict[str, int] = {}
     for p in plans:
         statuses[p.status] = statuses.get(p.status, 0) + 1
     return StepPlan(candidate=ci, replicas=plans, predicted_ms=max(p.time_ms for p in plans),
-                    plan_time_s=time.perf_counter() - t0, score=score, candidate_scores=scores,
+                    plan_time_s=time.perf_counter() - t0, score=max(p.score for p in plans), candidate_scores=scores,
                     statuses=statuses, ilp_solves=solves, outcomes=outcomes)
 
 

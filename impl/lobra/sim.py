@@ -39,12 +39,17 @@ def _knobs(system, wl, hw) -> SimCostKnobs:
     return SimCostKnobs(profile_lengths=tuple(k.profile_lengths), lora_matrix_factor=float(k.lora_matrix_factor))
 
 
-def step_overhead_s(system, hw) -> float:
-    """Per optimizer step: the knob, or (< 0) the step model's per-iteration overhead."""
+def step_overhead_s(system, hw, wl=None) -> float:
+    """Per optimizer step: the knob, or (< 0) the step model's per-iteration terms
+    (:func:`impl.common.megatron.step.optimizer_step_s`, every training system's one rule): Adam
+    over every task's LoRA adapters on one GPU and the per-iteration overhead."""
+    from impl.common.megatron.step import optimizer_step_s
+
     k = system.cfg.sim.step_overhead_s
     if k >= 0:
         return float(k)
-    return float(step_knobs(hw).iteration_overhead_s)
+    lora = lora_params_per_layer(wl.model, wl.lora_rank) * wl.model.num_layers * len(wl.tasks) if wl else 0.0
+    return optimizer_step_s(float(lora), 1, hw)
 
 
 def table_row(cfg, wl):
@@ -166,7 +171,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     steps, pads, solve, statuses = [], [], [], []
     cut_steps = 0
     planner_s = 0.0
-    overhead = step_overhead_s(system, hw)
+    overhead = step_overhead_s(system, hw, wl)
     info["step_overhead_s"] = overhead
     from_table = cfg.sim.max_tokens_from == "table"
     if cfg.policy == "task_sequential":

@@ -88,7 +88,7 @@ def test_bad_input_one_liners():
     env = PricingEnv(wl, _hw(), HotSPaSimKnobs())
     batch = LengthStream(wl.lengths, 0).by_count(8)
     with pytest.raises(ConfigError, match=r"workload.context: a sequence of 262144 tokens is longer than every "
-                                          r"strategy's maxlen \(best \d+ at"):
+                                          r"strategy's maxlen \(the largest \d+ at"):
         plan_groups(env, [batch], wl.context, candidates=[4096], max_groups=2, max_tp=8, pad="align", align=128,
                     policy="bandwidth_greedy")
     # A group whose strategy does not fit its bound (memory model) is refused by name.
@@ -270,3 +270,18 @@ def test_sequence_parallel_off_keeps_norms_and_residuals_whole_per_tp_rank():
     sim = _system(policy="megatron_static", sim=HotSPaSimKnobs(sequence_parallel=False, static_max_tp=16))
     with pytest.raises(ConfigError, match=r"workload.context: 32768 tokens is longer than every tp strategy's maxlen"):
         simulate(sim, wl, hw, seed=0)
+
+
+def test_planner_holds_the_longest_group_with_tp_across_nodes_as_the_authors():
+    """32B on 64 A800s at 32K (hydraulis/s1's hotspa_planned): no strategy of tp <= 8 holds 32K
+    under the step model's allocatable bytes; the planner takes TP across nodes for that group only,
+    as the paper's 32B home (1,16,2) does, instead of failing."""
+    wl = _wl("hydraulis_32b_64gpu_cc")
+    env = PricingEnv(wl, _hw("a800-80g-megatron"), HotSPaSimKnobs(memory_headroom_bytes=None))
+    narrow = [s for s in (Strategy(64 // (8 * pp), 8, pp) for pp in (1, 2, 4, 8)) if env.maxlen(s) > 0]
+    assert narrow and max(env.maxlen(s) for s in narrow) < wl.context
+    batch = LengthStream(wl.lengths, 0).by_count(64)
+    gp = plan_groups(env, [batch], wl.context, candidates=[8192], max_groups=2, max_tp=8, pad="align",
+                     align=128, policy="bandwidth_greedy").plan
+    assert gp.boundaries[0] == wl.context and env.maxlen(gp.home) >= wl.context and gp.home.tp > 8
+    assert all(s.tp <= 8 for s, hi in zip(gp.strategies, gp.boundaries) if hi < wl.context)

@@ -92,3 +92,33 @@ def test_reported_cost_equals_recomputation(pool):
         t = [sum(r.replica.seq_cost(x) for x in mb) + r.replica.c for mb in mbs]
         assert r.time_ms == pytest.approx(sum(t) + (r.replica.pp - 1) * max(t))
     assert p.predicted_ms == pytest.approx(max(r.time_ms for r in p.replicas))
+
+
+
+def test_winner_is_the_candidate_with_the_smallest_charged_time():
+    """The planner ranks candidates by the price the simulator charges (the packing's 1F1B time),
+    not by the authors' packing score, an upper bound of it: on S3's first step (7B on 16 A800s,
+    CommonCrawl) the score prefers the one-layout candidate while the mixed one runs faster."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from impl.common.workloads.varlen import VarlenWorkload
+    from impl.hydraulis.batches import step_batches
+    from impl.hydraulis.cost.strategy import ReplicaCost
+
+    raw = OmegaConf.load("conf/workload/hydraulis_7b_16gpu_cc.yaml")
+    wl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(VarlenWorkload), raw))
+    L = step_batches(dataclasses.replace(wl, steps=1), 0, 1)[0].lengths.tolist()
+    # the step model's strategies of that job (a800-80g-megatron), as the simulator prices them
+    r41 = ReplicaCost(4, 1, a=2.8378e-06, b=0.062031, c=62.408, cap=39296, util=768)
+    r21 = ReplicaCost(2, 1, a=5.5876e-06, b=0.116434, c=11.619, cap=16384, util=512)
+    r11 = ReplicaCost(1, 1, a=1.1176e-05, b=0.226876, c=0.0, cap=4608, util=384)
+    cands = [[r41] * 4, [r21] * 4 + [r11] * 8]
+    kw = dict(shuffles=20, seed=0, time_limit_s=5, node_limit=2000)
+    each = [plan_candidate(L, c, **kw) for c in cands]
+    times = [t for _, t, _, _ in each]
+    scores = [max(r.score for r in plans) for plans, _, _, _ in each]
+    assert scores[0] < scores[1] and times[1] < times[0]  # the two rankings disagree here
+    p = plan_step(L, cands, **kw)
+    assert p.candidate == 1 and p.predicted_ms == pytest.approx(times[1])

@@ -85,7 +85,7 @@ def _splittable_heads(m, degree: int):
     return _dc.replace(m, heads=split[0], kv_heads=split[1])
 
 
-def _step_shape(model, layout: StrategyLayout, hw: HardwareProfile):
+def _step_shape(model, layout: StrategyLayout, hw: HardwareProfile, sequence_parallel: bool = True):
     """The harness shape as the step model's model and layout (one replica's slowest stage)."""
     import dataclasses as _dc
 
@@ -104,18 +104,19 @@ def _step_shape(model, layout: StrategyLayout, hw: HardwareProfile):
     uly = layout.parallel == "ulysses"
     lay = MegatronLayout(dp=layout.dp, tp=1 if uly else layout.tp, ulysses=layout.tp if uly else 1, pp=layout.pp,
                          mbs=1, gbs=layout.dp, context=max(1, m.max_position_embeddings),
-                         sequence_parallel=not uly, gpus_per_node=hw.gpus_per_node)
+                         sequence_parallel=sequence_parallel and not uly, gpus_per_node=hw.gpus_per_node)
     return m, lay
 
 
 def seq_cost(model, layout: StrategyLayout, hw: HardwareProfile, gemm_scale: float = 1.0,
-             typical: float | None = None) -> SeqCost:
+             typical: float | None = None, sequence_parallel: bool = True) -> SeqCost:
     """Time of one packed micro-batch (forward + backward) on the slowest pipeline stage, from the
     step model (see the module doc). ``gemm_scale``: LoRA's frozen base has no weight-gradient
-    GEMMs (2/3)."""
+    GEMMs (2/3). ``sequence_parallel`` (Megatron TP only): norms and residuals on s / tp tokens,
+    as :class:`MemoryModel` keeps their activations; off, whole on every TP rank."""
     from impl.common.megatron.step import seq_cost_terms
 
-    m, lay = _step_shape(model, layout, hw)
+    m, lay = _step_shape(model, layout, hw, sequence_parallel)
     a, b, c = seq_cost_terms(m, lay, hw, gemm_scale=gemm_scale, typical=typical)
     return SeqCost(a=a, b=b, c=c, r2=1.0, source="megatron-step")
 

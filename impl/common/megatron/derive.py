@@ -87,6 +87,19 @@ def step_knobs(hw: HardwareProfile) -> MegatronKnobs:
     return hw.megatron.knobs if hw.megatron.knobs is not None else step_profile(hw).megatron.knobs
 
 
+def with_knob_overrides(hw: HardwareProfile, given: dict) -> HardwareProfile:
+    """``hw`` with some of its step-model knobs set (``hardware.megatron.knobs.<knob>=...`` on a
+    profile without fitted knobs): the others are the knobs the profile is priced with anyway
+    (carried from ``megatron.carried_from``, or a measured host's own), so one override moves one
+    knob and never resets the rest to :class:`MegatronKnobs`' defaults."""
+    names = {f.name for f in dataclasses.fields(MegatronKnobs)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise ConfigError(f"hardware.megatron.knobs.{unknown[0]}: not a step-model knob (one of: {', '.join(sorted(names))})")
+    base = step_knobs(hw.with_megatron(knobs=None))
+    return hw.with_megatron(knobs=dataclasses.replace(base, **{k: float(v) for k, v in given.items()}))
+
+
 def tables_of(hw: HardwareProfile) -> KernelTables:
     """The kernel tables the step model prices ``hw`` with."""
     return step_profile(hw).megatron.kernels

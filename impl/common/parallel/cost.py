@@ -3,8 +3,8 @@ reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
 
 - t_layer(tp): the Megatron step model's forward + backward of one layer for one micro-batch of
   b x s tokens on a TP group of ``tp`` (:func:`impl.common.megatron.step.layer_time_s`: GEMMs and
-  causal attention at the profile's kernel tables, memory-bound kernels, four TP collectives on
-  the step model's bus bandwidth, the per-layer overhead); a measured ``sim_layer_time_s`` at the
+  causal attention at the profile's kernel tables, memory-bound kernels, four TP collectives
+  priced by :mod:`impl.common.collectives`, the per-layer overhead); a measured ``sim_layer_time_s`` at the
   nominal tp replaces it (other sizes scale by tp / size plus the step model's collectives).
 - alpha_k = t_layer(tp/2^k) / t_layer(tp).
 - A stage's time per micro-batch = (max x over its GPUs) * layers * t_layer(group size).
@@ -18,6 +18,7 @@ Every figure carries its unit in the name (``_s``, ``_bytes``, ``_mb``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -50,6 +51,10 @@ class HybridCostModel:
     # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the step model's).
     measured_layer_s: Optional[float] = None
     pipeline_bubble: str = "spec"  # spec | stagewise (workload.pipeline_bubble)
+    # Megatron sequence parallelism (``workload.memory.sequence_parallel``): the memory rows keep
+    # norms and residuals on s / tp tokens, and so does the step model's layer time (same
+    # collective bytes, as all-gathers + reduce-scatters).
+    sequence_parallel: bool = False
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
@@ -60,11 +65,13 @@ class HybridCostModel:
         bubble = getattr(wl, "pipeline_bubble", "spec")
         if bubble not in PIPELINE_BUBBLES:
             raise ConfigError(f"workload.pipeline_bubble: unknown {bubble!r} (one of: {', '.join(PIPELINE_BUBBLES)})")
+        mem = getattr(wl, "memory", None)
+        sp = bool(mem is not None and mem.enabled and mem.sequence_parallel)
         # One GPU's achieved rate on each link (a flow between two GPUs: NVLink, or ONE NIC
         # across nodes), for the re-sharding and migration flows that price themselves.
         intra_bw, inter_bw, intra_lat, inter_lat = flow_rates(hw)
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw, intra_bw, intra_lat, inter_bw, inter_lat,
-                   getattr(wl, "sim_layer_time_s", None), bubble)
+                   getattr(wl, "sim_layer_time_s", None), bubble, sp)
 
     @property
     def act_bytes(self) -> float:
@@ -72,12 +79,19 @@ class HybridCostModel:
         return float(self.micro_batch_size * m.seq_len * m.hidden * bytes_per_elem(self.dtype))
 
     def step_layer_s(self, tp_size: int) -> float:
-        """The step model's forward + backward of one layer for one micro-batch on ``tp_size`` GPUs."""
+        """The step model's forward + backward of one layer for one micro-batch on ``tp_size`` GPUs
+        (with ``sequence_parallel``: norms and residuals on rows / tp_size tokens, the rows padded
+        to a multiple of tp_size as Megatron pads them)."""
         from impl.common.megatron.model import MegatronModel
-        from impl.common.megatron.step import layer_time_s
+        from impl.common.megatron.step import layer_terms, theta_of
 
         rows = float(self.micro_batch_size * self.model.seq_len)
-        return layer_time_s(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw)
+        sp = self.sequence_parallel and tp_size > 1
+        if sp:
+            rows = math.ceil(rows / tp_size) * tp_size
+        f = layer_terms(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw,
+                        self.hw.gpus_per_node, sequence_parallel=sp)
+        return float(f @ theta_of(self.hw, step_knobs(self.hw)))
 
     def layer_time_s(self, tp_size: int) -> float:
         """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
@@ -155,7 +169,7 @@ def memory_model(wl, hw) -> Optional[StageMemoryRows]:
     nominal TP degree, in MB: per layer the states (bf16 parameters, fp32 gradients, fp32 master
     + Adam over the dp replicas) and one micro-batch's activations by module x the profile's
     ``activation_factor``; E the larger of the first stage's embedding and the last stage's LM
-    head with its logits; X the profile's ``memory_overhead_bytes``; C its allocatable bytes (or
+    head (with pp > 1 a tied embedding's copy too, as the step model counts it) with its logits; X the profile's ``memory_overhead_bytes``; C its allocatable bytes (or
     memory - ``workload.memory.headroom_mb``)."""
     mem = getattr(wl, "memory", None)
     if mem is None or not mem.enabled:
@@ -173,10 +187,20 @@ def memory_model(wl, hw) -> Optional[StageMemoryRows]:
     state = per_param * m.layer_params_per_tp_rank(tp)
     layer_act = act.per_token_layer(m, tp, sp, m.dropout) * rows * k.activation_factor
     V = padded_vocab(m.vocab, tp, m.make_vocab_size_divisible_by)
-    table = per_param * V // tp * m.hidden
-    first = table + sum(act.embedding_bytes(m, tp, sp, m.dropout).values()) * rows * k.activation_factor * wl.pp
-    last = (0.0 if m.tied else table) + (sum(act.head_bytes(m, tp, sp).values()) * rows * k.activation_factor
-                                         + k.logits_bytes * rows * V / tp)
+    # The end stages' parameters beyond their layers, as the step model counts them
+    # (MegatronModel.params_per_rank): the embedding (GPT: and positions) on the first, the
+    # final norm and the output layer on the last, which with pp > 1 holds its own copy of a
+    # tied embedding (Megatron all-reduces the two copies' gradients).
+    ends = dataclasses.replace(m, num_layers=min(wl.pp, 2))
+    P = ends.params_per_rank(tp, min(wl.pp, 2))
+    layer = m.layer_params_per_tp_rank(tp)
+    emb_act = sum(act.embedding_bytes(m, tp, sp, m.dropout).values()) * rows * k.activation_factor * wl.pp
+    head_act = sum(act.head_bytes(m, tp, sp).values()) * rows * k.activation_factor + k.logits_bytes * rows * V / tp
+    if wl.pp == 1:  # one stage holds both ends (the rows add E once): both ends' bytes
+        first = last = per_param * (P[0] - layer) + emb_act + head_act
+    else:
+        first = per_param * (P[0] - layer) + emb_act
+        last = per_param * (P[-1] - layer) + head_act
     if mem.headroom_mb is not None:
         if not 0 <= mem.headroom_mb * MB < hw.memory_bytes:
             raise ConfigError(f"workload.memory.headroom_mb: {mem.headroom_mb} must be in [0, {hw.memory_bytes / MB:.0f})")
@@ -229,15 +253,38 @@ def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> Itera
     return IterationCost(max(pipes) + sync, tuple(pipes), zsec, sync, gpu_compute)
 
 
-def grad_sync_s(plan: Plan, cm: HybridCostModel) -> float:
-    """ZeRO reduce-scatter + all-gather of every layer's gradients over its holders."""
-    if plan.dp <= 1:
-        return 0.0
+def _holders(plan: Plan) -> list[list[int]]:
+    """Per layer, the groups (one per pipeline) that hold it."""
     holders: list[list[int]] = [[] for _ in range(plan.num_layers)]
     for p in plan.pipelines:
         for g, (lo, hi) in zip(p.groups, p.layer_ranges()):
             for layer in range(lo, hi):
                 holders[layer].append(g)
+    return holders
+
+
+def optimizer_s(plan: Plan, cm: HybridCostModel) -> float:
+    """The step model's per-iteration terms (:func:`impl.common.megatron.step.optimizer_step_s`)
+    on the GPU with the largest optimizer shard: each layer it holds contributes the layer's
+    parameters / its group size / the layer's holders (ZeRO over the replicas, as
+    :func:`grad_sync_s` reduces)."""
+    from impl.common.megatron.step import optimizer_step_s
+
+    per_gpu: dict[int, float] = {}
+    layer_params = float(layer_matrix_params(cm.model))
+    for groups in _holders(plan):
+        for g in groups:
+            share = layer_params / plan.groups[g].size / len(groups)
+            for d in plan.groups[g].gpus:
+                per_gpu[d] = per_gpu.get(d, 0.0) + share
+    return optimizer_step_s(max(per_gpu.values(), default=0.0), 1, cm.hw)
+
+
+def grad_sync_s(plan: Plan, cm: HybridCostModel) -> float:
+    """ZeRO reduce-scatter + all-gather of every layer's gradients over its holders."""
+    if plan.dp <= 1:
+        return 0.0
+    holders = _holders(plan)
     per_gpu: dict[int, float] = {}
     layer_bytes = cm.layer_grad_bytes()
     eff = link_efficiencies(cm.hw)
