@@ -151,7 +151,7 @@ def stack_from_args(args: Mapping) -> KernelStack:
             or bool(_flag(args, "use_rotary_position_embeddings", False)))
     swiglu = bool(_flag(args, "swiglu", False))
     fp32_grads = bool(_flag(args, "accumulate_allreduce_grads_in_fp32", False)) or bool(_flag(args, "bf16", False))
-    return KernelStack(
+    got = KernelStack(
         name="printed",
         norm=Norm.RMSNORM if rms else Norm.LAYERNORM,
         # The local path's LayerNorm is apex's fused kernel, its RMSNorm plain PyTorch.
@@ -169,3 +169,5 @@ def stack_from_args(args: Mapping) -> KernelStack:
         untie_embeddings=bool(_flag(args, "untie_embeddings_and_output_weights", False)),
         vocab_divisible_by=int(_flag(args, "make_vocab_size_divisible_by", 128)),
     )
+    # A printed stack that is a named one carries its name (and its citation).
+    return next((s for s in STACKS.values() if replace(s, name=got.name) == got), got)
