@@ -127,11 +127,11 @@ STACKS: dict[str, KernelStack] = {s.name: s for s in (MEGATRON_GPT_FORK, MEGATRO
 DEFAULT_BY_ARCH = {"gpt": MEGATRON_GPT_FORK, "llama": MEGATRON_LLAMA_FORK}
 
 
-def named_stack(name: str) -> KernelStack:
+def named_stack(name: str, field: str = "megatron_stack") -> KernelStack:
     try:
         return STACKS[name]
     except KeyError:
-        raise ConfigError(f"megatron_stack: unknown {name!r} (one of: {', '.join(STACKS)})") from None
+        raise ConfigError(f"{field}: unknown stack {name!r} (one of: {', '.join(STACKS)})") from None
 
 
 def _flag(args: Mapping, key: str, default):

@@ -36,8 +36,19 @@ Memory (bytes, per pipeline rank, what ``torch.cuda.max_memory_allocated`` repor
   min(pp - s, m) micro-batches in flight; the first stage adds the embedding's, the last the
   final norm's and the output layer's; packed micro-batches vary, so the peak is the largest sum
   over in-flight windows; full recompute keeps each layer's input and one layer's working set;
-- logits on the last stage: grid x V / tp x ``logits_bytes``;
+- logits on the last stage: grid x V / tp x ``logits_bytes``, a fitted knob whose range starts
+  at what the fork's loss path keeps alive at its peak (``gpt_model.post_language_model_processing``
+  holds the bf16 logits, 2 B, and their ``.float()`` copy, 4 B, while
+  ``_VocabParallelCrossEntropy.forward`` makes the max-shifted fp32 copy, 4 B, that ``exp`` and
+  ``div_`` then overwrite in place and save as the softmax: 10 B; the backward works in place on
+  the softmax and casts it to bf16, 6 B) and adds room for the allocator's rounding of these
+  V-wide blocks (``fit.knob_ranges``);
 - ``memory_overhead_bytes``. A launch fits when every rank's peak is <= ``allocatable_bytes``.
+  The runs file's memory is ``torch.cuda.max_memory_allocated`` (``memory_per_rank``:
+  ``max_allocated_mb``, with ``max_reserved_mb`` beside it), so the caching allocator's reserve
+  stays out of the peak; it sits in ``allocatable_bytes``, a fitted fraction of the GPU's memory
+  (range 0.75-1.0: in the February file a rank's max allocated is 0.62-0.97 of its max reserved,
+  5th-95th percentile, median 0.86).
 
 Every term is linear in one knob (or in none), so the fit (:mod:`impl.common.megatron.fit`)
 prices with this same code through :class:`StepFeatures`; the kernel tables make the features
