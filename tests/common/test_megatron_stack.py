@@ -56,6 +56,12 @@ def test_bad_stack_input_is_one_line_naming_the_field():
         MegatronModel.from_shape(shape, stack="nope")
     assert MegatronModel.from_shape(shape, stack="megatron_llama_fused").stack is MEGATRON_LLAMA_FUSED
     assert MegatronModel.from_shape(shape).stack is MEGATRON_LLAMA_FORK
+    named = ModelShape(num_layers=2, hidden=64, heads=4, ffn_hidden=176, vocab=256, seq_len=64,
+                       megatron_stack="megatron_llama_fused")
+    assert MegatronModel.from_shape(named).stack is MEGATRON_LLAMA_FUSED
+    assert MegatronModel.from_shape(named, stack="megatron_llama_fork").stack is MEGATRON_LLAMA_FORK
+    with pytest.raises(ConfigError, match=r"^model\.megatron_stack: unknown stack 'x'"):
+        MegatronModel.from_shape(ModelShape(megatron_stack="x"))
     assert MegatronModel.from_shape(ModelShape()).stack is MEGATRON_GPT_FORK
 
 

@@ -90,7 +90,7 @@ def best_grid(model: MegatronModel, wl, hw, batches: Sequence) -> tuple[GridLayo
 
 def model_of(wl, stack: Optional[str] = None) -> MegatronModel:
     """The workload's model as Megatron builds it, running ``stack`` (a name of
-    :data:`impl.common.megatron.stack.STACKS`; None: the workload's ``megatron_stack``, else the
-    fork's stack of the architecture)."""
-    return MegatronModel.from_shape(wl.model, context=wl.context,
-                                    stack=stack or getattr(wl, "megatron_stack", "") or None)
+    :data:`impl.common.megatron.stack.STACKS`; None: the model's ``megatron_stack``, else the
+    fork's stack of the architecture): a system's simulator may price its baseline as the paper
+    ran it and itself as its authors' code runs it."""
+    return MegatronModel.from_shape(wl.model, context=wl.context, stack=stack)

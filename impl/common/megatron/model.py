@@ -95,9 +95,11 @@ class MegatronModel:
                    stack: Optional[str] = None) -> "MegatronModel":
         """The harness's :class:`~impl.common.workloads.pipeline.ModelShape` as Megatron builds it
         (``ffn_hidden`` > 0 means LLaMA, else GPT with ``ffn_mult * hidden``); ``stack`` names the
-        kernels it runs (:data:`.stack.STACKS`; None or empty: the fork's stack of the architecture)."""
+        kernels it runs (:data:`.stack.STACKS`; None: the shape's ``megatron_stack``, else the fork's
+        stack of the architecture)."""
         llama = bool(getattr(shape, "ffn_hidden", 0))
-        ks = named_stack(stack) if stack else None
+        named = getattr(shape, "megatron_stack", "")
+        ks = named_stack(stack) if stack else (named_stack(named, "model.megatron_stack") if named else None)
         return cls(arch=arch or ("llama" if llama else "gpt"), num_layers=shape.num_layers, hidden=shape.hidden,
                    ffn_hidden=shape.ffn_hidden if llama else shape.ffn_mult * shape.hidden, heads=shape.heads,
                    kv_heads=getattr(shape, "kv_heads", 0), vocab=shape.vocab,

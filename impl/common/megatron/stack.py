@@ -24,9 +24,11 @@ Named stacks, each read from the code that runs it:
   ``megatron/core/fusions/fused_bias_swiglu.py`` ``SwiGLUFunction`` saves only its input;
   ``rotary_pos_embedding.apply_rotary_pos_emb(fused=True)``, Transformer Engine's fused RoPE).
 
-A launch's stack comes from Megatron's printed arguments (:func:`stack_from_args`); a workload
-names one with ``megatron_stack`` (``impl/common/workloads/varlen.py``), so a system preset can price
-its baseline "as its paper ran it" and the system "as its authors' code runs it".
+A launch's stack comes from Megatron's printed arguments (:func:`stack_from_args`); a workload's
+model names one with ``megatron_stack`` (``impl/common/workloads/pipeline.ModelShape``; every
+``MegatronModel.from_shape`` reads it), and ``from_shape(..., stack=)`` / ``grid.model_of(wl,
+stack=)`` override it, so a system can price its baseline "as its paper ran it" and itself "as its
+authors' code runs it".
 """
 from __future__ import annotations
 

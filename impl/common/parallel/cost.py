@@ -49,7 +49,6 @@ class HybridCostModel:
     # Profiled fwd + bwd of one layer per micro-batch at TP ``tp`` (replaces the step model's).
     measured_layer_s: Optional[float] = None
     pipeline_bubble: str = "spec"  # spec | stagewise (workload.pipeline_bubble)
-    megatron_stack: str = ""  # the kernel stack the step model prices (workload.megatron_stack)
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
@@ -63,7 +62,7 @@ class HybridCostModel:
         return cls(wl.model, wl.micro_batch_size, wl.dtype, wl.tp, hw,
                    bus_bw(hw, True), hw.intra_node_latency_s,
                    bus_bw(hw, False), hw.inter_node_latency_s,
-                   getattr(wl, "sim_layer_time_s", None), bubble, getattr(wl, "megatron_stack", ""))
+                   getattr(wl, "sim_layer_time_s", None), bubble)
 
     @property
     def act_bytes(self) -> float:
@@ -76,8 +75,7 @@ class HybridCostModel:
         from impl.common.megatron.step import layer_time_s
 
         rows = float(self.micro_batch_size * self.model.seq_len)
-        model = MegatronModel.from_shape(self.model, stack=self.megatron_stack or None)
-        return layer_time_s(model, tp_size, rows, rows * self.model.seq_len, self.hw)
+        return layer_time_s(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw)
 
     def layer_time_s(self, tp_size: int) -> float:
         """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
@@ -164,7 +162,7 @@ def memory_model(wl, hw) -> Optional[StageMemoryRows]:
     from impl.common.megatron.model import MegatronModel, padded_vocab
 
     k = step_knobs(hw)
-    m = MegatronModel.from_shape(wl.model, stack=getattr(wl, "megatron_stack", "") or None)
+    m = MegatronModel.from_shape(wl.model)
     tp, sp = wl.tp, bool(mem.sequence_parallel)
     if m.heads % tp:
         raise ConfigError(f"workload.tp: {tp} does not divide the {m.heads} attention heads")

@@ -66,9 +66,6 @@ class HybridWorkload:
     # path through the bottleneck stage (equal to "spec" when stages are equal; lower when the
     # bottleneck is early, e.g. a straggler on stage 0 whose bubble the later stages hide).
     pipeline_bubble: str = "spec"
-    # The kernels the Megatron step model prices (impl/common/megatron/stack.STACKS; empty: the
-    # Megatron-LM fork's stack of the model's architecture): a preset names what its code runs.
-    megatron_stack: str = ""
     optimizer: str = "adam"
     lr: float = 1e-3
     torch_threads: int = 1

@@ -44,11 +44,6 @@ class VarlenWorkload:
     optimizer: str = "adam"
     lr: float = 1e-3
     torch_threads: int = 1
-    # The kernels the Megatron step model prices for this workload (a name of
-    # impl/common/megatron/stack.STACKS: megatron_gpt_fork, megatron_llama_fork, megatron_llama_fused;
-    # empty: the fork's stack of the model's architecture). A preset names the stack its paper's
-    # baseline ran; a system's simulator may price its own code's stack (grid.model_of(wl, stack=...)).
-    megatron_stack: str = ""
 
     def validate(self) -> None:
         for name in ("num_gpus", "gpus_per_node", "context", "steps"):
@@ -60,6 +55,3 @@ class VarlenWorkload:
             raise ConfigError(f"workload.global_batch_seqs ({self.global_batch_seqs}) and workload.token_budget "
                               f"({self.token_budget}): set exactly one of them > 0")
         self.lengths.validate()
-        if self.megatron_stack:
-            from impl.common.megatron.stack import named_stack
-            named_stack(self.megatron_stack, "workload.megatron_stack")
