@@ -282,7 +282,7 @@ def test_fit_recovers_the_knobs_that_generated_the_measurements(launches, hw):
     truth = dataclasses.replace(MegatronKnobs(), gemm_time_factor=1.2, attn_time_factor=1.4, elementwise_time_factor=1.5,
                                 intra_node_comm_efficiency=0.6, inter_node_comm_efficiency=0.5,
                                 layer_overhead_s=5e-4, iteration_overhead_s=0.3, activation_factor=1.1,
-                                logits_bytes=8.0, memory_overhead_bytes=1e9,
+                                logits_bytes=12.0, memory_overhead_bytes=1e9,
                                 allocatable_bytes=70e9)
     base = hw.with_megatron(knobs=None)  # keeps the kernel tables
     sub = [la for la in launches if la.layout and la.model and not la.skip_reason][::6]

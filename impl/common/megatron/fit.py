@@ -61,8 +61,9 @@ def knob_ranges(hw: HardwareProfile) -> dict:
                                  "timers and logging synchronisations"),
         "activation_factor": (0.95, 1.35, "allocated over saved-tensor bytes: allocator block rounding, tensors "
                               "alive across backward transients"),
-        "logits_bytes": (6.0, 16.0, "bytes per logit at the loss peak: bf16 logits (2), fp32 copy (4), the "
-                         "softmax/gradient working copy (4), transients"),
+        "logits_bytes": (10.0, 16.0, "bytes per logit at the loss peak: the fork's bf16 logits (2), their fp32 "
+                         "copy (4) and the max-shifted fp32 copy that becomes the softmax (4) are alive "
+                         "together in the vocab-parallel cross-entropy's forward; above: allocator rounding"),
         "memory_overhead_bytes": (0.0, 4 * GIB, "workspaces and buffers besides states and activations"),
         "allocatable_bytes": (0.75 * mem, mem, "what PyTorch may allocate before an out-of-memory error"),
     }

@@ -10,7 +10,7 @@ wins (ties to the smaller (dp, tp, pp, mbs)).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -88,5 +88,9 @@ def best_grid(model: MegatronModel, wl, hw, batches: Sequence) -> tuple[GridLayo
                   "grid_top5": {str(g): round(scores[g], 4) for g in sorted(scores, key=scores.get)[:5]}}
 
 
-def model_of(wl) -> MegatronModel:
-    return MegatronModel.from_shape(wl.model, context=wl.context)
+def model_of(wl, stack: Optional[str] = None) -> MegatronModel:
+    """The workload's model as Megatron builds it, running ``stack`` (a name of
+    :data:`impl.common.megatron.stack.STACKS`; None: the model's ``megatron_stack``, else the
+    fork's stack of the architecture): a system's simulator may price its baseline as the paper
+    ran it and itself as its authors' code runs it."""
+    return MegatronModel.from_shape(wl.model, context=wl.context, stack=stack)

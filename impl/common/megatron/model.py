@@ -15,6 +15,8 @@ from typing import Optional
 
 from impl.common.api import ConfigError
 
+from .stack import DEFAULT_BY_ARCH, Activation, KernelStack, Norm, named_stack
+
 ARCHS = ("gpt", "llama")
 MODES = ("pad", "pack")
 RECOMPUTE = ("none", "selective", "full")
@@ -31,7 +33,8 @@ class MegatronModel:
     """A decoder as Megatron builds it. GPT: LayerNorm, GELU MLP of ``ffn_hidden``, learned
     positions, biases, embeddings tied to the output layer. LLaMA: RMSNorm, SwiGLU MLP of
     ``ffn_hidden`` (fc1 holds gate and up), rotary positions (no table), no biases, optional
-    grouped-query attention, untied output layer."""
+    grouped-query attention, untied output layer. ``stack``: how those modules are implemented
+    (:class:`.stack.KernelStack`), which sets what they save and how many HBM passes they cost."""
 
     arch: str = "gpt"
     num_layers: int = 32
@@ -41,12 +44,14 @@ class MegatronModel:
     kv_heads: int = 0  # 0 = heads (multi-head attention)
     vocab: int = 50257  # the tokenizer's size; Megatron pads it (padded_vocab)
     max_position_embeddings: int = 4096  # GPT's learned position table
-    untie_embeddings: Optional[bool] = None  # None: GPT tied, LLaMA untied
-    make_vocab_size_divisible_by: int = 128
+    untie_embeddings: Optional[bool] = None  # None: the stack's (GPT fork tied, LLaMA fork untied)
+    make_vocab_size_divisible_by: Optional[int] = None  # None: the stack's (128 in both forks)
     # Hidden dropout (bias-dropout-add, embedding): its masks are saved for backward. None: the
-    # Megatron-LM default of the architecture (GPT 0.1, LLaMA recipes 0.0).
+    # stack's (GPT fork 0.1, LLaMA fork 0.0).
     hidden_dropout: Optional[float] = None
     name: str = ""
+    # The kernels the launch runs (:mod:`.stack`); None: the fork's stack of the architecture.
+    stack: Optional[KernelStack] = None
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -58,6 +63,16 @@ class MegatronModel:
             raise ConfigError(f"model.heads: {self.heads} does not divide hidden {self.hidden}")
         if self.kv_heads and self.heads % self.kv_heads:
             raise ConfigError(f"model.kv_heads: {self.kv_heads} does not divide heads {self.heads}")
+        if self.stack is None:
+            object.__setattr__(self, "stack", DEFAULT_BY_ARCH[self.arch])
+        # The parameter counts below follow the architecture; a stack of the other one would
+        # price kernels the model does not have.
+        if ((self.stack.norm == Norm.RMSNORM) == self.gpt or self.stack.rope == self.gpt
+                or (self.stack.activation == Activation.SWIGLU) == self.gpt):
+            raise ConfigError(f"model.stack: {self.stack.name} ({self.stack.norm}, {self.stack.activation}, "
+                              f"{self.stack.position_embedding}) is not a {self.arch} stack")
+        if self.make_vocab_size_divisible_by is None:
+            object.__setattr__(self, "make_vocab_size_divisible_by", self.stack.vocab_divisible_by)
 
     @property
     def gpt(self) -> bool:
@@ -65,25 +80,30 @@ class MegatronModel:
 
     @property
     def tied(self) -> bool:
-        return not (self.untie_embeddings if self.untie_embeddings is not None else not self.gpt)
+        return not (self.untie_embeddings if self.untie_embeddings is not None else self.stack.untie_embeddings)
 
     @property
     def dropout(self) -> float:
-        return self.hidden_dropout if self.hidden_dropout is not None else (0.1 if self.gpt else 0.0)
+        return self.hidden_dropout if self.hidden_dropout is not None else self.stack.hidden_dropout
 
     @property
     def kv_hidden(self) -> int:
         return self.hidden // self.heads * (self.kv_heads or self.heads)
 
     @classmethod
-    def from_shape(cls, shape, *, arch: Optional[str] = None, context: int = 0) -> "MegatronModel":
+    def from_shape(cls, shape, *, arch: Optional[str] = None, context: int = 0,
+                   stack: Optional[str] = None) -> "MegatronModel":
         """The harness's :class:`~impl.common.workloads.pipeline.ModelShape` as Megatron builds it
-        (``ffn_hidden`` > 0 means LLaMA, else GPT with ``ffn_mult * hidden``)."""
+        (``ffn_hidden`` > 0 means LLaMA, else GPT with ``ffn_mult * hidden``); ``stack`` names the
+        kernels it runs (:data:`.stack.STACKS`; None: the shape's ``megatron_stack``, else the fork's
+        stack of the architecture)."""
         llama = bool(getattr(shape, "ffn_hidden", 0))
+        named = getattr(shape, "megatron_stack", "")
+        ks = named_stack(stack) if stack else (named_stack(named, "model.megatron_stack") if named else None)
         return cls(arch=arch or ("llama" if llama else "gpt"), num_layers=shape.num_layers, hidden=shape.hidden,
                    ffn_hidden=shape.ffn_hidden if llama else shape.ffn_mult * shape.hidden, heads=shape.heads,
                    kv_heads=getattr(shape, "kv_heads", 0), vocab=shape.vocab,
-                   max_position_embeddings=max(context, shape.seq_len), name=getattr(shape, "name", ""))
+                   max_position_embeddings=max(context, shape.seq_len), name=getattr(shape, "name", ""), stack=ks)
 
     # ---- parameters ---------------------------------------------------------------------
     def layer_matrix_params(self) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 from impl.common.api import ConfigError
 
 from .model import MegatronLayout, MegatronModel
+from .stack import stack_from_args
 from .step import REPORT_ITERS, MicroBatchWork, pack_work, pad_work
 
 STATUSES = ("ok", "oom", "error", "incomplete")
@@ -97,6 +98,11 @@ def _dims_of(spec, path: str, line: int) -> dict:
     return dims
 
 
+def _printed_args(cfg: dict) -> bool:
+    """Whether the log printed Megatron's arguments (not only the few fields every line carries)."""
+    return "num_layers" in cfg or "transformer_impl" in cfg
+
+
 def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronModel]:
     """The model the launch printed; None when it printed neither its arguments nor its dims
     (:func:`load_runs` then takes the dims of another launch of the same model name)."""
@@ -132,14 +138,23 @@ def _model_of(rec: dict, eff: dict, path: str, line: int) -> Optional[MegatronMo
         groups = _dims_of(eff.get("model_dims"), path, line).get("kv_heads")
     dims["kv_heads"] = 0 if groups in (None, dims["heads"]) else groups
     try:
+        # The kernels from the printed arguments; a launch that printed none runs its fork's stack.
+        stack = stack_from_args(cfg) if _printed_args(cfg) else None
         drop = cfg.get("hidden_dropout")
         return MegatronModel(arch=arch, vocab=vocab, max_position_embeddings=int(cfg.get("max_position_embeddings") or ctx),
                              hidden_dropout=float(drop) if isinstance(drop, (int, float)) and not isinstance(drop, bool) else None,
                              untie_embeddings=None if untie is None else bool(untie),
                              make_vocab_size_divisible_by=int(cfg.get("make_vocab_size_divisible_by") or 128),
-                             name=str(eff.get("model") or ""), **dims)
+                             name=str(eff.get("model") or ""), stack=stack, **dims)
     except ConfigError as e:
         raise _err(path, line, "effective", str(e)) from None
+
+
+def _distributed_optimizer(cfg) -> bool:
+    """The printed ``use_distributed_optimizer`` (the fork's launches that printed none ran it)."""
+    if isinstance(cfg, dict) and _printed_args(cfg):
+        return stack_from_args(cfg).distributed_optimizer
+    return True
 
 
 def parse_line(text: str, line: int, path: str = "runs") -> Launch:
@@ -182,7 +197,8 @@ def parse_line(text: str, line: int, path: str = "runs") -> Launch:
         out.layout = MegatronLayout(dp=vals["dp"], tp=vals["tp"], pp=vals["pp"], mbs=vals["mbs"], gbs=vals["gbs"],
                                     context=vals["seq_length"], mode=mode,
                                     sequence_parallel=bool(eff.get("sequence_parallel")),
-                                    recompute="none" if rc in (None, "none") else str(rc))
+                                    recompute="none" if rc in (None, "none") else str(rc),
+                                    distributed_optimizer=_distributed_optimizer(rec.get("config")))
     except ConfigError as e:
         raise _err(path, line, "effective", str(e)) from None
     out.model = _model_of(rec, eff, path, line)

@@ -31,15 +31,28 @@ parameters over dp (all-reduce without it), the tied-embedding all-reduce betwee
 last stage, Adam over the rank's shard (memory-bound), and ``iteration_overhead_s``.
 
 Memory (bytes, per pipeline rank, what ``torch.cuda.max_memory_allocated`` reports):
-- states: bf16 parameters (2 B) and fp32 gradient buffer (4 B) per parameter of the rank, fp32
-  master + Adam m, v (12 B) over dp with the distributed optimizer (else whole);
+- states: bf16 parameters (2 B) and the gradient buffer (fp32 4 B, or 2 B where the stack
+  accumulates in bf16) per parameter of the rank, fp32 master + Adam m, v (12 B) over dp with the
+  distributed optimizer (else whole); the last stage holds the untied output layer
+  (``MegatronModel.params_per_rank``);
 - activations: the bytes each module saves for backward (:mod:`.activations`, per architecture,
   with SP, TP, GQA, dropout and recompute), x ``activation_factor``; under 1F1B stage s holds
   min(pp - s, m) micro-batches in flight; the first stage adds the embedding's, the last the
   final norm's and the output layer's; packed micro-batches vary, so the peak is the largest sum
   over in-flight windows; full recompute keeps each layer's input and one layer's working set;
-- logits on the last stage: grid x V / tp x ``logits_bytes``;
+- logits on the last stage: grid x V / tp x ``logits_bytes``, a fitted knob whose range starts
+  at what the fork's loss path keeps alive at its peak (``gpt_model.post_language_model_processing``
+  holds the bf16 logits, 2 B, and their ``.float()`` copy, 4 B, while
+  ``_VocabParallelCrossEntropy.forward`` makes the max-shifted fp32 copy, 4 B, that ``exp`` and
+  ``div_`` then overwrite in place and save as the softmax: 10 B; the backward works in place on
+  the softmax and casts it to bf16, 6 B) and adds room for the allocator's rounding of these
+  V-wide blocks (``fit.knob_ranges``);
 - ``memory_overhead_bytes``. A launch fits when every rank's peak is <= ``allocatable_bytes``.
+  The runs file's memory is ``torch.cuda.max_memory_allocated`` (``memory_per_rank``:
+  ``max_allocated_mb``, with ``max_reserved_mb`` beside it), so the caching allocator's reserve
+  stays out of the peak; it sits in ``allocatable_bytes``, a fitted fraction of the GPU's memory
+  (range 0.75-1.0: in the February file a rank's max allocated is 0.62-0.97 of its max reserved,
+  5th-95th percentile, median 0.86).
 
 Every term is linear in one knob (or in none), so the fit (:mod:`impl.common.megatron.fit`)
 prices with this same code through :class:`StepFeatures`; the kernel tables make the features
@@ -61,6 +74,7 @@ from . import activations as act
 from .derive import step_knobs, tables_of
 from .kernels import attn_fwd_bwd_s, gemm_fwd_bwd_s
 from .model import MegatronLayout, MegatronModel, padded_vocab
+from .stack import Activation, NormImpl
 
 BF16 = 2.0
 # Adam over one parameter of the shard: read fp32 grad, master, m, v; write master, m, v and the
@@ -134,21 +148,63 @@ def phi_of(k: MegatronKnobs) -> np.ndarray:
     return np.array([1.0, k.activation_factor, k.logits_bytes, k.memory_overhead_bytes])
 
 
+# Bytes each memory-bound op reads and writes per element, forward + backward, as the stack's
+# code runs it (every kernel's reads + writes; fp32 where the code upcasts; per-token scalars left
+# out). ``tests/common/test_megatron_activations.py`` counts them on each op as the code states it.
+# Per hidden element of a norm: fused (apex / TE), 5 bf16 passes; the fork's plain RMSNorm
+# forward x.float() 6, pow 8, mean 4, x * rstd 8, .type_as 6, * weight 4 (36) and backward
+# the weight product's input gradient 4, weight gradient 6 + its token sum 2, .type_as 6, the
+# rstd product's input gradient 8, rstd gradient 12 + its row sum 4, mean's broadcast 4, pow's
+# x.pow(1) 8, x 2 8, x grad 12, the two fp32 gradients' sum 12, .float() 6 (92).
+NORM_FUSED_BYTES = 10.0
+NORM_TORCH_FP32_BYTES = 128.0
+# Per element of the fc1 output's f / tp columns (GeLU) or of the SwiGLU output (SwiGLU): fused
+# bias-GeLU 5 bf16 passes; plain GeLU bias add 4, gelu 4, gelu_backward 6, bias gradient 2;
+# fused SwiGLU (read 2f, write f; backward read g and 2f, write 2f) 16; the fork's plain SwiGLU
+# silu 4, product 6, the product's two gradients 6 + 6, silu_backward 6, chunk's cat 8.
+GELU_FUSED_BYTES, GELU_PLAIN_BYTES = 10.0, 16.0
+SWIGLU_FUSED_BYTES, SWIGLU_PLAIN_BYTES = 16.0, 36.0
+# Per element of q and k: a fused RoPE kernel 4 bf16 passes; the fork's plain apply_rotary_pos_emb
+# forward t * cos 4, neg 2, rotate_half's cat 4, * sin 4, add 6, cat with the pass-through 4 (24)
+# and backward the two products 4 + 4, neg 2, cat 4, the two gradients' sum 6, the slices'
+# backward 2 + its sum 6 (28); its output is contiguous, so flash attention's q / k copy (4) is
+# not made. Per application and token, over d: cos and sin 8 + 8, their bf16 casts 6 + 6, their
+# reads in the four products 2 x 4.
+ROPE_FUSED_BYTES, ROPE_PLAIN_BYTES, ROPE_PLAIN_TABLE_BYTES = 8.0, 52.0 - 4.0, 36.0
+# Per hidden element of a residual: the fused bias-dropout-add 7 bf16 passes (3 forward, 4
+# backward); a plain residual add (no bias, no dropout) 3 forward, and the residual gradient's
+# sum 3 in the backward.
+RESIDUAL_FUSED_BYTES, RESIDUAL_PLAIN_BYTES = 14.0, 12.0
+
+
+def norm_elementwise_bytes(model: MegatronModel) -> float:
+    """Bytes one norm reads and writes per token, forward + backward (whole: divide by tp under SP)."""
+    plain = model.stack.norm_impl == NormImpl.TORCH_FP32
+    return (NORM_TORCH_FP32_BYTES if plain else NORM_FUSED_BYTES) * model.hidden
+
+
 def elementwise_bytes(model: MegatronModel, tp: int, sequence_parallel: bool = False) -> float:
     """Bytes one layer's memory-bound kernels read and write per token on one TP rank, forward
-    + backward (bf16; a fused kernel reads its inputs and writes its outputs once):
-    norms 5 passes of h each (forward read + write, backward read x and dy, write dx), each
-    residual add (with its bias and dropout) 7 h (3 forward, 4 backward); GPT's bias-GeLU
-    5 passes of f / tp, LLaMA's SwiGLU 8 (3 forward: gate, up, out; 5 backward); LLaMA's rotary
-    4 passes of q and k; the q/k/v layout copies for flash attention 4 passes of (h + 2 kv) / tp.
-    Norms and residuals run on s / tp tokens with SP, whole without."""
+    + backward, for the model's kernel stack (the op tables above: a fused kernel reads its
+    inputs and writes its outputs once, an unfused op each time): two norms, two residual adds
+    (with bias and dropout when the stack has them), the MLP activation, rotary on q and k, and
+    the q/k/v layout copies for flash attention (4 bf16 passes of (h + 2 kv) / tp). Norms and
+    residuals run on s / tp tokens with SP, whole without."""
+    ks = model.stack
     h, f, kv, t = model.hidden, model.ffn_hidden, model.kv_hidden, float(tp)
     sp = t if sequence_parallel else 1.0
-    b = 2.0 * (2 * 5 * h + 2 * 7 * h) / sp
-    b += 2.0 * (5 * f if model.gpt else 8 * f) / t
+    fused_residual = model.dropout > 0 or model.gpt  # GPT's linears carry biases
+    b = (2 * norm_elementwise_bytes(model) + 2 * (RESIDUAL_FUSED_BYTES if fused_residual else RESIDUAL_PLAIN_BYTES) * h) / sp
+    if ks.activation == Activation.GELU:
+        b += (GELU_FUSED_BYTES if ks.activation_fused else GELU_PLAIN_BYTES) * f / t
+    else:
+        b += (SWIGLU_FUSED_BYTES if ks.activation_fused else SWIGLU_PLAIN_BYTES) * f / t
     b += 2.0 * 4 * (h + 2 * kv) / t
-    if not model.gpt:
-        b += 2.0 * 4 * (h + kv) / t
+    if ks.rope:
+        if ks.rope_fused:
+            b += ROPE_FUSED_BYTES * (h + kv) / t
+        else:
+            b += ROPE_PLAIN_BYTES * (h + kv) / t + 2 * ROPE_PLAIN_TABLE_BYTES * (h // model.heads)
     return b
 
 
@@ -363,8 +419,8 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             fwd, bwd = (_unique_apply(np.asarray(grid, dtype=float), lambda u, i=i: gemm_fwd_bwd_s(tables, u, V // tp, h)[i])
                         for i in (0, 1))
             f[..., F_GEMM] += fwd + bwd
-            # The final norm (5 passes of h) and the loss over the fp32 logits.
-            f[..., F_ELEM] += (5.0 * BF16 * h * rows / (tp if lay.sequence_parallel else 1)
+            # The final norm (as a layer's) and the loss over the fp32 logits.
+            f[..., F_ELEM] += (norm_elementwise_bytes(model) * rows / (tp if lay.sequence_parallel else 1)
                                + CE_BYTES_PER_LOGIT * grid * V / tp) / hbm
         for nb in ([s - 1] if s > 0 else []) + ([s + 1] if s < pp - 1 else []):
             col, per_byte, lat = p2p_terms(hw, same_node(s, nb, tp * u, dp, gpn), gpn)
@@ -418,7 +474,7 @@ def _memory_features(model: MegatronModel, lay: MegatronLayout, P: list[int], V:
     emb = sum(act.embedding_bytes(model, tp, sp, model.dropout).values())
     head = sum(act.head_bytes(model, tp, sp).values())
     for s in range(pp):
-        M[s, M_STATES] = (BF16 + 4.0) * P[s] + 12.0 * P[s] / shard
+        M[s, M_STATES] = (BF16 + model.stack.grad_bytes) * P[s] + 12.0 * P[s] / shard
         in_flight = min(pp - s, m)
         window = _window_max(c, in_flight)
         if lay.recompute == "full":
@@ -459,7 +515,7 @@ def linear_memory(model: MegatronModel, lay: MegatronLayout, knobs: MegatronKnob
     head = sum(act.head_bytes(model, tp, sp).values()) / u
     out = []
     for s in range(pp):
-        fixed = (BF16 + 4.0) * P[s] + 12.0 * P[s] / shard + knobs.memory_overhead_bytes
+        fixed = (BF16 + model.stack.grad_bytes) * P[s] + 12.0 * P[s] / shard + knobs.memory_overhead_bytes
         per = (pp - s) * layer * Ls + (pp * emb if s == 0 else 0.0)
         if s == pp - 1:
             per += head

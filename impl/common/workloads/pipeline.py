@@ -22,6 +22,10 @@ class ModelShape:
     seq_len: int = 32
     # Key/value heads (grouped-query attention); 0 = heads (multi-head attention).
     kv_heads: int = 0
+    # The kernels the Megatron step model prices for this model (a name of
+    # impl/common/megatron/stack.STACKS: megatron_gpt_fork, megatron_llama_fork, megatron_llama_fused;
+    # empty: the Megatron-LM fork's stack of the architecture). A preset names what its code runs.
+    megatron_stack: str = ""
 
     @property
     def num_kv_heads(self) -> int:
