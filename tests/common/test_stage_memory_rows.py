@@ -44,18 +44,3 @@ def test_rows_are_the_step_models_memory(gpt, pp):
             assert mine == pytest.approx(step[s], rel=1e-9), s
         else:  # E is the larger end: the other end's row is an upper bound of its step memory
             assert mine >= step[s] * (1 - 1e-9), s
-
-
-def test_optimizer_s_is_the_step_models_per_iteration_term_on_the_largest_shard():
-    from impl.common.cost.transformer import layer_matrix_params
-    from impl.common.megatron.step import optimizer_step_s
-    from impl.common.parallel.cost import HybridCostModel, optimizer_s
-    from impl.common.parallel.plan import uniform_plan
-
-    hw = load_hardware("a800-80g")
-    wl = _wl(False, 4)
-    plan = uniform_plan(wl.num_gpus, wl.gpus_per_node, wl.dp, wl.tp, wl.pp, wl.model.num_layers, 16)
-    shard = layer_matrix_params(wl.model) * (wl.model.num_layers // wl.pp) / wl.tp / wl.dp
-    got = optimizer_s(plan, HybridCostModel.build(wl, hw))
-    assert got == pytest.approx(optimizer_step_s(shard, 1, hw), rel=1e-12)
-    assert got > step_knobs(hw).iteration_overhead_s > 0

@@ -13,7 +13,10 @@ reused by Malleus, Elastor, Hydraulis, HotSPa and LobRA.
   (the same for equal stages; what the 1F1B runtime pays with a heterogeneous pipeline).
 - Iteration = max_i T_i + gradient synchronisation: ZeRO reduce-scatter + all-gather (an
   all-reduce's bytes, :mod:`impl.common.collectives`) of each layer's shard over its n holders,
-  the GPU with most bytes gating, over the NICs when the holders span nodes.
+  the GPU with most bytes gating, over the NICs when the holders span nodes; + the step model's per-iteration terms
+  (:func:`impl.common.megatron.step.optimizer_step_s`, one rule for every training system): Adam
+  over the GPU's optimizer shard (each layer's parameters / its group size / its n holders; the
+  GPU with most gating) and ``iteration_overhead_s``.
 Every figure carries its unit in the name (``_s``, ``_bytes``, ``_mb``).
 """
 from __future__ import annotations
@@ -219,6 +222,7 @@ class IterationCost:
     compute_bound_s: float  # max_i m_i * max_j stage time (Z in seconds)
     grad_sync_s: float
     gpu_compute_s: dict  # device -> its own compute time this iteration (what x is measured from)
+    optimizer_s: float = 0.0  # the step model's per-iteration terms (Adam + iteration overhead)
 
 
 def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> IterationCost:
@@ -250,7 +254,8 @@ def iteration_cost(plan: Plan, x: Sequence[float], cm: HybridCostModel) -> Itera
         pipes.append(fill + p2p)
         zsec = max(zsec, p.micro_batches * slow)
     sync = grad_sync_s(plan, cm)
-    return IterationCost(max(pipes) + sync, tuple(pipes), zsec, sync, gpu_compute)
+    opt = optimizer_s(plan, cm)
+    return IterationCost(max(pipes) + sync + opt, tuple(pipes), zsec, sync, gpu_compute, opt)
 
 
 def _holders(plan: Plan) -> list[list[int]]:
