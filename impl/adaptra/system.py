@@ -270,6 +270,20 @@ class PipelineTraining(System):
         k = group_ranks_per_node(wl.dp, wl.tp, hw.gpus_per_node)
         return stage_grad_bytes(wl.model, wl.stages, wl.dtype, wl.tp), hw, k
 
+    def _per_iteration_s(self, job: JobContext) -> float:
+        """The step model's per-iteration terms (:func:`impl.common.megatron.step.optimizer_step_s`,
+        one rule for every training system): Adam over the largest stage's parameters on one TP
+        rank (a DP all-reduce, no optimizer sharding) and ``iteration_overhead_s``. Hand-set op
+        times (the paper's simulator reference) price no step model, so nothing is added there."""
+        from impl.common.cost.transformer import bytes_per_elem, stage_grad_bytes
+        from impl.common.megatron.step import optimizer_step_s
+
+        wl = job.workload
+        if wl.sim_op_time_s:
+            return 0.0
+        params = max(stage_grad_bytes(wl.model, wl.stages, wl.dtype, wl.tp)) / bytes_per_elem(wl.dtype)
+        return optimizer_step_s(params, 1, job.hardware)
+
     def _dp_times(self, dp_spec, dp: int, slow: dict) -> Optional[tuple]:
         from impl.adaptra.mitigate import bucketed_allreduce_s
 
@@ -300,6 +314,7 @@ class PipelineTraining(System):
         timeline = DelayTimeline(fault, S) if fault.kind == "varying_link_delay" else None
         rnic_failures = set(getattr(fault, "rnic_failure_iters", None) or [])
         dp_spec = self._dp_allreduce(job)
+        per_iter_s = self._per_iteration_s(job)
         ctl = self._mitigation(job)
         sched_cache: dict = {}
         sim_cache: dict = {}
@@ -364,7 +379,7 @@ class PipelineTraining(System):
                 if key not in sim_cache:
                     sim_cache[key] = simulate_iteration(sched, costs, link, comm, delays=pp, dp_allreduce_s=dp_s)
                 res = sim_cache[key]
-            T = res.iteration_time_s
+            T = res.iteration_time_s + per_iter_s
             action_now = "rnic_failover" if failed_over and ctl.in_force == "none" else ctl.in_force
             ctl.observe(it, T, dp_link_delays_at(fault, it, S) if not ctl.healed else {})
             one_time = sum(e["cost_s"] for e in new)
@@ -377,15 +392,15 @@ class PipelineTraining(System):
             times.append(T)
             in_force.append(action_now)
             bubbles.append(res.bubble_fraction())
-            hol.append(sum(b.hol_s for b in res.breakdown) / (S * T))
-            dep.append(sum(b.dependency_s for b in res.breakdown) / (S * T))
+            hol.append(sum(b.hol_s for b in res.breakdown) / (S * res.iteration_time_s))
+            dep.append(sum(b.dependency_s for b in res.breakdown) / (S * res.iteration_time_s))
             if len(plans) < 20:
                 plans.append({"iteration": it, "delays_s": {f"{a}-{b}": v for (a, b), v in detected.items()}
                               if timeline is not None else {f"{a}-{b}": v for (a, b), v in pp.items()},
                               "dp_delays_s": {str(k): v for k, v in dp_inj.items()},
                               "warmup": warmup, "comm": comm.kind,
                               "delegates": comm.delegates if comm.kind == "delegated" else 0})
-            if worst is None or T > worst.iteration_time_s:
+            if worst is None or res.iteration_time_s > worst.iteration_time_s:
                 worst = res
         # The same policy with no delay at all: the denominator of the paper's "slowdown".
         sched0, _ = self._compute_schedule(tF, tB, tW, {}, S, N)
@@ -394,7 +409,7 @@ class PipelineTraining(System):
                  if self.cfg.comm == "delegated" and self.cfg.delegate_when == "always"
                  else self._stream_comm())
         t0 = simulate_iteration(insert_comm(sched0), costs, link, comm0,
-                                dp_allreduce_s=self._dp_times(dp_spec, wl.dp, {})).iteration_time_s
+                                dp_allreduce_s=self._dp_times(dp_spec, wl.dp, {})).iteration_time_s + per_iter_s
         samples_per_iter = wl.micro_batch_size * N * max(wl.dp, 1)
         total_s = math.fsum(times) + overhead_s
         tail = times[-max(1, len(times) // 4):]
@@ -417,7 +432,7 @@ class PipelineTraining(System):
                 runs.append({"from_iteration": wl.warmup_iterations + k, "action": action})
         info = {
             "schedule": self.cfg.schedule, "comm": self.cfg.comm, "adapt_formula": self.cfg.adapt_formula,
-            "detection": detection, "no_delay_iteration_time_s": t0,
+            "detection": detection, "no_delay_iteration_time_s": t0, "per_iteration_s": per_iter_s,
             "op_times_s": {"tF": tF[0], "tB": tB[0], "tW": tW[0]} if len(set(tF)) == 1 else {"tF": tF, "tB": tB, "tW": tW},
             "plans": plans, "distinct_plans": len(sched_cache), "distinct_simulations": len(sim_cache),
             "events": events, "mitigation": ctl.info(), "action_in_force": runs,
