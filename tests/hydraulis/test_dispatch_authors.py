@@ -70,7 +70,10 @@ def test_deterministic_for_a_seed(cases):
     a = dispatch(c.lengths, c.replicas, seed=3)
     assert a == dispatch(c.lengths, c.replicas, seed=3)
     assert a.shuffle_makespan == authors_dispatch(c.lengths, c.replicas, start=300, includes_c=True).makespan
-    assert dispatch(c.lengths, c.replicas, seed=4).shuffle_makespan != a.shuffle_makespan
+    # Another seed draws the authors' next hundred trials (its best may tie: a makespan pinned by
+    # one long sequence is the same for every order).
+    assert dispatch(c.lengths, c.replicas, seed=4).shuffle_makespan == authors_dispatch(
+        c.lengths, c.replicas, start=400, includes_c=True).makespan
 
 
 def test_search_keeps_to_its_budget_and_more_budget_is_never_worse(cases, monkeypatch):
