@@ -196,8 +196,9 @@ class VarlenGPT(nn.Module):
                     nn.init.normal_(m.weight, 0.0, INIT_STD, generator=g)
 
     def hidden_states(self, tokens: torch.Tensor, layout: SegmentLayout) -> torch.Tensor:
-        cos, sin = rope(layout.positions, self.shape.hidden // self.shape.heads)
         x = self.tok_emb(tokens)
+        # angles in fp32, applied in the activations' dtype (bf16 compute keeps q/k/v one dtype)
+        cos, sin = (t.to(x.dtype) for t in rope(layout.positions, self.shape.hidden // self.shape.heads))
         for blk in self.blocks:
             if self.checkpoint and torch.is_grad_enabled():
                 x = _checkpoint(blk, x, cos, sin, layout, use_reentrant=False)
@@ -223,7 +224,8 @@ class VarlenGPT(nn.Module):
         denom = int(layout.valid.sum()) if global_tokens is None else int(global_tokens)
         if denom < 1:
             raise ValueError(f"global_tokens: must be >= 1, got {denom}")
-        return F.cross_entropy(self.head(x), tgt, reduction="sum") / denom
+        # the loss in fp32 whatever the compute dtype (Megatron's fp32 cross-entropy)
+        return F.cross_entropy(self.head(x).float(), tgt, reduction="sum") / denom
 
 
 def build_varlen_model(shape: ModelShape, seed: int, checkpoint: bool = False,
