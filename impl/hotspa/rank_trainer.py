@@ -95,9 +95,11 @@ class RankTrainer:
                  dtype: str = "fp32") -> None:
         self.shape, self.rank, self.world, self.plan = shape, rank, world, plan
         self.cache, self.data_seed, self.device = cache, vocab_seed, device
-        full = VarlenGPT(shape, seed)
+        with torch.device(device):  # built where it trains (a 7B fp32 copy never on the host)
+            full = VarlenGPT(shape, seed)
         shards = cut_state_dict({n: p.detach() for n, p in full.named_parameters()}, rank, world)
-        self.master = {n: nn.Parameter(t.to(device)) for n, t in shards.items()}
+        del full
+        self.master = {n: nn.Parameter(t) for n, t in shards.items()}
         self.home_t = {n: p.detach() for n, p in self.master.items()}
         self.acc = {n: torch.zeros_like(t) for n, t in self.home_t.items()}
         self.opt = torch.optim.Adam(list(self.master.values()), lr=lr)
@@ -105,7 +107,8 @@ class RankTrainer:
         self.last_grads: Optional[dict] = None
         self.models: dict[str, VarlenGPT] = {}
         for s in dict.fromkeys(plan.strategies):
-            m = VarlenGPT(shape, seed)
+            with torch.device(device):
+                m = VarlenGPT(shape, seed)
             if s.tp > 1:
                 tensor_parallel(m, rank % s.tp, s.tp)
             self.models[layout_name(s)] = place(m, device, dtype)

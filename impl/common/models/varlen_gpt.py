@@ -127,7 +127,8 @@ class VarlenAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask())
         else:
             cu = layout.cu
-            parts = [F.scaled_dot_product_attention(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=True)
+            # 4-D inputs: with 3-D ones torch's flash kernels are skipped for one that holds T x T scores
+            parts = [F.scaled_dot_product_attention(q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True)[0]
                      for a, b in zip(cu, cu[1:]) if b > a]
             if layout.total > cu[-1]:  # alignment padding: nothing reads it, leave it zero
                 parts.append(q.new_zeros(q.shape[0], layout.total - cu[-1], hd))
@@ -189,7 +190,8 @@ class VarlenGPT(nn.Module):
 
     def _init(self, seed: int) -> None:
         # As TinyGPT: one explicit generator, parameters in module order -> same model everywhere.
-        g = torch.Generator().manual_seed(seed)
+        # (on the weights' device: a paper-shaped model is built where it trains, never on the host)
+        g = torch.Generator(device=self.tok_emb.weight.device).manual_seed(seed)
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, (nn.Embedding, nn.Linear)):
