@@ -92,3 +92,20 @@ def test_estimate_writes_an_ok_record_on_a_reduced_hotspa_shape(tmp_path):
     assert m["peak_memory_bytes"]["value"] > 0 and m["predicted_peak_memory_bytes"]["value"] > 0
     assert {c["stack"]["tp"] for c in rec["info"]["cases"]} == {8, 1}  # TP8 home group, DP8 short group
     assert any("fake process group" in e for e in rec["provenance"]["emulated"])
+
+
+def test_the_fused_rms_norm_matches_torchs():
+    from impl.common.parallel.megatron_rank import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 32, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(32, generator=g, dtype=torch.float64)
+    norm = RMSNorm(32, 1e-6).double()
+    with torch.no_grad():
+        norm.weight.copy_(w)
+    x2 = x.detach().clone().requires_grad_(True)
+    w2 = w.clone().requires_grad_(True)
+    gy = torch.randn(6, 32, generator=g, dtype=torch.float64)
+    (norm(x) * gy).sum().backward()
+    (F.rms_norm(x2, (32,), w2, 1e-6) * gy).sum().backward()
+    assert torch.allclose(x.grad, x2.grad, atol=1e-10) and torch.allclose(norm.weight.grad, w2.grad, atol=1e-10)

@@ -160,6 +160,28 @@ class _Linear(nn.Module):
         return self.lora(x, y, rows) if self.lora is not None else y
 
 
+class _FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm as Megatron's fused kernels run it (Transformer Engine / apex ``FusedRMSNorm``):
+    fp32 inside, only the input and the fp32 ``rstd`` per token kept for backward. ``F.rms_norm``
+    on the CPU decomposes into ops that keep two fp32 copies of the input per norm."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps):  # type: ignore[override]
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, w, rstd)
+        return (xf * rstd).to(x.dtype) * w
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, w, rstd = ctx.saved_tensors
+        xhat = x.float() * rstd
+        gy = grad.float() * w.float()
+        gx = rstd * (gy - xhat * (gy * xhat).mean(-1, keepdim=True))
+        gw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return gx.to(x.dtype), gw.to(w.dtype), None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, h: int, eps: float) -> None:
         super().__init__()
@@ -167,7 +189,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return _FusedRMSNorm.apply(x, self.weight, self.eps)
 
 
 class Layer(nn.Module):
