@@ -9,7 +9,7 @@ pair, ``g`` after each row-parallel one), RMSNorms whole, an untied column-paral
 and the vocab-parallel cross-entropy (``_VocabParallelCrossEntropy``: fp32 logits, one saved
 softmax of ``tokens x vocab / tp``).
 
-The training stack around it (:class:`RankStack`, :class:`RankTrainer`) follows Megatron's
+The training stack around it (:class:`RankStack`, :class:`RankOptimizer`) follows Megatron's
 defaults: bf16 parameters, an fp32 gradient buffer (``DistributedDataParallel``'s ``main_grad``),
 and the distributed optimizer (fp32 master weights and Adam's two moments for ``1/dp`` of that
 buffer, reduce-scatter of the gradients and all-gather of the updated weights over the DP group).
@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 from impl.common.api import ConfigError
 from impl.common.megatron.model import padded_vocab
 from impl.common.models.varlen_gpt import rope
+from impl.common.parallel.tensor_parallel import _CopyToTP, _ReduceFromTP  # Megatron's f and g
 
 RECOMPUTE = ("none", "full")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -70,35 +71,6 @@ class RankStack:
     @property
     def world(self) -> int:
         return self.tp * self.dp * self.pp
-
-
-class _CopyToTP(torch.autograd.Function):
-    """Megatron ``f``: identity forward, all-reduce of the input gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):  # type: ignore[override]
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Megatron ``g``: all-reduce forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):  # type: ignore[override]
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return grad, None
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -287,7 +259,7 @@ class MegatronLlamaRank(nn.Module):
         return loss.sum() / (denom or tokens.shape[0])
 
 
-class RankTrainer:
+class RankOptimizer:
     """Megatron's DDP and distributed optimizer on one rank: bf16 parameters, an fp32 gradient
     buffer filled as each gradient is produced, fp32 master weights and Adam for this rank's
     ``1/dp`` of the buffer; :meth:`step` reduce-scatters the buffer, steps Adam and all-gathers the

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from impl.common.api import ConfigError
-from impl.common.parallel.megatron_rank import RankStack, RankTrainer, build_rank
+from impl.common.parallel.megatron_rank import RankOptimizer, RankStack, build_rank
 
 
 class Rank0Kind(StrEnum):
@@ -132,7 +132,7 @@ def run_rank0(shape, stack: RankStack, micro_batches: Sequence[Sequence[int]], k
         if kind is Rank0Kind.RANK0:
             torch.cuda.reset_peak_memory_stats(device)
         model = build_rank(shape, stack, 0, tp_group, device, lora_alpha)
-        trainer = RankTrainer(model, lr, dp_group)
+        trainer = RankOptimizer(model, lr, dp_group)
         batches = [(_inputs(mb, shape.vocab, device), _task_rows(mb, stack.lora_tasks)) for mb in micro_batches]
         denom = int(sum(sum(mb) for mb in micro_batches))
         mt = MemTracker() if kind is Rank0Kind.ESTIMATE else None
