@@ -191,7 +191,8 @@ class VarlenGPT(nn.Module):
     def _init(self, seed: int) -> None:
         # As TinyGPT: one explicit generator, parameters in module order -> same model everywhere.
         # (on the weights' device: a paper-shaped model is built where it trains, never on the host)
-        g = torch.Generator(device=self.tok_emb.weight.device).manual_seed(seed)
+        dev = self.tok_emb.weight.device
+        g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(seed)  # meta: no generator
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, (nn.Embedding, nn.Linear)):

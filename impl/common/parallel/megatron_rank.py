@@ -221,7 +221,8 @@ class MegatronLlamaRank(nn.Module):
         self.layers = nn.ModuleList([Layer(cfg, tp, group, lora) for _ in range(cfg.num_hidden_layers)])
         self.final_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.output = nn.Parameter(torch.empty(self.vocab // tp, h))
-        g = torch.Generator(device=self.embedding.device).manual_seed(0)
+        dev = self.embedding.device
+        g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(0)
         for n, p in self.named_parameters():
             if p.dim() == 2 and ".lora." not in n:
                 nn.init.normal_(p, 0.0, cfg.initializer_range, generator=g)
