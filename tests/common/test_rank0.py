@@ -109,3 +109,17 @@ def test_the_fused_rms_norm_matches_torchs():
     (norm(x) * gy).sum().backward()
     (F.rms_norm(x2, (32,), w2, 1e-6) * gy).sum().backward()
     assert torch.allclose(x.grad, x2.grad, atol=1e-10) and torch.allclose(norm.weight.grad, w2.grad, atol=1e-10)
+
+
+@pytest.mark.real
+def test_estimate_writes_an_ok_record_on_a_reduced_lobra_shape(tmp_path):
+    proc = run_bench(["experiment=gpu8/lobra", "execution=estimate", f"results_dir={tmp_path}",
+                      "workload.model.num_layers=2", "workload.model.hidden=256", "workload.model.heads=8",
+                      "workload.model.ffn_hidden=512", "workload.model.vocab=1000", "workload.model.seq_len=1024",
+                      "system.real.large_max_tokens=1024", "system.real.small_max_tokens=256"], timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rec,) = load_records(tmp_path)
+    assert rec["status"] == "ok" and rec["info"]["execution"]["ranks"] == "estimate"
+    cases = {c["case"].split(":")[0]: c for c in rec["info"]["cases"]}
+    assert set(cases) == {"R_L", "R_S"} and cases["R_L"]["stack"]["recompute"] == "full"
+    assert all(c["stack"]["lora_tasks"] == 4 and c["peak_by_kind"]["Buffer"] > 0 for c in cases.values())
