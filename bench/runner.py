@@ -144,7 +144,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         if mode == "real":
             execution.apply_threads()
         # Real timings are judged by how busy the host was meanwhile; sim ones never are.
-        probe = HostLoadProbe().start() if mode == "real" else None
+        # (a rank-0 estimate times nothing: no probe)
+        probe = HostLoadProbe().start() if mode == "real" and execution.ranks != "estimate" else None
         with stdlib_start_method():  # a joblib worker's loky start method would kill the job's children
             result = job.system.run(ctx)
         host_load = probe.stop() if probe else None

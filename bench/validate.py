@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from faults.spec import KINDS as FAULT_KINDS
 from impl.common.api import ConfigError, NotApplicable, System
 from impl.common.errors import first_line
-from impl.common.execution import Execution, ExecutionConfig, resolve as resolve_execution
+from impl.common.execution import Execution, ExecutionConfig, RankScope, resolve as resolve_execution
 from impl.common.hardware import HardwareProfile, refuse_flat_diffusion_keys, refuse_renamed_knobs
 from impl.common.workloads import KINDS as WORKLOAD_KINDS, workload_class
 
@@ -129,7 +129,13 @@ def typed_job(cfg: DictConfig) -> TypedJob:
     job = TypedJob(system=system, system_name=name, workload=typed_workload(cfg.workload),
                    hardware=typed_hardware(cfg.hardware), fault=typed_fault(cfg.fault), execution=execution)
     try:
-        system.check(mode, job.workload, job.hardware, job.fault)
+        if execution.ranks != RankScope.ALL:
+            if mode != "real":
+                raise ConfigError(f"execution.ranks: {execution.ranks} runs rank 0 of a real job (mode=real), "
+                                  f"got mode={mode}")
+            system.check_rank0(job.workload, job.hardware, job.fault)
+        else:
+            system.check(mode, job.workload, job.hardware, job.fault)
     except NotApplicable:
         raise
     except ConfigError as exc:

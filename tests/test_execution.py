@@ -147,3 +147,33 @@ def test_threads_are_set_in_one_place():
     setters = [str(p.relative_to(root)) for pkg in ("impl", "bench", "faults") for p in (root / pkg).rglob("*.py")
                if "set_num_threads(" in p.read_text(encoding="utf-8")]
     assert setters == ["impl/common/execution.py"], setters
+
+
+GPU8 = ("adaptra", "ckpt_recovery", "hotspa", "hydraulis", "lobra", "malleus")
+
+
+@pytest.mark.parametrize("system", GPU8)
+def test_every_gpu8_preset_is_refused_in_one_line_naming_the_missing_gpus(system):
+    assert (REPO / "conf" / "experiment" / "gpu8" / f"{system}.yaml").exists()
+    if torch.cuda.device_count() >= 8:
+        pytest.skip("8 GPUs present: the refusal is for smaller hosts")
+    err = preflight([f"experiment=gpu8/{system}"])
+    n = torch.cuda.device_count()
+    assert err == (f"execution.min_gpus: this job needs 8 GPUs on one node, {n} visible "
+                   f"(torch.cuda.device_count()); execution=estimate runs its rank 0 on any host")
+
+
+def test_gpu8_presets_exit_non_zero_with_the_refusal_line_on_a_smaller_host(tmp_path):
+    if torch.cuda.device_count() >= 8:
+        pytest.skip("8 GPUs present")
+    proc = run_bench(["experiment=gpu8/lobra", f"results_dir={tmp_path}"])
+    assert proc.returncode != 0 and "execution.min_gpus: this job needs 8 GPUs" in proc.stdout + proc.stderr
+    assert not list(tmp_path.rglob("record.json"))  # refused before any work
+
+
+def test_a_rank0_scope_is_refused_for_a_system_without_a_rank0_builder():
+    err = preflight(["experiment=gpu8/malleus", "execution=estimate"])
+    assert err == "execution.ranks: system 'malleus' has no rank-0 builder (execution=estimate / rank0 run hotspa and lobra)"
+    assert ExecutionConfig(ranks="estimate").ranks == "estimate"
+    with pytest.raises(ConfigError, match="execution.ranks"):
+        ExecutionConfig(ranks="some")

@@ -126,6 +126,15 @@ class System(abc.ABC):
         if fault.kind != "none":
             raise ConfigError(f"fault.kind: system {self.name!r} runs without faults, got {fault.kind!r}")
 
+    # True for systems that can build rank 0 of their layout alone (execution=estimate / rank0,
+    # impl.common.runtime.rank0): they implement check_rank0 and branch on job.execution.ranks.
+    rank0_builder: ClassVar[bool] = False
+
+    def check_rank0(self, workload: Any, hardware: Any, fault: Any) -> None:
+        """The preflight of a rank-0 job (instead of :meth:`check`'s real-mode one)."""
+        raise ConfigError(f"execution.ranks: system {self.name!r} has no rank-0 builder "
+                          f"(execution=estimate / rank0 run hotspa and lobra)")
+
     def check(self, mode: str, workload: Any, hardware: Any, fault: Any) -> None:
         """Checks that need the whole job (a fault on a link the workload lacks, a knob that
         only one mode has). Raise ConfigError; called before any job of a sweep starts."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Optional
 
 from impl.common.errors import ConfigError
@@ -21,6 +22,16 @@ from impl.common.errors import ConfigError
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "fp32", "fp16", "bf16")
 BACKENDS = ("auto", "gloo", "nccl")
+
+
+class RankScope(StrEnum):
+    """Which of a job's ranks run: all of them (the real job), or rank 0 of its layout alone
+    against torch's fake process group, estimated under FakeTensorMode on any host
+    (``estimate``) or run for real on one GPU (``rank0``): :mod:`impl.common.runtime.rank0`."""
+
+    ALL = "all"
+    ESTIMATE = "estimate"
+    RANK0 = "rank0"
 
 
 def set_torch_threads(n: int) -> int:
@@ -47,14 +58,22 @@ class ExecutionConfig:
     # Multi-rank jobs: auto = nccl when every local rank gets its own GPU and the system's ranks
     # can use one, else gloo on the CPU.
     backend: str = "auto"
+    # all = every rank of the job; estimate / rank0 = rank 0 of the layout alone (RankScope).
+    ranks: str = "all"
+    # > 0: the job needs this many visible GPUs (the gpu8/* presets: one 8-GPU node); refused
+    # in preflight, before any work, on a host with fewer.
+    min_gpus: int = 0
 
     def __post_init__(self) -> None:
-        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("backend", BACKENDS)):
+        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("backend", BACKENDS),
+                              ("ranks", tuple(RankScope))):
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"execution.{name}: unknown value {value!r} (one of: {', '.join(allowed)})")
         if self.threads < 0:
             raise ConfigError(f"execution.threads: must be >= 0, got {self.threads}")
+        if self.min_gpus < 0:
+            raise ConfigError(f"execution.min_gpus: must be >= 0, got {self.min_gpus}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,7 @@ class Execution:
     gpus: int = 0
     gpu_name: Optional[str] = None
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    ranks: str = "all"  # RankScope
 
     @property
     def is_cuda(self) -> bool:
@@ -172,12 +192,15 @@ def resolve(cfg: Optional[ExecutionConfig] = None) -> Execution:
     """One job's decision; ``device: cuda`` on a host without CUDA is a one-line error."""
     cfg = cfg or ExecutionConfig()
     gpus, name = visible_gpus()
+    if gpus < cfg.min_gpus:
+        raise ConfigError(f"execution.min_gpus: this job needs {cfg.min_gpus} GPUs on one node, {gpus} visible "
+                          f"(torch.cuda.device_count()); execution=estimate runs its rank 0 on any host")
     if cfg.device == "cuda" and gpus == 0:
         raise ConfigError("execution.device: cuda requested but no CUDA device is visible "
                           "(torch.cuda.is_available() is false)")
     device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and gpus > 0) else "cpu"
     return Execution(device=device, dtype=cfg.dtype, threads=cfg.threads, backend=cfg.backend, gpus=gpus,
-                     gpu_name=name)
+                     gpu_name=name, ranks=cfg.ranks)
 
 
 # ---- what ran where, for the record -------------------------------------------------------
@@ -216,7 +239,9 @@ def summarize(execution: Execution, notes: list[Placement]) -> dict:
     device/backend are the placements' (the largest group's when they differ), else the job's."""
     main = max(notes, key=lambda p: p.ranks) if notes else execution.single()
     labels = list(dict.fromkeys(p.label for p in notes)) or [main.label]
-    return {"device": main.device, "backend": main.backend, "label": "; ".join(labels),
+    if execution.ranks != RankScope.ALL:
+        labels.insert(0, f"{execution.ranks}: rank 0 of the layout alone, the other ranks a fake process group")
+    return {"device": main.device, "backend": main.backend, "label": "; ".join(labels), "ranks": execution.ranks,
             "decision": execution.to_dict(), "placements": [asdict(p) for p in notes]}
 
 

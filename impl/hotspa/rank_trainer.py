@@ -19,7 +19,6 @@ accumulated gradient is the step's gradient however the step was grouped and pac
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from impl.common.models.varlen_gpt import VarlenGPT, micro_batch_tensors, step_target_tokens
 from impl.common.parallel.tensor_parallel import cut_state_dict, tensor_parallel
+from impl.common.runtime.rank_device import Intervals, place
 from impl.common.varlen.packing import MicroBatch, assign_dp, group_by_boundaries, hotspa_pack
 
 from impl.hotspa.strategy import GroupPlan, Strategy
@@ -42,6 +42,21 @@ class StepLog:
     switches: int = 0
     switch_bytes: int = 0
     micro_batches: list = field(default_factory=list)  # (layout, tokens, sum s², seconds, tp_rank)
+    # spans recorded inside the step, read after it (CUDA events need no sync inside the step)
+    spans: Optional[Intervals] = field(default=None, repr=False)
+    _switch_spans: list = field(default_factory=list, repr=False)
+    _mb_spans: list = field(default_factory=list, repr=False)
+    _losses: list = field(default_factory=list, repr=False)
+
+    def resolve(self) -> None:
+        """Turn the step's spans into seconds (after the step's closing barrier)."""
+        if self.spans is None:
+            return
+        secs = self.spans.seconds()
+        self.loss_part += float(torch.stack(self._losses).sum()) if self._losses else 0.0
+        self.switch_s = sum(secs[i] for i in self._switch_spans)
+        self.micro_batches = [(*row, secs[i], tp) for i, (row, tp) in zip(self._mb_spans, self.micro_batches)]
+        self._switch_spans, self._mb_spans, self._losses = [], [], []
     groups_run: list = field(default_factory=list)
 
 
@@ -72,12 +87,18 @@ def schedule_order(n_groups: int) -> list[int]:
 
 
 class RankTrainer:
+    """``device``: the rank's (the launcher's ``RankContext.device``); ``dtype``: the compute
+    models' (the master weights, Adam's state and the accumulator stay fp32, as in mixed precision)."""
+
     def __init__(self, shape, seed: int, rank: int, world: int, plan: GroupPlan, lr: float,
-                 cache: SwitchCache, vocab_seed: int) -> None:
+                 cache: SwitchCache, vocab_seed: int, device: torch.device = torch.device("cpu"),
+                 dtype: str = "fp32") -> None:
         self.shape, self.rank, self.world, self.plan = shape, rank, world, plan
-        self.cache, self.data_seed = cache, vocab_seed
-        full = VarlenGPT(shape, seed)
+        self.cache, self.data_seed, self.device = cache, vocab_seed, device
+        with torch.device(device):  # built where it trains (a 7B fp32 copy never on the host)
+            full = VarlenGPT(shape, seed)
         shards = cut_state_dict({n: p.detach() for n, p in full.named_parameters()}, rank, world)
+        del full
         self.master = {n: nn.Parameter(t) for n, t in shards.items()}
         self.home_t = {n: p.detach() for n, p in self.master.items()}
         self.acc = {n: torch.zeros_like(t) for n, t in self.home_t.items()}
@@ -86,20 +107,26 @@ class RankTrainer:
         self.last_grads: Optional[dict] = None
         self.models: dict[str, VarlenGPT] = {}
         for s in dict.fromkeys(plan.strategies):
-            m = VarlenGPT(shape, seed)
+            with torch.device(device):
+                m = VarlenGPT(shape, seed)
             if s.tp > 1:
                 tensor_parallel(m, rank % s.tp, s.tp)
-            self.models[layout_name(s)] = m
+            self.models[layout_name(s)] = place(m, device, dtype)
         self.model_t = {lay: {n: p.detach() for n, p in m.named_parameters()} for lay, m in self.models.items()}
 
     def _timed_switch(self, log: StepLog, fn, *args) -> None:
-        t0 = time.perf_counter()
+        i = log.spans.begin()
         log.switch_bytes += fn(*args)
-        log.switch_s += time.perf_counter() - t0
+        log.spans.end(i)
+        log._switch_spans.append(i)
         log.switches += 1
 
     def step(self, bp: StepBatchPlan, log: StepLog, keep_grads: bool = False) -> None:
-        """One training step; ``keep_grads`` keeps the accumulated home gradient in ``last_grads``."""
+        """One training step; ``keep_grads`` keeps the accumulated home gradient in ``last_grads``.
+        Spans go to ``log.spans``; the caller reads them with ``log.resolve()`` after the step."""
+        if log.spans is None:
+            log.spans = Intervals(self.device)
+        losses = []
         cur, cur_t = HOME, self.home_t
         for gi in schedule_order(len(bp.groups)):
             index, s, per_rank = bp.groups[gi]
@@ -115,27 +142,31 @@ class RankTrainer:
             for mb in per_rank[self.rank // s.tp]:
                 if mb.is_empty:
                     continue  # padding micro-batch: placeholder only
-                tok, tgt, cu, sl = micro_batch_tensors(mb, self.shape.vocab, self.data_seed)
-                t0 = time.perf_counter()
+                tok, tgt, cu, sl = (t.to(self.device, non_blocking=True)
+                                    for t in micro_batch_tensors(mb, self.shape.vocab, self.data_seed))
+                i = log.spans.begin()
                 loss = model(tok, tgt, cu, sl, global_tokens=bp.global_tokens)
                 loss.backward()
-                dt = time.perf_counter() - t0
+                log.spans.end(i)
                 if tp_rank == 0:
-                    log.loss_part += float(loss.detach())
-                log.micro_batches.append((lay, mb.num_tokens, int(sum(x * x for x in mb.lengths)), dt, tp_rank))
+                    losses.append(loss.detach().float())
+                log._mb_spans.append(i)
+                log.micro_batches.append(((lay, mb.num_tokens, int(sum(x * x for x in mb.lengths))), tp_rank))
             grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
             self._timed_switch(log, self.cache.grads, s, grads, self.acc)
             log.groups_run.append(index)
             cur, cur_t = lay, mt
         for n, p in self.master.items():
             p.grad = self.acc[n]
-        self.last_grads = {n: t.clone() for n, t in self.acc.items()} if keep_grads else None
+        # CPU copies: the checks compare them with a CPU reference outside the timed step
+        self.last_grads = {n: t.detach().to("cpu", copy=True) for n, t in self.acc.items()} if keep_grads else None
         self.opt.step()
         self.optimizer_steps += 1
+        log._losses = losses  # read in resolve(): no host sync inside the step
         for n, p in self.master.items():
             p.grad = None
             self.acc[n].zero_()
 
     def home_state(self) -> dict[str, torch.Tensor]:
-        return {n: t.clone() for n, t in self.home_t.items()}
+        return {n: t.detach().to("cpu", copy=True) for n, t in self.home_t.items()}
 

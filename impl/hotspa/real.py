@@ -1,5 +1,8 @@
-"""HotSPa real mode (the real CPU experiment, impl/hotspa/README.md "Real mode"): W gloo
-ranks (there: 2), the tiny varlen decoder, fp32.
+"""HotSPa real mode (the real CPU experiment, impl/hotspa/README.md "Real mode"): W ranks, one
+per GPU over NCCL when the job's execution decision gives every rank a GPU, else CPU processes
+over gloo (there: 2, the tiny varlen decoder, fp32); the same rank code either way. The compute
+models run in the job's dtype (``execution.dtype`` over ``workload.dtype``), the master weights
+and Adam in fp32.
 
 Policies (``system.policy``, or several with ``system.real.interleave``):
 - ``hotspa``: the system's group plan (``grouping: explicit``; the real CPU experiment: ``boundaries
@@ -18,7 +21,6 @@ floor is reported as refused in ``info.cost_fit``.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,7 @@ from impl.common.models.reference import AdamReference, max_rel_err, record_refe
 from impl.common.models.varlen_gpt import VarlenGPT, validate_varlen_shape
 from impl.common.parallel.tensor_parallel import check_tp_shape, join_state_dicts
 from impl.common.runtime.launch import launch
+from impl.common.runtime.rank_device import Intervals, peak_memory_bytes, reset_peak_memory
 from impl.common.varlen.lengths import LengthDist
 from impl.common.varlen.packing import hotspa_pack
 from impl.common.varlen.sampling import LengthStream
@@ -74,8 +77,8 @@ def check_real(system, wl, hardware) -> None:
     for p in policies(system):
         if p not in REAL_POLICIES:
             raise ConfigError(f"system.real.interleave: policy {p!r} has no real mode (one of: {', '.join(REAL_POLICIES)})")
-    if wl.dtype != "fp32":
-        raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
+    if wl.dtype not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"workload.dtype: real mode computes in fp32, bf16 or fp16, got {wl.dtype!r}")
     if wl.optimizer != "adam":
         raise ConfigError(f"workload.optimizer: real mode steps Adam in the home layout, got {wl.optimizer!r}")
     if wl.global_batch_seqs < 1:
@@ -124,6 +127,7 @@ class HotSPaRealJob:
     check_steps: int  # -1: no checks; 0: every step; k: the first k
     threads: int
     switch_policy: str = "bandwidth_greedy"
+    dtype: str = "fp32"  # the compute models' (the job's execution decision over workload.dtype)
 
 
 def _gather(d: dict) -> dict:
@@ -138,7 +142,7 @@ def _rank_main(ctx, job: HotSPaRealJob) -> dict:
     layouts = Layouts(W, job.gpus_per_node, job.shape.num_layers)
     shapes = {n: tuple(p.shape) for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
     cache = SwitchCache(layouts, rank, shapes, job.switch_policy)  # shared: the policies' switches are the same plans
-    engines = {p: RankTrainer(job.shape, job.seed, rank, W, plan, job.lr, cache, job.seed)
+    engines = {p: RankTrainer(job.shape, job.seed, rank, W, plan, job.lr, cache, job.seed, ctx.device, job.dtype)
                for p, plan in zip(job.policies, job.plans)}
     refs = {p: AdamReference(job.shape, job.seed, job.lr) for p in job.policies} if rank == 0 and job.check_steps >= 0 else {}
     stream = LengthStream(job.lengths, job.seed)
@@ -152,13 +156,17 @@ def _rank_main(ctx, job: HotSPaRealJob) -> dict:
             check = job.check_steps == 0 or r < job.check_steps
             bp = plan_step(batch.ids, batch.lengths, plan, job.pad, job.align)
             before = _gather(eng.home_state()) if check else None
-            log = StepLog()
+            log = StepLog(spans=Intervals(ctx.device))
+            reset_peak_memory(ctx.device)
             dist.barrier()
-            t0 = _now()
+            whole = Intervals(ctx.device)
+            i = whole.begin()
             eng.step(bp, log, keep_grads=check)
+            whole.end(i)
             dist.barrier()
-            log.step_s = _now() - t0
-            logs[pol].append({"round": r, "step_s": log.step_s, "switch_s": log.switch_s, "loss_part": log.loss_part,
+            log.step_s = whole.seconds()[0]
+            log.resolve()
+            logs[pol].append({"round": r, "step_s": log.step_s, "peak_memory_bytes": peak_memory_bytes(ctx.device), "switch_s": log.switch_s, "loss_part": log.loss_part,
                               "switches": log.switches, "switch_bytes": log.switch_bytes,
                               "groups_run": log.groups_run, "micro_batches": log.micro_batches,
                               "num_micro_batches": [sum(1 for rr in ranks for mb in rr if not mb.is_empty)
@@ -171,13 +179,9 @@ def _rank_main(ctx, job: HotSPaRealJob) -> dict:
                     checks.append({"round": r, "policy": pol, "ref_loss": loss, "grad_err": max_rel_err(grads, rg),
                                    "param_err": max_rel_err(after, rp)})
     final = {p: _gather(e.home_state()) for p, e in engines.items()}
-    return {"logs": logs, "checks": checks, "optimizer_steps": {p: e.optimizer_steps for p, e in engines.items()},
+    return {"device": str(ctx.device), "backend": ctx.backend, "logs": logs, "checks": checks, "optimizer_steps": {p: e.optimizer_steps for p, e in engines.items()},
             "switches_built": cache.built, "final": final if rank == 0 else None,
             "switch_summaries": cache.summaries()}
-
-
-def _now() -> float:
-    return time.perf_counter()
 
 
 def _fit(samples: list, field: str) -> dict:
@@ -192,8 +196,10 @@ def _fit(samples: list, field: str) -> dict:
 
 
 def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: float) -> RunResult:
-    res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each"])
     W = len(results)
+    on_gpu = results[0]["device"].startswith("cuda")
+    res = RunResult(metrics={}, emulated=[] if on_gpu else
+                    [f"GPUs: CPU processes over {results[0]['backend']}, {job.dtype}, {job.threads} thread(s) each"])
     per: dict[str, dict] = {}
     for pol in job.policies:
         steps = []
@@ -211,6 +217,9 @@ def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: f
         m[f"switch_time_s__{pol}"] = Metric.from_samples([s["switch_s"] for s in d["timed"]], "s", "lower")
     med = {pol: statistics.median(s["step_s"] for s in d["timed"]) for pol, d in per.items()}
     m["step_time_s"] = m[f"step_time_s__{main}"]
+    peaks = [max((row.get("peak_memory_bytes") or 0) for row in r["logs"][main]) for r in results]
+    if on_gpu:  # torch.cuda.max_memory_allocated per rank over the main policy's steps
+        m["peak_memory_bytes"] = Metric.scalar(float(max(peaks)), "bytes", "lower")
     m["switch_time_s"] = m[f"switch_time_s__{main}"]
     m["switch_frac"] = Metric.scalar(statistics.median(s["switch_s"] for s in per[main]["timed"]) / med[main],
                                      "fraction", "lower")
@@ -238,7 +247,9 @@ def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: f
                         if s[4] == 0:
                             samples.setdefault(s[0], []).append(s)
     fits = {lay: _fit(ss, f"cost fit {lay}") for lay, ss in samples.items()}
-    res.info = {"policies": list(job.policies), "main": main, "median_step_s": med,
+    res.info = {"policies": list(job.policies), "main": main, "dtype": job.dtype,
+                "rank_devices": [r["device"] for r in results],
+                "peak_memory_bytes_per_rank": peaks if on_gpu else None, "median_step_s": med,
                 "steps": {p: d["steps"] for p, d in per.items()}, "checks": checks,
                 "param_rel_err_between_policies": cross, "cost_fit": fits,
                 "switches_built": results[0]["switches_built"], "switch_plans": results[0]["switch_summaries"],
@@ -248,23 +259,24 @@ def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: f
     return res
 
 
-def make_job(system, wl, seed: int) -> HotSPaRealJob:
+def make_job(system, wl, seed: int, dtype: str = "fp32") -> HotSPaRealJob:
     rk = system.cfg.real
     pols = tuple(policies(system))
     rounds = wl.warmup_steps + wl.steps
     return HotSPaRealJob(model_shape(wl.model), seed, wl.num_gpus, wl.gpus_per_node, pols,
                    tuple(policy_plan(system, p, wl.num_gpus) for p in pols), system.cfg.pad, system.cfg.align,
                    wl.lr, wl.lengths, wl.global_batch_seqs, rounds,
-                   (rk.check_steps if rk.check_grads else -1), wl.torch_threads, system.cfg.switch_policy)
+                   (rk.check_steps if rk.check_grads else -1), wl.torch_threads, system.cfg.switch_policy, dtype)
 
 
 def run_job(job: HotSPaRealJob, timeout_s: float) -> list:
-    return launch(_rank_main, job.num_gpus, (job,), label="hotspa real", timeout_s=timeout_s).results
+    # backend None: the job's execution decision (nccl when every rank gets a GPU, else gloo)
+    return launch(_rank_main, job.num_gpus, (job,), label="hotspa real", backend=None, timeout_s=timeout_s).results
 
 
 def run_real(system, job: JobContext) -> RunResult:
     wl = job.workload
-    rj = make_job(system, wl, job.seed)
+    rj = make_job(system, wl, job.seed, job.execution.dtype_name(wl.dtype))
     results = run_job(rj, system.cfg.real.timeout_s)
     main = system.cfg.policy if system.cfg.policy in rj.policies else rj.policies[0]
     return summarise(results, rj, wl.warmup_steps, main, system.cfg.real.grad_rtol)

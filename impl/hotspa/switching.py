@@ -107,13 +107,16 @@ class Switch:
             v = view_dst(dst, p)
             v.add_(view_src(src, p)) if add else v.copy_(view_src(src, p))
         ops, recvs = [], []
+        # The wire carries the destination layout's dtype (every rank holds the same dtypes per
+        # layout): bf16 compute views in, fp32 master/accumulator out; buffers on the rank's device.
+        like = next(iter(dst.values()))
         for (a, b), pieces in sorted(self.pairs.items()):
             if a == rank:
-                buf = torch.cat([view_src(src, p).reshape(-1) for p in pieces])
+                buf = torch.cat([view_src(src, p).reshape(-1) for p in pieces]).to(like.dtype)
                 ops.append(dist.P2POp(dist.isend, buf, b, group))
             elif b == rank:
                 n = sum(view_dst(dst, p).numel() for p in pieces)
-                buf = torch.empty(n, dtype=torch.float32)
+                buf = torch.empty(n, dtype=like.dtype, device=like.device)
                 recvs.append((pieces, buf))
                 ops.append(dist.P2POp(dist.irecv, buf, a, group))
         if ops:
@@ -127,7 +130,7 @@ class Switch:
                 chunk = buf[off:off + v.numel()].view_as(v)
                 v.add_(chunk) if add else v.copy_(chunk)
                 off += v.numel()
-            got += buf.numel() * 4
+            got += buf.numel() * buf.element_size()
         return got
 
 

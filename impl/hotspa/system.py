@@ -74,7 +74,21 @@ class HotSPa(System):
 
             check_sim(self, wl, hardware)
 
+    rank0_builder = True
+
+    def check_rank0(self, wl, hardware, fault) -> None:
+        self.require_workload(wl, "varlen")
+        self.require_no_fault(fault)
+        wl.validate()
+        from impl.hotspa.estimate import check_rank0
+
+        check_rank0(self, wl, hardware)
+
     def run(self, job: JobContext) -> RunResult:
+        if job.mode == "real" and job.execution.ranks != "all":
+            from impl.hotspa.estimate import run_rank0_job
+
+            return run_rank0_job(self, job)
         if job.mode == "real":
             from impl.hotspa.real import run_real
 

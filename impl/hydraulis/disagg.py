@@ -127,6 +127,7 @@ class OptimizerLayout:
         self.params = {n: torch.nn.Parameter(fraction_slice(v.detach(), shard_dim(n), lo, hi).clone())
                        for n, v in full.items()}
         self.opt = torch.optim.Adam(list(self.params.values()), lr=lr)
+        self.device = next(iter(self.params.values())).device  # the full tensors' (the rank's device)
         self.steps = 0
 
     def _piece_shape(self, n: str, frac: tuple[Fraction, Fraction]) -> tuple[int, ...]:
@@ -188,12 +189,12 @@ class OptimizerLayout:
                 reqs.append(dist.isend(buf, dst=o))
             elif o == self.rank and p != self.rank:
                 n = sum(int(torch.Size(self._piece_shape(k, frac)).numel()) for k in self.names)
-                inbox[p] = (frac, torch.empty(n, dtype=torch.float32))
+                inbox[p] = (frac, torch.empty(n, dtype=torch.float32, device=self.device))
                 reqs.append(dist.irecv(inbox[p][1], src=p))
         for q in reqs:
             q.wait()
         lo, hi = owned(self.rank, self.world)
-        total = {n: torch.zeros(self._piece_shape(n, (lo, hi))) for n in self.names}
+        total = {n: torch.zeros(self._piece_shape(n, (lo, hi)), device=self.device) for n in self.names}
         # Sum in sender order, the same on every run: deterministic.
         for p in sorted(s for (s, o) in pieces if o == self.rank):
             frac = pieces[(p, self.rank)]

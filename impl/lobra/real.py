@@ -1,5 +1,7 @@
-"""LobRA real mode (the real experiments of impl/lobra/README.md, "Reconstructed choices"): 2 gloo processes as fine-tuning replicas of one frozen base with one
-LoRA adapter per task, through the one launcher (:func:`impl.common.runtime.launch.launch`).
+"""LobRA real mode (the real experiments of impl/lobra/README.md, "Reconstructed choices"): 2 ranks as fine-tuning replicas of one frozen base with one
+LoRA adapter per task, through the one launcher (:func:`impl.common.runtime.launch.launch`): one GPU
+each over NCCL when the job's execution decision gives every rank a GPU, else CPU processes over
+gloo, the same rank code; the base in the job's dtype (``execution.dtype`` over ``workload.dtype``).
 
 Replica kinds (the CPU proxy for TP differences): ``R_L`` = activation checkpointing,
 ``R_S`` = no checkpointing. Their ``max_tokens``: ``system.real.large_max_tokens`` /
@@ -38,6 +40,7 @@ import torch.distributed as dist
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.llm.lora_train import MultiTaskLoRA, Sample, task_token_counts
 from impl.common.runtime.launch import launch
+from impl.common.runtime.rank_device import peak_memory_bytes, torch_dtype
 
 from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
 from impl.lobra.dispatch import ReplicaGroup
@@ -84,8 +87,8 @@ def check_real(system, wl, hardware) -> None:
     caps = max_tokens_of(system, wl)
     if wl.num_gpus != 2:
         raise ConfigError(f"workload.num_gpus: real mode runs 2 replicas (R_L + R_S), got {wl.num_gpus}")
-    if wl.dtype != "fp32":
-        raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
+    if wl.dtype not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"workload.dtype: real mode runs the base in fp32, bf16 or fp16, got {wl.dtype!r}")
     if not 1 <= caps["R_S"] <= caps["R_L"]:
         raise ConfigError(f"system.real: need 1 <= small_max_tokens ({caps['R_S']}) <= large_max_tokens "
                           f"({caps['R_L']})")
@@ -130,6 +133,7 @@ class LobRARealJob:
     alpha: float
     lr: float
     threads: int
+    dtype: str = "fp32"  # the frozen base's
 
     @property
     def task_names(self) -> list[str]:
@@ -239,8 +243,10 @@ def reference_grads(ref: MultiTaskLoRA, state: dict, samples: list, tasks: list)
 def _rank_main(ctx, job: LobRARealJob) -> dict:
     set_torch_threads(job.threads)
     rank = ctx.rank
+    # on the rank's device (cuda:<local rank> under NCCL); on the CPU the build is the seeded CPU one
+    where = {"device": ctx.device if ctx.device.type != "cpu" else None, "dtype": torch_dtype(job.dtype)}
     models = {p: MultiTaskLoRA(job.shape, job.task_names, rank=job.rank, alpha=job.alpha, seed=job.seed, lr=job.lr,
-                               init_b_zero=job.init_b_zero, data_seed=job.seed) for p in job.policies}
+                               init_b_zero=job.init_b_zero, data_seed=job.seed, **where) for p in job.policies}
     base0 = next(iter(models.values())).base_state()
     my_kind = KINDS[rank]
     timings = profile(next(iter(models.values())), job, my_kind)
@@ -251,7 +257,7 @@ def _rank_main(ctx, job: LobRARealJob) -> dict:
     ref = None
     if rank == 0 and job.check_steps > 0:
         ref = MultiTaskLoRA(job.shape, job.task_names, rank=job.rank, alpha=job.alpha, seed=job.seed, lr=job.lr,
-                            init_b_zero=job.init_b_zero, data_seed=job.seed)
+                            init_b_zero=job.init_b_zero, data_seed=job.seed, **where)
     streams = TaskStreams(job.tasks, job.seed)
     logs: dict[str, list] = {p: [] for p in job.policies}
     checks: list[dict] = []
@@ -284,6 +290,7 @@ def _rank_main(ctx, job: LobRARealJob) -> dict:
                 model.all_reduce_grads(tasks=tasks)
                 got = {t: g.clone() for t, g in model.adapter_grads().items() if t in tasks} if check else None
                 model.step()
+                _sync(ctx.device)  # the step's end on the clock: Adam's kernels done
                 dist.barrier()
                 rows.append({"step_s": time.perf_counter() - a, "compute_s": compute, "loss_part": loss,
                              "micro_batches": mbt, "kind": kinds[rank]})
@@ -296,7 +303,14 @@ def _rank_main(ctx, job: LobRARealJob) -> dict:
             if sync:  # the reference ran on rank 0 only: line the ranks up again
                 dist.barrier()
     base_ok = all(all(torch.equal(m.base_state()[n], v) for n, v in base0.items()) for m in models.values())
-    return {"logs": logs, "checks": checks, "fits": fits, "profile": gathered, "base_bit_identical": base_ok}
+    return {"logs": logs, "checks": checks, "fits": fits, "profile": gathered, "base_bit_identical": base_ok,
+            "device": str(ctx.device), "backend": ctx.backend,
+            "peak_memory_bytes": peak_memory_bytes(ctx.device)}
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -305,23 +319,28 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # ---- caller side ------------------------------------------------------------------------------
-def make_job(system, wl, seed: int) -> LobRARealJob:
+def make_job(system, wl, seed: int, dtype: str = "fp32") -> LobRARealJob:
     c, rk = system.cfg, system.cfg.real
     return LobRARealJob(wl.model, tuple(wl.tasks), seed, tuple(policies(system)), max_tokens_of(system, wl), c.num_buckets,
                    tuple(c.fixed_buckets), c.bucket_cuts, c.dispatch, c.exec_mode, c.ilp_time_limit_s, c.ilp_gap,
                    tuple(rk.profile_mbs), tuple(rk.profile_lengths), rk.profile_reps,
                    wl.warmup_steps + wl.steps, rk.check_steps, rk.init_b_zero, wl.lora_rank, wl.lora_alpha, wl.lr,
-                   wl.torch_threads)
+                   wl.torch_threads, dtype)
 
 
 def run_job(job: LobRARealJob, timeout_s: float) -> list:
-    return launch(_rank_main, 2, (job,), label="lobra real", timeout_s=timeout_s).results
+    # backend None: the job's execution decision (nccl when both ranks get a GPU, else gloo)
+    return launch(_rank_main, 2, (job,), label="lobra real", backend=None, timeout_s=timeout_s).results
 
 
 def summarise(results: list, job: LobRARealJob, warmup: int, main: str, rtol: float) -> RunResult:
-    res = RunResult(metrics={}, emulated=["GPUs: 2 CPU processes over gloo, fp32, 1 thread each; TP differences "
-                                          "proxied by activation checkpointing + max_tokens"])
+    on_gpu = results[0].get("device", "cpu").startswith("cuda")
+    where = ("" if on_gpu else f"GPUs: 2 CPU processes over {results[0].get('backend', 'gloo')}, {job.dtype}, "
+             f"{job.threads} thread(s) each; ")
+    res = RunResult(metrics={}, emulated=[f"{where}TP differences proxied by activation checkpointing + max_tokens"])
     m = res.metrics
+    if on_gpu:  # torch.cuda.max_memory_allocated per rank over the whole run
+        m["peak_memory_bytes"] = Metric.scalar(float(max(r["peak_memory_bytes"] for r in results)), "bytes", "lower")
     per: dict[str, list] = {}
     for pol in job.policies:
         steps = []
@@ -348,7 +367,7 @@ def summarise(results: list, job: LobRARealJob, warmup: int, main: str, rtol: fl
     cpu = {p: m[f"cpu_seconds__{p}"].value for p in job.policies}
     m["cpu_seconds"] = m[f"cpu_seconds__{main}"]
     # The harness's cross-system metric: here CPU processes stand in for GPUs (see emulated).
-    m["gpu_seconds"] = Metric.scalar(cpu[main], "CPU-s", "lower")
+    m["gpu_seconds"] = Metric.scalar(cpu[main], "GPU-s" if on_gpu else "CPU-s", "lower")
     m["step_time_s"] = m[f"step_time_s__{main}"]
     m["padding_ratio"] = m[f"padding_ratio__{main}"]
     m["planner_time_s"] = m[f"planner_time_s__{main}"]
@@ -392,7 +411,7 @@ def summarise(results: list, job: LobRARealJob, warmup: int, main: str, rtol: fl
 
 def run_real(system, job: JobContext) -> RunResult:
     wl = job.workload
-    rj = make_job(system, wl, job.seed)
+    rj = make_job(system, wl, job.seed, job.execution.dtype_name(wl.dtype))
     results = run_job(rj, system.cfg.real.timeout_s)
     main = system.cfg.policy if system.cfg.policy in rj.policies else rj.policies[0]
     res = summarise(results, rj, wl.warmup_steps, main, system.cfg.real.grad_rtol)

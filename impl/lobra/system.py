@@ -174,7 +174,21 @@ class LobRA(System):
 
             check_real(self, wl, hardware)
 
+    rank0_builder = True
+
+    def check_rank0(self, wl, hardware, fault) -> None:
+        self.require_workload(wl, "multitask_lora")
+        self.require_no_fault(fault)
+        wl.validate()
+        from impl.lobra.estimate import check_rank0
+
+        check_rank0(self, wl, hardware)
+
     def run(self, job: JobContext) -> RunResult:
+        if job.mode == "real" and job.execution.ranks != "all":
+            from impl.lobra.estimate import run_rank0_job
+
+            return run_rank0_job(self, job)
         if job.mode == "real":
             from impl.lobra.real import run_real
 

@@ -69,3 +69,11 @@ def test_records_carry_the_fit_predictions_and_speedups(result):
                 "speedup_vs_B0", "speedup_vs_P", "step_time_s__B0"):
         assert key in m, key
     assert m["step_time_s"].n == ROUNDS - WARMUP
+
+
+def test_the_ranks_ran_where_the_execution_decision_put_them(result):
+    import torch
+
+    on_gpu = torch.cuda.device_count() >= 2
+    # the same rank code either way: CPU processes over gloo say so, GPUs over NCCL emulate nothing of it
+    assert any(e.startswith("GPUs: CPU processes over gloo") for e in result.emulated) != on_gpu

@@ -4,6 +4,7 @@ frozen; preflight rejects a sequence beyond every replica's max_tokens in one li
 import dataclasses
 
 import pytest
+import torch
 
 from impl.common.api import ConfigError
 from impl.common.varlen.lengths import LengthDist
@@ -71,3 +72,20 @@ def test_preflight_needs_two_replicas():
     wl = dataclasses.replace(_wl(), num_gpus=4)
     with pytest.raises(ConfigError, match=r"^workload.num_gpus: real mode runs 2 replicas"):
         _system().check("real", wl, None, _Fault())
+
+
+@pytest.mark.real
+def test_a_bf16_base_runs_through_the_same_functions_on_the_launchers_device():
+    import dataclasses
+
+    wl = _wl()
+    s = _system(interleave=["lobra"], check_steps=1)
+    job = dataclasses.replace(make_job(s, wl, seed=3), dtype="bf16")
+    results = run_job(job, timeout_s=300)
+    want = "cuda:0" if torch.cuda.device_count() >= 2 else "cpu"
+    assert results[0]["device"] == want and results[0]["backend"] == ("nccl" if want != "cpu" else "gloo")
+    # a bf16 base against a bf16 single-process reference on the same device: the same step
+    assert all(c["grad_rel_err"] < 5e-2 for c in results[0]["checks"]), results[0]["checks"]
+    assert all(r["base_bit_identical"] for r in results)
+    res = summarise(results, job, 0, "lobra", 5e-2)
+    assert res.metrics["gpu_seconds"].unit == ("GPU-s" if want != "cpu" else "CPU-s")

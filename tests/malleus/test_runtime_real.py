@@ -87,3 +87,22 @@ def test_iteration_time_is_last_rank_even_when_rank0_suspended():
             # the reported time covers rank 1's whole iteration, not rank 0's probe
             assert t >= r["rank_times_s"][1] >= r["compute_s"][1]
     assert seen_susp == 2
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs 4 CUDA devices")
+def test_on_four_gpus_the_same_plan_sequence_trains_like_one_process_over_nccl():
+    from impl.common.execution import resolve, set_current, take_notes
+
+    plans = _plans()
+    set_current(resolve())
+    try:
+        take_notes()
+        cfg = HybridRunConfig(SHAPE, 4, 1, M, len(plans), seed=3, initial_plan=plans[0].to_dict(), optimizer="adam",
+                              lr=1e-2, bucket_bytes=64 * 1024, collect_params=True, timeout_s=240)
+        out = run_hybrid(cfg, FixedPlans([p.to_dict() for p in plans]))
+        assert [p.backend for p in take_notes()] == ["nccl"]
+    finally:
+        set_current(None)
+    ref = reference_train(SHAPE, 1, M, len(plans), 3, "adam", 1e-2)
+    np.testing.assert_allclose(np.array(out["losses"]), np.array(ref.losses), rtol=1e-4)
+    assert out["migration_checks"] > 0

@@ -298,6 +298,8 @@ class DcpCkpt:
         self.metas, self.own = metas, layout.ranks[rank]
         self.root = os.path.join(spec.root, spec.backend)
         self.storage = Storage(spec.prof)
+        # a CPU group for the background saver's collectives, whatever the world's backend (torch
+        # DCP's async_save docs: a gloo group keeps them off the training stream)
         self.group = dist.new_group(backend="gloo") if spec.backend != "dcp_sync" else None
         # dcp_async_process: DCP's checkpoint daemon process and its DefaultStager, made once
         # so the staging buffers (shared memory) are reused by every save
@@ -434,7 +436,8 @@ def train_rank(ctx, spec: TrainSpec) -> dict:
     ctx.report(("pid", os.getpid(), time.time()))
     tp_groups = {}
     for si, st in enumerate(spec.stages):  # every rank creates every group, in the same order
-        grp = dist.new_group(list(st.ranks), backend="gloo") if len(st.ranks) > 1 else None
+        # the world's backend (the launcher's decision), not a hard-coded one
+        grp = dist.new_group(list(st.ranks)) if len(st.ranks) > 1 else None
         if rank in st.ranks:
             tp_groups[si] = grp
     sm = StageModel(spec, rank, tp_groups)

@@ -107,7 +107,8 @@ def _row_split_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, shape[-1])
     for name, idx in rows.items():
         A, B = self.lora_A[name], self.lora_B[name]
-        delta = B(A(x2.index_select(0, idx))) * self.scaling[name]
+        # adapters may be fp32 over a bf16 base (peft's default): their input in their dtype
+        delta = B(A(x2.index_select(0, idx).to(A.weight.dtype))) * self.scaling[name]
         y2 = y2.index_add(0, idx, delta.to(y2.dtype))
     return y2.view(shape)
 
@@ -117,7 +118,10 @@ class MultiTaskLoRA:
 
     def __init__(self, shape: ModelShape, tasks: Sequence[str], *, rank: int = 16, alpha: float = 16.0,
                  seed: int = 0, lr: float = 1e-4, checkpoint: bool = False, init_b_zero: bool = True,
-                 data_seed: int = 0) -> None:
+                 data_seed: int = 0, device=None, dtype: Optional[torch.dtype] = None) -> None:
+        """``device`` None: the CPU (a build elsewhere draws other weights for the same seed, see
+        :func:`impl.common.llm.model.build_llama`); ``dtype``: the frozen base's (peft keeps the
+        adapters in fp32 over a bf16 base)."""
         from peft import LoraConfig, get_peft_model
 
         from impl.common.llm.model import build_llama
@@ -134,7 +138,8 @@ class MultiTaskLoRA:
         self.tasks = list(tasks)
         self.vocab = shape.vocab
         self.data_seed = data_seed
-        base = build_llama(shape, seed=seed)
+        base = build_llama(shape, seed=seed, device=device, dtype=dtype)
+        self.device = next(base.parameters()).device
         base.config._attn_implementation = "sdpa"
         # init_lora_weights=True is peft's default (B = 0: the first step's A-gradient is 0);
         # False draws B too, which the gradient-equality tests need to be non-trivial.
@@ -208,13 +213,14 @@ class MultiTaskLoRA:
                 raise ConfigError(f"task_tokens: task {t!r} has {task_tokens.get(t, 0)} global tokens")
         if mode == "single" and len(present) > 1:
             raise ConfigError(f"micro-batch: single-task mode got tasks {present} in one micro-batch")
-        ids, tgt, mask = micro_batch_tensors(samples, pad_len, self.vocab, self.data_seed)
+        ids, tgt, mask = (t.to(self.device, non_blocking=True)
+                          for t in micro_batch_tensors(samples, pad_len, self.vocab, self.data_seed))
         row_task = [s.task for s in samples]
         if mode == "fused":
             rows = {}
             for t in present:
-                seq = torch.tensor([i for i, x in enumerate(row_task) if x == t], dtype=torch.long)
-                rows[t] = (seq[:, None] * pad_len + torch.arange(pad_len)[None, :]).reshape(-1)
+                seq = torch.tensor([i for i, x in enumerate(row_task) if x == t], dtype=torch.long, device=self.device)
+                rows[t] = (seq[:, None] * pad_len + torch.arange(pad_len, device=self.device)[None, :]).reshape(-1)
             ctx = self._rows(rows)
         else:
             self.model.set_adapter(present[0])
@@ -224,14 +230,15 @@ class MultiTaskLoRA:
             logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
                                  ignore_index=IGNORE, reduction="none").view(tgt.shape)
-            weights = torch.tensor([1.0 / task_tokens[t] for t in row_task], dtype=ce.dtype)
+            weights = torch.tensor([1.0 / task_tokens[t] for t in row_task], dtype=ce.dtype, device=self.device)
             per_row = ce.sum(dim=1)
             loss = (per_row * weights).sum()
             loss.backward()
-        per_row = per_row.detach()
+        # one device-to-host read per micro-batch (the caller times micro-batches by the clock)
+        parts = (per_row.detach().double() * weights.double()).tolist()
         out: dict[str, float] = {}
         for i, t in enumerate(row_task):
-            out[t] = out.get(t, 0.0) + float(per_row[i]) * float(weights[i])
+            out[t] = out.get(t, 0.0) + parts[i]
         return out
 
     # ---- gradients and the update ------------------------------------------------------------

@@ -127,7 +127,8 @@ class VarlenAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask())
         else:
             cu = layout.cu
-            parts = [F.scaled_dot_product_attention(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=True)
+            # 4-D inputs: with 3-D ones torch's flash kernels are skipped for one that holds T x T scores
+            parts = [F.scaled_dot_product_attention(q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True)[0]
                      for a, b in zip(cu, cu[1:]) if b > a]
             if layout.total > cu[-1]:  # alignment padding: nothing reads it, leave it zero
                 parts.append(q.new_zeros(q.shape[0], layout.total - cu[-1], hd))
@@ -189,15 +190,18 @@ class VarlenGPT(nn.Module):
 
     def _init(self, seed: int) -> None:
         # As TinyGPT: one explicit generator, parameters in module order -> same model everywhere.
-        g = torch.Generator().manual_seed(seed)
+        # (on the weights' device: a paper-shaped model is built where it trains, never on the host)
+        dev = self.tok_emb.weight.device
+        g = torch.Generator(device=dev if dev.type == "cuda" else "cpu").manual_seed(seed)  # meta: no generator
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, (nn.Embedding, nn.Linear)):
                     nn.init.normal_(m.weight, 0.0, INIT_STD, generator=g)
 
     def hidden_states(self, tokens: torch.Tensor, layout: SegmentLayout) -> torch.Tensor:
-        cos, sin = rope(layout.positions, self.shape.hidden // self.shape.heads)
         x = self.tok_emb(tokens)
+        # angles in fp32, applied in the activations' dtype (bf16 compute keeps q/k/v one dtype)
+        cos, sin = (t.to(x.dtype) for t in rope(layout.positions, self.shape.hidden // self.shape.heads))
         for blk in self.blocks:
             if self.checkpoint and torch.is_grad_enabled():
                 x = _checkpoint(blk, x, cos, sin, layout, use_reentrant=False)
@@ -223,7 +227,8 @@ class VarlenGPT(nn.Module):
         denom = int(layout.valid.sum()) if global_tokens is None else int(global_tokens)
         if denom < 1:
             raise ValueError(f"global_tokens: must be >= 1, got {denom}")
-        return F.cross_entropy(self.head(x), tgt, reduction="sum") / denom
+        # the loss in fp32 whatever the compute dtype (Megatron's fp32 cross-entropy)
+        return F.cross_entropy(self.head(x).float(), tgt, reduction="sum") / denom
 
 
 def build_varlen_model(shape: ModelShape, seed: int, checkpoint: bool = False,

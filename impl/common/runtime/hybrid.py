@@ -1,4 +1,4 @@
-"""DP x PP training over gloo with non-uniform plans, weighted gradients and live migration.
+"""DP x PP training (NCCL on GPUs or gloo on the CPU, from the job's execution decision) with non-uniform plans, weighted gradients and live migration.
 
 One process per "GPU" (``num_gpus`` ranks). Each iteration:
 
@@ -112,25 +112,39 @@ def _sleep_until(t_end: float) -> None:
         time.sleep(left)
 
 
-def probe_once(x: float, hidden: int, reps: int = 20) -> float:
-    """Suspended GPU's probe: ``reps`` small GEMM chains, padded by the slowdown like ops."""
-    a = torch.ones(8, hidden)
-    w1 = torch.ones(hidden, 4 * hidden) * 1e-3
-    w2 = torch.ones(4 * hidden, hidden) * 1e-3
+def _sync(device: torch.device) -> None:
+    """The straggler emulation pads on the host: the device's queued work must be done first."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def probe_once(x: float, hidden: int, reps: int = 20, device: torch.device = torch.device("cpu")) -> float:
+    """Suspended GPU's probe: ``reps`` small GEMM chains on the rank's device, padded by the
+    slowdown like ops."""
+    a = torch.ones(8, hidden, device=device)
+    w1 = torch.ones(hidden, 4 * hidden, device=device) * 1e-3
+    w2 = torch.ones(4 * hidden, hidden, device=device) * 1e-3
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(reps):
         a = (a @ w1) @ w2
+    _sync(device)
     raw = time.perf_counter() - t0
     _sleep_until(t0 + raw * x)
     return time.perf_counter() - t0
 
 
 class _Worker:
-    def __init__(self, rank: int, cfg: HybridRunConfig, controller: Optional[Controller]):
-        self.rank, self.cfg = rank, cfg
+    """One rank on ``device`` (the launcher's: ``cuda:<local rank>`` under NCCL, else the CPU)."""
+
+    def __init__(self, rank: int, cfg: HybridRunConfig, controller: Optional[Controller],
+                 device: torch.device = torch.device("cpu")):
+        self.rank, self.cfg, self.device = rank, cfg, device
         set_torch_threads(cfg.torch_threads)
         self.controller = controller if rank == 0 else None
-        self.full = TinyGPT(cfg.shape, cfg.seed)  # the seeded initial state: every rank alike
+        # the seeded initial state, drawn on the CPU so every rank (and the single-process
+        # reference) starts from the same weights whatever its device, then moved there
+        self.full = TinyGPT(cfg.shape, cfg.seed).to(device)
         self.plan = Plan.from_dict(cfg.initial_plan)
         self.state = RankState(self.full, cfg.shape.num_layers, units_of(self.plan, rank))
         self.opt = build_optimizer(self.state, cfg.optimizer, cfg.lr)
@@ -154,10 +168,12 @@ class _Worker:
     def run_iteration(self, it: int, x: float) -> dict:
         cfg, plan = self.cfg, self.plan
         me = plan.gpu_layout().get(self.rank)
-        batches = make_microbatches(cfg.shape, cfg.micro_batch_size, cfg.num_microbatches, cfg.seed, it)
+        dev = self.device
+        batches = [(a.to(dev), b.to(dev)) for a, b in
+                   make_microbatches(cfg.shape, cfg.micro_batch_size, cfg.num_microbatches, cfg.seed, it)]
         compute_s, probe_s, losses = 0.0, None, {}
         if me is None:
-            probe_s = probe_once(x, cfg.shape.hidden)
+            probe_s = probe_once(x, cfg.shape.hidden, device=dev)
         else:
             i, j = me["pipeline"], me["stage"]
             pipe = plan.pipelines[i]
@@ -165,9 +181,9 @@ class _Worker:
             off = sum(p.micro_batches for p in plan.pipelines[:i])
             lo, hi = me["layers"]
             stage = HybridStage(self.full, lo, hi, j == 0, j == S - 1)
-            dev = lambda jj: plan.groups[pipe.groups[jj]].gpus[0]  # noqa: E731
-            prev_rank = dev(j - 1) if j > 0 else None
-            next_rank = dev(j + 1) if j < S - 1 else None
+            gpu_of = lambda jj: plan.groups[pipe.groups[jj]].gpus[0]  # noqa: E731
+            prev_rank = gpu_of(j - 1) if j > 0 else None
+            next_rank = gpu_of(j + 1) if j < S - 1 else None
             shape = (cfg.micro_batch_size, cfg.shape.seq_len, cfg.shape.hidden)
             saved, sends = {}, []
             f_pad = (hi - lo) * cfg.layer_fwd_pad_s * x
@@ -178,17 +194,18 @@ class _Worker:
                 if j == 0:
                     inp = tokens
                 else:
-                    inp = torch.empty(shape)
+                    inp = torch.empty(shape, device=dev)
                     dist.recv(inp, prev_rank)
                     inp.requires_grad_(True)
                 t0 = time.perf_counter()
                 out = stage(inp, targets) if j == S - 1 else stage(inp)
                 if j == S - 1:
-                    losses[off + k] = float(out.detach())
+                    losses[off + k] = out.detach()  # read after the iteration: no sync here
                     out = out / cfg.num_microbatches  # per-sample weight of the global batch
                 else:
                     sends.append(dist.isend(out.detach().contiguous(), next_rank))
                 saved[k] = (inp, out)
+                _sync(dev)
                 _sleep_until(t0 + f_pad)
                 return time.perf_counter() - t0
 
@@ -196,12 +213,13 @@ class _Worker:
                 inp, out = saved.pop(k)
                 grad = None
                 if j < S - 1:
-                    grad = torch.empty(shape)
+                    grad = torch.empty(shape, device=dev)
                     dist.recv(grad, next_rank)
                 t0 = time.perf_counter()
                 torch.autograd.backward(out, grad_tensors=grad)
                 if j > 0:
                     sends.append(dist.isend(inp.grad.contiguous(), prev_rank))
+                _sync(dev)
                 _sleep_until(t0 + b_pad)
                 return time.perf_counter() - t0
 
@@ -218,7 +236,7 @@ class _Worker:
         # weighted gradient sum over the active ranks (flat, zeros where not held: exact)
         if me is not None:
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                              if n in self._held_names else torch.zeros(p.numel())
+                              if n in self._held_names else torch.zeros(p.numel(), device=dev)
                               for n, p in self.full.named_parameters()])
             dist.all_reduce(flat, group=self.active_group(plan))
             off = 0
@@ -229,7 +247,8 @@ class _Worker:
                 off += k
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
-        return {"compute_s": compute_s, "probe_s": probe_s, "losses": losses}
+        _sync(dev)
+        return {"compute_s": compute_s, "probe_s": probe_s, "losses": {k: float(v) for k, v in losses.items()}}
 
     @property
     def _held_names(self) -> set:
@@ -275,7 +294,7 @@ class _Worker:
                                                                                       if k != "received_units"}})
             # 2. aligned start, the iteration, weighted gradient sum, optimizer step
             x = self._slowdown(it)
-            flag = torch.zeros(1)
+            flag = torch.zeros(1, device=self.device)
             dist.all_reduce(flag)
             t0 = time.perf_counter()
             res = self.run_iteration(it, x)
@@ -305,7 +324,7 @@ class _Worker:
                 out["consumed"].append(ranges)
                 consumed = off
         if cfg.collect_params:
-            mine = {n: self.state.params[n].detach().clone() for n in self.state.names(self.state.held)}
+            mine = {n: self.state.params[n].detach().to("cpu", copy=True) for n in self.state.names(self.state.held)}
             gathered = [None] * cfg.num_gpus
             dist.all_gather_object(gathered, mine)
             if self.rank == 0:
@@ -339,7 +358,7 @@ def _check_digests(gathered) -> int:
 
 
 def _worker_main(ctx: RankContext, cfg: HybridRunConfig, controller: Optional[Controller]) -> Optional[dict]:
-    return _Worker(ctx.rank, cfg, controller).run()
+    return _Worker(ctx.rank, cfg, controller, ctx.device).run()
 
 
 def run_hybrid(cfg: HybridRunConfig, controller: Optional[Controller] = None) -> dict:
@@ -347,6 +366,7 @@ def run_hybrid(cfg: HybridRunConfig, controller: Optional[Controller] = None) ->
     (times, losses, plans, reports). ``controller`` acts on rank 0 only."""
     if cfg.num_gpus < 1:
         raise ConfigError(f"num_gpus must be >= 1, got {cfg.num_gpus}")
-    run = launch(_worker_main, cfg.num_gpus, (cfg, controller), label="hybrid", backend="gloo",
+    # backend None: the job's execution decision (one GPU per rank over NCCL, else gloo on the CPU)
+    run = launch(_worker_main, cfg.num_gpus, (cfg, controller), label="hybrid", backend=None,
                  pg_timeout_s=cfg.timeout_s, timeout_s=cfg.timeout_s)
     return run.results[0]

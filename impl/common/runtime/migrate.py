@@ -49,6 +49,7 @@ class RankState:
         self.model = model
         self.L = num_layers
         self.params = dict(model.named_parameters())
+        self.device = next(iter(self.params.values())).device
         self.units = unit_param_names(model, num_layers)
         self.held = set(held)
         self.opt_state: dict[str, dict[str, torch.Tensor]] = {}
@@ -72,8 +73,8 @@ class RankState:
             parts.append(self.params[n].detach().reshape(-1).float())
             st = self.opt_state.get(n)
             if st:
-                parts += [st["exp_avg"].reshape(-1), st["exp_avg_sq"].reshape(-1), st["step"].reshape(-1).float()]
-        return torch.cat(parts) if parts else torch.empty(0)
+                parts += [st["exp_avg"].reshape(-1), st["exp_avg_sq"].reshape(-1), st["step"].reshape(-1).float().to(self.device)]
+        return torch.cat(parts) if parts else torch.empty(0, device=self.device)
 
     def payload_numel(self, unit: int, with_state: bool) -> int:
         per = sum(self.params[n].numel() for n in self.units[unit])
@@ -103,11 +104,11 @@ class RankState:
             h = hashlib.sha256()
             for n in self.units[u]:
                 h.update(n.encode())
-                h.update(self.params[n].detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+                h.update(self.params[n].detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
                 st = self.opt_state.get(n)
                 for k in STATE_KEYS:
                     if st:
-                        h.update(st[k].detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+                        h.update(st[k].detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes())
             out[u] = h.hexdigest()
         return out
 
@@ -126,7 +127,7 @@ def migrate(state: RankState, old: Plan, new: Plan, rank: int, bucket_bytes: flo
             if t.src == rank:
                 ops.append(dist.P2POp(dist.isend, state.payload(t.unit).contiguous(), t.dst, group))
             elif t.dst == rank:
-                buf = torch.empty(numel[t.unit], dtype=torch.float32)
+                buf = torch.empty(numel[t.unit], dtype=torch.float32, device=state.device)
                 recv_bufs.append((t.unit, buf))
                 ops.append(dist.P2POp(dist.irecv, buf, t.src, group))
         if ops:
@@ -154,7 +155,8 @@ def build_optimizer(state: RankState, name: str, lr: float):
     for n in state.names(state.held):
         st = state.opt_state.get(n)
         if st is not None and name == "adam":
-            opt.state[state.params[n]] = {"step": st["step"].clone(), "exp_avg": st["exp_avg"].clone(),
+            # Adam keeps its step count on the CPU (capturable=False), wherever the weights are
+            opt.state[state.params[n]] = {"step": st["step"].to("cpu", copy=True), "exp_avg": st["exp_avg"].clone(),
                                          "exp_avg_sq": st["exp_avg_sq"].clone()}
     return opt
 

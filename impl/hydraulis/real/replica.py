@@ -44,9 +44,11 @@ class ReplicaRun:
 class ReplicaModel:
     """The compute module of one kind on one rank."""
 
-    def __init__(self, shape, seed: int, kind: ReplicaKind, tp_rank: int = 0, group=None) -> None:
+    def __init__(self, shape, seed: int, kind: ReplicaKind, tp_rank: int = 0, group=None, device="cpu") -> None:
         self.kind, self.shape, self.seed = kind, shape, seed
-        self.model = VarlenGPT(shape, seed, checkpoint=kind.checkpoint)
+        with torch.device(device):  # built on the rank's device
+            self.model = VarlenGPT(shape, seed, checkpoint=kind.checkpoint)
+        self.device = torch.device(device)
         if kind.tp > 1:
             tensor_parallel(self.model, tp_rank, kind.tp, group)
         self.named = dict(self.model.named_parameters())
@@ -75,10 +77,11 @@ class ReplicaModel:
             tensors = [micro_batch_tensors(mb, self.shape.vocab, self.seed) for mb in mbs]
         loss, times = 0.0, []
         t_all = time.perf_counter()
-        for mb, (tok, tgt, cu, sl) in zip(mbs, tensors):
+        for mb, mbt in zip(mbs, tensors):
+            tok, tgt, cu, sl = (t.to(self.device, non_blocking=True) for t in mbt)
             t0 = time.perf_counter()
             out = self.model(tok, tgt, cu, sl, global_tokens=global_tokens)
             out.backward()
+            loss += float(out.detach())  # reads the loss: the micro-batch's kernels are done on the clock below
             times.append((mb.num_tokens, sum(x * x for x in mb.lengths), time.perf_counter() - t0))
-            loss += float(out.detach())
         return ReplicaRun(loss, times, time.perf_counter() - t_all)

@@ -159,6 +159,16 @@ def _gather_objects(obj) -> list:
     return out
 
 
+def _cpu(d: dict) -> dict:
+    """CPU copies for the single-process reference (rank 0 checks on the CPU)."""
+    return {n: t.to("cpu") for n, t in d.items()}
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _bcast(obj, rank: int):
     box = [obj if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -187,9 +197,11 @@ def _fit_costs(job: HydraulisRealJob, per_rank: list) -> tuple[dict, dict]:
 def _rank_main(ctx, job: HydraulisRealJob) -> dict:
     set_torch_threads(job.threads)
     rank, W = ctx.rank, ctx.world_size
-    full0 = {n: p.detach().clone() for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
+    dev = ctx.device  # cuda:<local rank> under NCCL, else the CPU
+    with torch.device(dev):
+        full0 = {n: p.detach().clone() for n, p in VarlenGPT(job.shape, job.seed).named_parameters()}
     layouts = {r.name: OptimizerLayout(full0, rank, W, job.lr) for r in job.runs}
-    models = {k.name: ReplicaModel(job.shape, job.seed, k, tp_rank=rank if k.tp > 1 else 0)
+    models = {k.name: ReplicaModel(job.shape, job.seed, k, tp_rank=rank if k.tp > 1 else 0, device=dev)
               for k in job.used_kinds()}
     kinds = {k.name: k for k in job.kinds}
     t0 = time.perf_counter()
@@ -225,7 +237,8 @@ def _rank_main(ctx, job: HydraulisRealJob) -> dict:
     finally:
         if ahead is not None:
             ahead.close()
-    return {"logs": logs, "checks": checks, "fit": fit_info, "profile_s": profile_s,
+    return {"device": str(dev), "backend": ctx.backend, "logs": logs, "checks": checks, "fit": fit_info,
+            "profile_s": profile_s,
             "optimizer_steps": {n: l.steps for n, l in layouts.items()},
             "tokens": [int(b.num_tokens) for b in batches] if rank == 0 else None}
 
@@ -240,18 +253,21 @@ def _step(job: HydraulisRealJob, run: RealRun, plan: RunPlan, layout: OptimizerL
     tensors = [micro_batch_tensors(mb, job.shape.vocab, job.seed) for mb in mbs]  # data loading: untimed
     global_tokens = sum(mb.num_tokens for m in plan.micro_batches for mb in m)
     check = job.checked(plan.round)
-    before = _gather_objects(layout.state()) if check else None
+    before = _gather_objects(_cpu(layout.state())) if check else None
     dist.barrier()
     t0 = time.perf_counter()
     full = layout.gather()
     model.load(compute_copy(full, strategy, rank))
+    _sync(layout.device)  # the phase boundaries are read on the host clock
     t1 = time.perf_counter()
     run_out = model.run(mbs, global_tokens, f"run {run.name} replica {r}", tensors) if mbs else None
     t2 = time.perf_counter()
     red = layout.reduce(model.grads() if mbs else None, strategy, plan.active)
+    _sync(layout.device)
     t3 = time.perf_counter()
-    grads = {n: p.grad.clone() for n, p in layout.params.items()} if check else None
+    grads = {n: p.grad.to("cpu", copy=True) for n, p in layout.params.items()} if check else None
     layout.step()
+    _sync(layout.device)
     t4 = time.perf_counter()
     dist.barrier()
     step_s = time.perf_counter() - t0
@@ -261,7 +277,7 @@ def _step(job: HydraulisRealJob, run: RealRun, plan: RunPlan, layout: OptimizerL
            "mb_times": run_out.mb_times_s if run_out else [], "kind": kind.name,
            "plan": plan.summary() if rank == 0 else None}
     if check:
-        g_all, after = _gather_objects(grads), _gather_objects(layout.state())
+        g_all, after = _gather_objects(grads), _gather_objects(_cpu(layout.state()))
         if rank == 0:
             b, g, a = join_state_dicts(before), join_state_dicts(g_all), join_state_dicts(after)
             mbs = greedy_pack(batch.ids, batch.lengths, int(max(batch.lengths)), pad="none")
@@ -272,9 +288,10 @@ def _step(job: HydraulisRealJob, run: RealRun, plan: RunPlan, layout: OptimizerL
 
 
 def summarise(results: list, job: HydraulisRealJob, rtol: float) -> RunResult:
-    res = RunResult(metrics={}, emulated=["GPUs: CPU processes over gloo, fp32, 1 thread each; TP/PP memory and "
-                                          "speed differences stood in by activation checkpointing and token caps "
-                                          "(impl/hydraulis/README.md, 'Real mode')"])
+    on_gpu = results[0].get("device", "cpu").startswith("cuda")
+    where = "" if on_gpu else f"GPUs: CPU processes over {results[0].get('backend', 'gloo')}, fp32, 1 thread each; "
+    res = RunResult(metrics={}, emulated=[f"{where}TP/PP memory and speed differences stood in by activation "
+                                          "checkpointing and token caps (impl/hydraulis/README.md, 'Real mode')"])
     W = len(results)
     tokens = results[0]["tokens"]
     per: dict[str, list] = {}
@@ -362,7 +379,8 @@ def make_job(system, wl, seed: int) -> HydraulisRealJob:
 
 
 def run_job(job: HydraulisRealJob, timeout_s: float) -> list:
-    return launch(_rank_main, job.world, (job,), label="hydraulis real", timeout_s=timeout_s).results
+    # backend None: the job's execution decision (nccl when every rank gets a GPU, else gloo)
+    return launch(_rank_main, job.world, (job,), label="hydraulis real", backend=None, timeout_s=timeout_s).results
 
 
 def run_real(system, job: JobContext) -> RunResult:
