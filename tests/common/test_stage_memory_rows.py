@@ -20,7 +20,8 @@ from impl.common.workloads.hybrid import HybridWorkload
 def _wl(gpt: bool, pp: int):
     raw = OmegaConf.load("conf/workload/hybrid_32b_dp4tp2pp4.yaml")
     wl = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HybridWorkload), raw))
-    model = dataclasses.replace(wl.model, ffn_hidden=0) if gpt else wl.model  # ffn_hidden 0: GPT, tied
+    # ffn_hidden 0: GPT, tied, on its own stack (the workload names the fused LLaMA one)
+    model = dataclasses.replace(wl.model, ffn_hidden=0, megatron_stack="") if gpt else wl.model
     mem = dataclasses.replace(wl.memory, inflight_cap=0, headroom_mb=None)
     return dataclasses.replace(wl, model=model, pp=pp, dp=wl.num_gpus // (wl.tp * pp), memory=mem)
 
