@@ -77,9 +77,13 @@ def test_every_experiment_and_its_sweep_types(composer, experiment):
     combos = list(itertools.product(*axes)) or [()]
     # Every value of every axis appears in some checked combination, without the full product.
     picked = {tuple(axis[i % len(axis)] for axis in axes) for i in range(max(map(len, axes), default=1))}
-    # gpu/* presets ask for CUDA; without one they are refused in preflight (tests/test_execution.py),
-    # and here they are typed on the CPU.
-    on_cpu = ["execution=cpu"] if experiment.startswith("gpu/") and not torch.cuda.is_available() else []
+    # gpu/* and gpu8/* presets ask for CUDA (gpu8: 8 GPUs); without them they are refused in preflight
+    # (tests/test_execution.py), and here they are typed on the CPU.
+    on_cpu = (["execution=cpu"] if experiment.startswith(("gpu/", "gpu8/")) and not torch.cuda.is_available()
+              else [])
+    if experiment == "gpu8/lobra" and on_cpu:
+        # LobRA's real mode runs two replicas, not eight GPUs: on a CPU host its rank 0 is estimated.
+        on_cpu = ["execution=estimate"]
     for combo in sorted(picked) if axes else combos:
         cfg = composer([f"experiment={experiment}", *combo, *on_cpu])
         try:
