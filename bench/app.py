@@ -114,6 +114,7 @@ def preflight(argv: list[str]) -> Optional[str]:
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    from bench.hinges import apply_point
     from bench.validate import typed_job
     from impl.common.api import ConfigError, NotApplicable
 
@@ -127,6 +128,7 @@ def preflight(argv: list[str]) -> Optional[str]:
             for combo in combos:
                 try:
                     cfg = compose(config_name=CONFIG_NAME, overrides=combo, return_hydra_config=True)
+                    apply_point(cfg)
                     typed_job(cfg)
                 except NotApplicable as exc:
                     if not cfg.get("not_applicable_ok"):  # else: the job's record says not applicable

@@ -12,6 +12,7 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from bench.hinges import HingesConfig
 from impl.common.execution import ExecutionConfig
 
 
@@ -66,6 +67,8 @@ class BenchConfig:
     # not applicable and the sweep goes on, instead of the command stopping before any work
     # (the cross-paper presets, conf/experiment/cross/, set it).
     not_applicable_ok: bool = False
+    # A hinge experiment's declared inputs and this job's point (bench.hinges; typed there).
+    hinges: Optional[HingesConfig] = None
     mode: Mode = Mode.sim
     seed: int = 0
     results_dir: str = "results/runs"

@@ -13,6 +13,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from bench import provenance
+from bench.hinges import apply_point
 from bench.host_load import HostLoadProbe, contention_reason
 from bench.record import SCHEMA_ID, new_run_id, now_iso, write_record
 from bench.validate import typed_job
@@ -96,7 +97,8 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     for group in ("system", "workload", "hardware", "fault", "experiment"):
         choices.setdefault(group, _choice(cfg, group))
     experiment = provenance.redact(str(cfg.get("experiment_name") or choices["experiment"] or "adhoc"))
-    overrides = provenance.redact(list(overrides))
+    # A hinge job's point is one more override: its value lands in the labels like a sweep's.
+    overrides = provenance.redact(apply_point(cfg, list(overrides)))
     for group in ("workload", "hardware", "fault"):
         choices[group] = _label(group, choices[group] or ("none" if group == "fault" else ""), overrides)
     system_label = str(cfg.system.get("name") or choices["system"] or "unknown")
