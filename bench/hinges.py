@@ -199,6 +199,8 @@ class ClaimHinges:
 
 
 def band(entry) -> tuple[float, float]:
+    if entry.at_least:
+        return float(entry.value), math.inf
     if entry.high is not None:
         return float(entry.value), float(entry.high)
     return float(entry.value) * (1 - POINT_TOLERANCE), float(entry.value) * (1 + POINT_TOLERANCE)
@@ -330,6 +332,35 @@ def claim_text(ch: ClaimHinges, unit: str = "x", top: int = 3) -> str:
     return "; ".join(parts)
 
 
+def _unit(papers: dict, ch: ClaimHinges) -> str:
+    return "%" if papers[ch.paper].entry(ch.claim).unit == "fraction" else "x"
+
+
+def markdown(found: list[ClaimHinges], papers: dict) -> str:
+    """One table per claim: input, kind, range, figure at each end, holds at, source."""
+    out = []
+    for ch in found:
+        unit = _unit(papers, ch)
+        hi = "" if math.isinf(ch.high) else fig_text(ch.high, unit)
+        out += [f"**{ch.claim}** (`experiment={ch.experiment}`): band {fig_text(ch.low, unit)}-{hi}, "
+                f"as composed {fig_text(ch.base, unit)} ({ch.state})", "",
+                "| input | kind | range | figure at the low end | at the high end | holds at | source of the range |",
+                "|---|---|---|---|---|---|---|"]
+        for sw in ch.swings:
+            if ch.state == "in band":
+                holds = "(in band as composed)"
+            elif sw.holds_in_range:
+                holds = f"{sw.holds_side} {value_text(sw.input, sw.holds_at)}"
+            else:
+                holds = "none within range"
+            rng = ", ".join(value_text(sw.input, v) for v in sw.values)
+            cells = [sw.input.name, sw.input.kind, rng, fig_text(sw.ends[0], unit), fig_text(sw.ends[1], unit), holds,
+                     sw.input.source]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from bench.paper import load_papers
     from bench.record import scan_records
@@ -337,6 +368,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/runs", help="a results folder with hinge records")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    p.add_argument("--markdown", action="store_true", help="print one markdown table per claim")
     args = p.parse_args(argv)
     if not pathlib.Path(args.results).is_dir():
         print(f"{PROG}: results dir {args.results} does not exist", file=sys.stderr)
@@ -354,9 +386,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.json:
         print(json.dumps([dataclasses.asdict(c) for c in found], indent=1, default=str))
         return 0
+    if args.markdown:
+        print(markdown(found, papers))
+        return 0
     for ch in found:
-        unit = "%" if papers[ch.paper].entry(ch.claim).unit == "%" else "x"
-        print(f"{ch.experiment}: {ch.claim}: band {fig_text(ch.low, unit)}..{fig_text(ch.high, unit)}, "
+        unit = _unit(papers, ch)
+        print(f"{ch.experiment}: {ch.claim}: band {fig_text(ch.low, unit)}..{'' if math.isinf(ch.high) else fig_text(ch.high, unit)}, "
               f"as composed {fig_text(ch.base, unit)} ({ch.state})")
         for sw in ch.swings:
             print(f"  {swing_text(sw, unit)}   [{sw.input.kind}; {sw.input.source}]")

@@ -11,6 +11,7 @@ headline entry and reproduce command, and a list of entries, each one number wit
       source: "paper Fig. 9 [P]"       # where: paper <section/figure/table/abstract> | artifact <file>
                                         # | a repository file (a target's README); then its tag
       kind: paper                       # paper (the paper's own number) | target (our [R] bar)
+      at_least: false                   # true: a floor ("at least 10x"): in band at or above value
       match:                            # how our records give the number beside it (optional)
         experiment: adaptra/microbench_7b   # fnmatch pattern on the record's experiment
         system: adaptra
@@ -72,10 +73,14 @@ class PaperEntry:
     high: Optional[float] = None
     kind: str = "paper"
     match: List[Match] = field(default_factory=list)
+    # A floor ("at least 10x"): in band at or above value, never above (high must be null).
+    at_least: bool = False
 
     def paper_text(self) -> str:
         unit = "" if self.unit in ("", "x") else f" {self.unit}"
         x = "x" if self.unit == "x" else ""
+        if self.at_least:
+            return f">= {_num(self.value)}{x}{unit}"
         if self.high is not None:
             return f"{_num(self.value)}-{_num(self.high)}{x}{unit}"
         return f"{_num(self.value)}{x}{unit}"
@@ -151,6 +156,8 @@ def _check(paper: PaperFile, path: pathlib.Path) -> None:
         names.add(e.name)
         if not math.isfinite(e.value):
             raise ConfigError(f"{where}.value: must be a finite number, got {e.value}")
+        if e.at_least and e.high is not None:
+            raise ConfigError(f"{where}.high: a floor (at_least: true) has no high end")
         if e.high is not None and not e.high >= e.value:
             raise ConfigError(f"{where}.high: {e.high} is below value {e.value} (a band is [value, high])")
         if e.kind not in KINDS:

@@ -4,7 +4,10 @@
     mlsys-bench-readme --check              # exit 1 (and print a diff) when README.md differs from that
     mlsys-bench-readme --results DIR --print   # the table from any results folder, printed only
     mlsys-bench-readme --refresh            # run the reference presets, keep their records, rewrite README.md
-    mlsys-bench-readme --refresh --no-run --results DIR   # keep DIR's records as the reference set
+    mlsys-bench-readme --refresh --no-run --results DIR   # keep DIR's records in the reference set
+    mlsys-bench-readme --refresh --real     # run the real presets (long, a quiet host), keep their records
+
+A refresh replaces the kept records of each (experiment, mode) it has new records for and keeps the rest.
 
 What the table says comes from three places, none of them hand-written numbers:
 ``bench/data/readme_systems.yaml`` (each system's name, ``system=`` list, mechanism, which paper
@@ -34,6 +37,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
+from bench import hinges
 from bench.compare import GROUP_FIELDS
 from bench.paper import Ours, PaperEntry, PaperFile, find_ours, load_papers
 from bench.record import created_key, scan_records
@@ -48,6 +52,7 @@ REFERENCE_SOURCE = f"the reference records `bench/data/{REFERENCE_PATH.name}`"
 REPO = pathlib.Path(__file__).resolve().parent.parent
 README_PATH = REPO / "README.md"
 MODES = ("sim", "real")
+HINGES_SHOWN = 2  # inputs shown per claim in the table (all of them: mlsys-bench-hinges, the report)
 # Top-level record fields the matching and the table read; `metrics` is cut to the named metrics.
 KEEP = ("schema_version", "run_id", "created", "system", "status", "not_applicable", "invalid_reasons",
         *GROUP_FIELDS)
@@ -59,6 +64,9 @@ KEEP = ("schema_version", "run_id", "created", "system", "status", "not_applicab
 class TableRow:
     entry: str
     label: str
+    # What a row's figure depends on when no hinge experiment sweeps it (a real row: the measured
+    # run's own sweep or the host property it hinges on). Words and pointers only, never a figure.
+    hinges: str = ""
 
 
 def load_spec(path: pathlib.Path | str = SPEC_PATH) -> dict:
@@ -123,25 +131,52 @@ def _put(out: dict, dotted: str, value: Any) -> None:
     out[parts[-1]] = value
 
 
+def _hinge_wanted(rec: dict, papers: dict[str, PaperFile]) -> Optional[tuple[set, set]]:
+    """(metric names, dotted config paths) a hinge record's claims read; None if not a hinge record."""
+    h = (rec.get("config") or {}).get("hinges")
+    if not isinstance(h, dict) or h.get("point") is None or h.get("paper") not in papers:
+        return None
+    paper = papers[h["paper"]]
+    metrics, paths = set(), {"config.hinges"}
+    for claim in h.get("claims") or []:
+        try:
+            entry = paper.entry(claim)
+        except KeyError:
+            continue
+        for m in entry.match:
+            if rec.get("system") in (m.system, m.vs):
+                metrics.add(m.metric)
+            paths.update(m.where)
+    paths.update(f"config.{i['key']}" for i in h.get("inputs") or [] if i.get("key"))
+    return metrics, paths
+
+
 def compact(records: list[dict], spec: dict, papers: dict[str, PaperFile]) -> list[dict]:
-    """The records some row's match selects, each cut to the fields the table reads."""
+    """The records some row's match (or a hinge experiment's claim) selects, each cut to the fields
+    the table reads."""
     matches, metrics, paths = _wanted(spec, papers)
     out = []
     for rec in sorted(records, key=created_key):
+        hinge = _hinge_wanted(rec, papers)
         sel = [m for m in matches if rec.get("system") in (m.system, m.vs)
                and fnmatch.fnmatchcase(str(rec.get("experiment", "")), m.experiment)]
-        if not sel:
+        if not sel and not (hinge and hinge[0]):
             continue
         small = {k: rec[k] for k in KEEP if k in rec}
-        names = metrics.get(rec["system"], set())
+        names = metrics.get(rec["system"], set()) | (hinge[0] if hinge else set())
+        rec_paths = paths | (hinge[1] if hinge else set())
         small["metrics"] = {n: {k: v for k, v in met.items() if k in ("value", "unit", "better")}
                             for n, met in sorted((rec.get("metrics") or {}).items()) if n in names}
-        for dotted in sorted(paths):
+        for dotted in sorted(rec_paths):
             found, value = _lookup(rec, dotted)
             if found:
                 _put(small, dotted, value)
         git = ((rec.get("provenance") or {}).get("git") or {})
         small["provenance"] = {"git": {k: git.get(k) for k in ("commit", "dirty")}}
+        if rec.get("mode") == "real":  # a measured figure names the host it was measured on
+            host = (rec.get("provenance") or {}).get("host") or {}
+            small["provenance"]["host"] = {k: host.get(k) for k in ("hostname", "cpu_count")}
+            small["host_load"] = {k: (rec.get("host_load") or {}).get(k) for k in ("foreign_cpu_frac",)}
         out.append(small)
     return out
 
@@ -168,6 +203,8 @@ def value_text(v: float, unit: str) -> str:
 
 
 def claim_text(e: PaperEntry) -> str:
+    if e.at_least:
+        return ">= " + value_text(e.value, e.unit)
     if e.high is None:
         return value_text(e.value, e.unit)
     if e.unit == "fraction":
@@ -176,6 +213,8 @@ def claim_text(e: PaperEntry) -> str:
 
 
 def band(e: PaperEntry, tol: float) -> tuple[float, float]:
+    if e.at_least:
+        return e.value, float("inf")
     if e.high is not None:
         return e.value, e.high
     lo, hi = e.value * (1 - tol), e.value * (1 + tol)
@@ -223,10 +262,23 @@ def evaluate(entry: PaperEntry, records: list[dict], tol: float, skipped: dict[s
     return cells
 
 
-def _ours_text(cell: TableCell, entry: PaperEntry) -> str:
+def _measured_where(cell: TableCell, records: list[dict]) -> str:
+    """``measured on <hardware>, <date>`` of the records a real value comes from."""
+    ids = set(cell.ours.run_ids)
+    recs = [r for r in records if r.get("run_id") in ids]
+    hw = sorted({str(r.get("hardware") or "?") for r in recs})
+    days = sorted({str(r.get("created", ""))[:10] for r in recs if r.get("created")})
+    when = days[0] if len(days) == 1 else (f"{days[0]} to {days[-1]}" if days else "no date")
+    return f"measured on {', '.join(hw) or '?'}, {when}"
+
+
+def _ours_text(cell: TableCell, entry: PaperEntry, records: Optional[list[dict]] = None) -> str:
     if cell.ours is None or not cell.ours.found:
         return "-"
-    note = f" ({cell.ours.note})" if cell.ours.note else ""
+    notes = [cell.ours.note] if cell.ours.note else []
+    if records is not None and cell.ours.mode == "real":
+        notes.append(_measured_where(cell, records))
+    note = f" ({'; '.join(notes)})" if notes else ""
     return value_text(cell.ours.value, entry.unit) + note
 
 
@@ -246,12 +298,25 @@ def _state_text(cells: dict[str, TableCell], entry: PaperEntry, skipped: dict[st
     return "no run" + (f" ({excluded[0]})" if excluded else "")
 
 
+def _hinges_text(ch, entry: PaperEntry, row: "TableRow") -> str:
+    """The inputs that move the claim most (from its hinge experiment's records), else the row's
+    declared pointer (a real row: what its measurement depends on and the sweep that shows it)."""
+    if ch is not None:
+        unit = "%" if entry.unit == "fraction" else "x"
+        return f"{hinges.claim_text(ch, unit, top=HINGES_SHOWN)} (`experiment={ch.experiment}`)"
+    return row.hinges or "-"
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _systems_cell(sys_: dict) -> str:
     return f"{sys_['name']}: {sys_['systems']}"
+
+
+def analyze_hinges(records: list[dict], papers: dict[str, PaperFile]) -> list:
+    return hinges.analyze(records, papers)
 
 
 def render_table(records: list[dict], spec: Optional[dict] = None,
@@ -261,14 +326,16 @@ def render_table(records: list[dict], spec: Optional[dict] = None,
     papers = load_papers() if papers is None else papers
     tol = float(spec.get("point_tolerance", 0.1))
     skipped = dict((spec.get("reference") or {}).get("skipped") or {})
-    lines = ["| system (`system=`) | paper mechanism | paper claim (setting) | ours, sim | ours, real | state |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| system (`system=`) | paper mechanism | paper claim (setting) | ours, sim | ours, real | state "
+             "| hinges on |",
+             "|---|---|---|---|---|---|---|"]
+    found = {(c.paper, c.claim): c for c in analyze_hinges(records, papers)}
     for sys_, row, entry in _entries(spec, papers):
         first = row is sys_["rows"][0]
         cells = evaluate(entry, records, tol, skipped)
         kind = "our target [R]: " if entry.kind == "target" else ""
         claim = f"{claim_text(entry)} ({kind}{row.label})"
-        sim, real = (_ours_text(cells[m], entry) for m in MODES)
+        sim, real = (_ours_text(cells[m], entry, records) for m in MODES)
         for mode, text in (("sim", sim), ("real", real)):
             if text == "-" and cells[mode].ours is not None:
                 reason = _skipped_reason(entry, skipped, mode)
@@ -281,7 +348,9 @@ def render_table(records: list[dict], spec: Optional[dict] = None,
         system = _systems_cell(sys_) if first else ""
         mech = f"{sys_['mechanism']}; {sys_['runs']}; [{sys_['readme']}]({sys_['readme']})" if first else ""
         lines.append("| " + " | ".join(_cell(t) for t in (system, mech, claim, sim, real,
-                                                            _state_text(cells, entry, skipped))) + " |")
+                                                            _state_text(cells, entry, skipped),
+                                                            _hinges_text(found.get((sys_["paper"], entry.name)),
+                                                                         entry, row))) + " |")
     lines += ["", "| harness tool | what | how |", "|---|---|---|"]
     for tool in spec.get("tools") or []:
         how = tool["how"]
@@ -294,7 +363,7 @@ def render_table(records: list[dict], spec: Optional[dict] = None,
     lines += ["", f"Written by `mlsys-bench-readme` from {source or 'the records given'} ({len(records)} records, "
               f"{span}, commit {', '.join(commits) or '-'}) and `bench/data/paper/*.yaml`; do not edit between the "
               f"markers. A band is the paper's (or our reconstructed target [R]); a single number counts as in band "
-              f"within ±{100 * tol:.0f}%. Ours is the newest ok record of the same setting; failed and invalid "
+              f"within ±{100 * tol:.0f}%, a floor (>=) at or above it. Ours is the newest ok record of the same setting; failed and invalid "
               f"runs are never compared. Refresh: `mlsys-bench-readme --refresh` (runs the reference presets)."]
     return "\n".join(lines) + "\n"
 
@@ -337,17 +406,44 @@ def section(readme: str) -> str:
     return readme[b + len(BEGIN): e].lstrip("\n")
 
 
-def refresh(results: Optional[pathlib.Path], run: bool, spec: dict) -> pathlib.Path:
+def _presets(spec: dict, real: bool) -> list[tuple[str, list[str], float]]:
+    """(preset, extra overrides, minutes expected) of what ``--refresh`` (sim) or ``--refresh --real`` runs."""
+    ref = spec["reference"]
+    if real:
+        return [(name, list(r.get("overrides") or []), float(r.get("minutes") or 1.0))
+                for name, r in (ref.get("real") or {}).items()]
+    sim = list(ref["presets"]) + list(ref.get("hinges") or [])
+    return [(name, [], 1.0) for name in sim]
+
+
+def refresh(results: Optional[pathlib.Path], run: bool, spec: dict, real: bool = False) -> pathlib.Path:
+    from tqdm import tqdm
+
     results = results or pathlib.Path(tempfile.mkdtemp(prefix="mlsys-readme-"))
-    if run:
-        for preset in spec["reference"]["presets"]:
-            cmd = [sys.executable, "-m", "bench", "--multirun", f"experiment={preset}", f"results_dir={results}"]
-            print(f"{PROG}: {' '.join(cmd)}", flush=True)
-            done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            if done.returncode:
-                tail = (done.stderr or "").strip().splitlines()[-1:] or ["?"]
-                print(f"{PROG}: warning: {preset} exited {done.returncode}: {tail[0]}", file=sys.stderr)
+    if not run:
+        return results
+    presets = _presets(spec, real)
+    total = sum(m for _, _, m in presets)
+    if real:
+        print(f"{PROG}: {len(presets)} real presets, about {total:.0f} minutes on a quiet 2-core host; "
+              "run nothing else meanwhile (a contended run is recorded invalid and never compared)", flush=True)
+    bar = tqdm(total=round(total, 1), desc=PROG, unit="min" if real else "preset", disable=not sys.stderr.isatty())
+    for preset, extra, minutes in presets:
+        cmd = [sys.executable, "-m", "bench", "--multirun", f"experiment={preset}", *extra, f"results_dir={results}"]
+        bar.write(f"{PROG}: {' '.join(cmd)}")
+        done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode:
+            tail = (done.stderr or "").strip().splitlines()[-1:] or ["?"]
+            bar.write(f"{PROG}: warning: {preset} exited {done.returncode}: {tail[0]}")
+        bar.update(minutes)
+    bar.close()
     return results
+
+
+def merge_reference(kept: list[dict], new: list[dict]) -> list[dict]:
+    """The kept records with every (experiment, mode) that ``new`` has replaced by ``new``'s records."""
+    fresh = {(r.get("experiment"), r.get("mode")) for r in new}
+    return sorted([r for r in kept if (r.get("experiment"), r.get("mode")) not in fresh] + new, key=created_key)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -360,13 +456,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="run the reference presets into --results (default: a new temp folder), keep their "
                         f"records as {REFERENCE_PATH.name}, then rewrite the README")
     p.add_argument("--no-run", action="store_true", help="with --refresh: keep --results' records, run nothing")
+    p.add_argument("--real", action="store_true",
+                   help="with --refresh: run the real presets (reference.real: long, needs a quiet host) and put "
+                        "their records in the kept set in place of older ones of the same presets")
     args = p.parse_args(argv)
     spec, papers = load_spec(), load_papers()
     if args.refresh:
         if args.no_run and not args.results:
             p.error("--refresh --no-run needs --results DIR")
-        results = refresh(pathlib.Path(args.results) if args.results else None, not args.no_run, spec)
-        kept = compact(load_results(results), spec, papers)
+        results = refresh(pathlib.Path(args.results) if args.results else None, not args.no_run, spec, args.real)
+        # Presets not re-run keep their records (a sim refresh keeps the measured ones, --real the sim ones).
+        kept = merge_reference(load_reference(), compact(load_results(results), spec, papers))
         write_reference(kept)
         print(f"{PROG}: kept {len(kept)} records from {results} in {REFERENCE_PATH}")
         records, source = kept, REFERENCE_SOURCE

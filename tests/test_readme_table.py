@@ -98,3 +98,53 @@ def test_compact_keeps_what_the_matching_reads(tmp_path, reference, spec, papers
     rt.write_reference(reference, path)
     assert rt.load_reference(path) == reference
     assert rt.REFERENCE_PATH.stat().st_size < 1_000_000
+
+
+def _rows(reference, spec, papers):
+    """(row, entry, the row's markdown cells) in table order."""
+    table = rt.render_table(reference, spec, papers, rt.REFERENCE_SOURCE)
+    lines = [ln for ln in table.split("\n\n")[0].splitlines()[2:]]
+    entries = rt._entries(spec, papers)
+    assert len(lines) == len(entries)
+    for (sys_, row, entry), line in zip(entries, lines):
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        yield row, entry, cells
+
+
+def test_every_row_out_of_band_says_what_it_hinges_on(reference, spec, papers):
+    for row, entry, cells in _rows(reference, spec, papers):
+        state, hinges = cells[5], cells[6]
+        if state != "in band":
+            assert hinges not in ("", "-"), f"{entry.name}: {state}, but the hinges column is empty"
+
+
+def test_every_real_row_a_cpu_host_runs_has_a_measured_value(reference, spec, papers):
+    real = set(spec["reference"]["real"])
+    for row, entry, cells in _rows(reference, spec, papers):
+        if any(m.mode == "real" and m.experiment in real for m in entry.match):
+            assert "not in the reference set" not in cells[4] + cells[5], entry.name
+            assert cells[4] != "-" and "measured on " in cells[4], f"{entry.name}: {cells[4]}"
+
+
+def test_a_real_value_names_its_host_and_day(reference, spec, papers):
+    rec = next(r for r in reference if r.get("mode") == "real" and r["status"] == "ok")
+    assert rec["provenance"]["host"]["cpu_count"] and rec["hardware"]
+
+
+def test_a_refresh_replaces_only_the_presets_it_ran():
+    kept = [{"experiment": "a/x", "mode": "sim", "run_id": "1", "created": "2026-01-01"},
+            {"experiment": "a/y", "mode": "real", "run_id": "2", "created": "2026-01-01"}]
+    new = [{"experiment": "a/x", "mode": "sim", "run_id": "3", "created": "2026-01-02"}]
+    assert [r["run_id"] for r in rt.merge_reference(kept, new)] == ["2", "3"]
+    new_real = [{"experiment": "a/y", "mode": "real", "run_id": "4", "created": "2026-01-02"}]
+    assert [r["run_id"] for r in rt.merge_reference(kept, new_real)] == ["1", "4"]
+
+
+def test_every_real_preset_composes_with_its_overrides(spec):
+    """What `--refresh --real` runs types before it starts (a typo would cost a long run)."""
+    from bench.app import preflight
+
+    presets = rt._presets(spec, real=True)
+    assert presets and all(m > 0 for _, _, m in presets)
+    for name, extra, _ in presets:
+        assert preflight(["--multirun", f"experiment={name}", *extra]) is None, name

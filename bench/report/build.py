@@ -78,6 +78,8 @@ class EntryRow:
         if not self.ours.found:
             return ""
         v, e = self.ours.value, self.entry
+        if e.at_least:
+            return "in band" if v >= e.value else "below band"
         if e.high is not None:
             return "in band" if e.value <= v <= e.high else ("below band" if v < e.value else "above band")
         if e.value == 0:
