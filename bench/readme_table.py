@@ -1,13 +1,20 @@
-"""``mlsys-bench-readme``: the top-level README's systems table, written from records.
+"""``mlsys-bench-readme``: the top-level README's systems table and cross-paper figures, written from records.
 
     mlsys-bench-readme                      # rewrite README.md between the markers from the kept reference records
     mlsys-bench-readme --check              # exit 1 (and print a diff) when README.md differs from that
-    mlsys-bench-readme --results DIR --print   # the table from any results folder, printed only
+    mlsys-bench-readme --results DIR --print   # both sections from any results folder, printed only
     mlsys-bench-readme --refresh            # run the reference presets, keep their records, rewrite README.md
-    mlsys-bench-readme --refresh --no-run --results DIR   # keep DIR's records in the reference set
-    mlsys-bench-readme --refresh --real     # run the real presets (long, a quiet host), keep their records
+    mlsys-bench-readme --refresh --no-run --results DIR   # keep DIR's records as the reference set
+    mlsys-bench-readme --refresh --no-run --results DIR --add   # add DIR's records to the kept set
+    mlsys-bench-readme --refresh --add --preset cross/varlen    # run one reference preset, add its records
+    mlsys-bench-readme --refresh --real     # run the real presets (long, a quiet host), add their records
 
-A refresh replaces the kept records of each (experiment, mode) it has new records for and keeps the rest.
+Added records replace the kept ones of the same (experiment, mode); a full sim refresh replaces every
+sim record and keeps the measured ones.
+
+Two sections: the systems table (between ``<!-- systems-table:begin/end -->``, this module) and
+the cross-paper figures (between ``<!-- cross-paper:begin/end -->``, :mod:`bench.readme_cross`,
+from the records of the cross presets in the reference set).
 
 What the table says comes from three places, none of them hand-written numbers:
 ``bench/data/readme_systems.yaml`` (each system's name, ``system=`` list, mechanism, which paper
@@ -18,7 +25,13 @@ entries get a row, a short label per row, the reference presets), ``bench/data/p
 
 The reference records are ``bench/data/reference_records.jsonl.gz``: the records of the reference
 presets, cut down to the fields the matching reads (so the table can be rebuilt, and checked by
-``tests/test_readme_table.py``, without running anything).
+``tests/test_readme_table.py``, without running anything); a cross preset's records are cut to
+what ``bench/cross.py`` reads (:func:`bench.readme_cross.compact_cross`).
+
+``--add`` merges instead of replacing (:func:`merge_reference`): the added records replace the
+kept records of the same experiment and mode (a re-run supersedes the old run), every other kept
+record stays. It is how records that the full refresh does not produce (a real run, a single
+re-run preset) join the reference set without re-running every preset.
 """
 from __future__ import annotations
 
@@ -37,7 +50,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from bench import hinges
+from bench import hinges, readme_cross
 from bench.compare import GROUP_FIELDS
 from bench.paper import Ours, PaperEntry, PaperFile, find_ours, load_papers
 from bench.record import created_key, scan_records
@@ -153,10 +166,13 @@ def _hinge_wanted(rec: dict, papers: dict[str, PaperFile]) -> Optional[tuple[set
 
 def compact(records: list[dict], spec: dict, papers: dict[str, PaperFile]) -> list[dict]:
     """The records some row's match (or a hinge experiment's claim) selects, each cut to the fields
-    the table reads."""
+    the table reads, and the cross questions' records, each cut to the fields the cross section reads."""
     matches, metrics, paths = _wanted(spec, papers)
     out = []
     for rec in sorted(records, key=created_key):
+        if readme_cross.is_cross(rec):
+            out.append(readme_cross.compact_cross(rec))
+            continue
         hinge = _hinge_wanted(rec, papers)
         sel = [m for m in matches if rec.get("system") in (m.system, m.vs)
                and fnmatch.fnmatchcase(str(rec.get("experiment", "")), m.experiment)]
@@ -179,6 +195,15 @@ def compact(records: list[dict], spec: dict, papers: dict[str, PaperFile]) -> li
             small["host_load"] = {k: (rec.get("host_load") or {}).get(k) for k in ("foreign_cpu_frac",)}
         out.append(small)
     return out
+
+
+def merge_reference(kept: list[dict], added: list[dict]) -> list[dict]:
+    """``kept`` with ``added`` in it: the added records replace every kept record of the same
+    (experiment, mode), so a re-run supersedes the old one and the file does not grow."""
+    replaced = {(r.get("experiment"), r.get("mode")) for r in added}
+    new_ids = {r.get("run_id") for r in added}
+    out = [r for r in kept if (r.get("experiment"), r.get("mode")) not in replaced and r.get("run_id") not in new_ids]
+    return sorted(out + list(added), key=created_key)
 
 
 def write_reference(records: list[dict], path: pathlib.Path | str = REFERENCE_PATH) -> None:
@@ -391,19 +416,34 @@ def _paper_scale_text() -> str:
 
 # ------------------------------------------------------------------ the README
 
-def splice(readme: str, table: str) -> str:
+def _bounds(readme: str, begin: str, end: str) -> tuple[int, int]:
+    b, e = readme.find(begin), readme.find(end)
+    if b < 0 or e < 0 or e < b:
+        raise ValueError(f"README has no {begin} ... {end} section")
+    return b, e
+
+
+def splice(readme: str, table: str, begin: str = BEGIN, end: str = END) -> str:
     """``readme`` with the text between the markers replaced by ``table``."""
-    b, e = readme.find(BEGIN), readme.find(END)
-    if b < 0 or e < 0 or e < b:
-        raise ValueError(f"README has no {BEGIN} ... {END} section")
-    return readme[: b + len(BEGIN)] + "\n" + table + readme[e:]
+    b, e = _bounds(readme, begin, end)
+    return readme[: b + len(begin)] + "\n" + table + readme[e:]
 
 
-def section(readme: str) -> str:
-    b, e = readme.find(BEGIN), readme.find(END)
-    if b < 0 or e < 0 or e < b:
-        raise ValueError(f"README has no {BEGIN} ... {END} section")
-    return readme[b + len(BEGIN): e].lstrip("\n")
+def section(readme: str, begin: str = BEGIN, end: str = END) -> str:
+    b, e = _bounds(readme, begin, end)
+    return readme[b + len(begin): e].lstrip("\n")
+
+
+def split_records(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the records the systems table reads, the cross questions' records)."""
+    return ([r for r in records if not readme_cross.is_cross(r)], [r for r in records if readme_cross.is_cross(r)])
+
+
+def render_readme(readme: str, records: list[dict], spec: dict, papers: dict[str, PaperFile], source: str) -> str:
+    """``readme`` with both generated sections rewritten from ``records``."""
+    table_recs, cross_recs = split_records(records)
+    out = splice(readme, render_table(table_recs, spec, papers, source))
+    return splice(out, readme_cross.render_cross(cross_recs, spec, source), readme_cross.BEGIN, readme_cross.END)
 
 
 def _presets(spec: dict, real: bool) -> list[tuple[str, list[str], float]]:
@@ -416,13 +456,14 @@ def _presets(spec: dict, real: bool) -> list[tuple[str, list[str], float]]:
     return [(name, [], 1.0) for name in sim]
 
 
-def refresh(results: Optional[pathlib.Path], run: bool, spec: dict, real: bool = False) -> pathlib.Path:
+def refresh(results: Optional[pathlib.Path], run: bool, spec: dict, real: bool = False,
+            only: Optional[Sequence[str]] = None) -> pathlib.Path:
     from tqdm import tqdm
 
     results = results or pathlib.Path(tempfile.mkdtemp(prefix="mlsys-readme-"))
     if not run:
         return results
-    presets = _presets(spec, real)
+    presets = [p for p in _presets(spec, real) if not only or p[0] in only]
     total = sum(m for _, _, m in presets)
     if real:
         print(f"{PROG}: {len(presets)} real presets, about {total:.0f} minutes on a quiet 2-core host; "
@@ -440,34 +481,49 @@ def refresh(results: Optional[pathlib.Path], run: bool, spec: dict, real: bool =
     return results
 
 
-def merge_reference(kept: list[dict], new: list[dict]) -> list[dict]:
-    """The kept records with every (experiment, mode) that ``new`` has replaced by ``new``'s records."""
-    fresh = {(r.get("experiment"), r.get("mode")) for r in new}
-    return sorted([r for r in kept if (r.get("experiment"), r.get("mode")) not in fresh] + new, key=created_key)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--results", help="a results folder to read instead of the kept reference records")
     p.add_argument("--readme", default=str(README_PATH), help="the README to rewrite (default %(default)s)")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when the README differs")
-    p.add_argument("--print", dest="print_only", action="store_true", help="print the table, write nothing")
+    p.add_argument("--print", dest="print_only", action="store_true", help="print both sections, write nothing")
     p.add_argument("--refresh", action="store_true",
                    help="run the reference presets into --results (default: a new temp folder), keep their "
                         f"records as {REFERENCE_PATH.name}, then rewrite the README")
     p.add_argument("--no-run", action="store_true", help="with --refresh: keep --results' records, run nothing")
     p.add_argument("--real", action="store_true",
-                   help="with --refresh: run the real presets (reference.real: long, needs a quiet host) and put "
-                        "their records in the kept set in place of older ones of the same presets")
+                   help="with --refresh: run the real presets (reference.real: long, needs a quiet host) and add "
+                        "their records (implies --add)")
+    p.add_argument("--add", action="store_true",
+                   help="with --refresh: add the records to the kept set (replacing the kept records of the same "
+                        "experiment and mode) instead of replacing every sim record")
+    p.add_argument("--preset", action="append", default=[],
+                   help="with --refresh --add: run only this reference preset (repeatable)")
     args = p.parse_args(argv)
     spec, papers = load_spec(), load_papers()
+    if (args.add or args.preset or args.real) and not args.refresh:
+        p.error("--add, --preset and --real go with --refresh")
+    if args.preset and not (args.add or args.real):
+        p.error("--preset needs --add (the other presets' kept records would be dropped)")
+    known = [name for real in (False, True) for name, _, _ in _presets(spec, real)]
+    unknown = [x for x in args.preset if x not in known]
+    if unknown:
+        p.error(f"--preset {unknown[0]}: not a reference preset of {SPEC_PATH.name}")
     if args.refresh:
         if args.no_run and not args.results:
             p.error("--refresh --no-run needs --results DIR")
-        results = refresh(pathlib.Path(args.results) if args.results else None, not args.no_run, spec, args.real)
-        # Presets not re-run keep their records (a sim refresh keeps the measured ones, --real the sim ones).
-        kept = merge_reference(load_reference(), compact(load_results(results), spec, papers))
-        write_reference(kept)
+        if args.no_run and not pathlib.Path(args.results).is_dir():
+            p.error(f"--results {args.results}: no such folder")
+        results = refresh(pathlib.Path(args.results) if args.results else None, not args.no_run, spec, args.real,
+                          args.preset)
+        kept = compact(load_results(results), spec, papers)
+        before = load_reference(REFERENCE_PATH) if REFERENCE_PATH.exists() else []
+        if args.add or args.real:
+            kept, added = merge_reference(before, kept), len(kept)
+            print(f"{PROG}: added {added} records from {results} to the {len(before)} kept ({len(kept)} now)")
+        else:  # every sim record is replaced; the measured ones (--refresh --real) stay
+            kept = merge_reference([r for r in before if r.get("mode") == "real"], kept)
+        write_reference(kept, REFERENCE_PATH)
         print(f"{PROG}: kept {len(kept)} records from {results} in {REFERENCE_PATH}")
         records, source = kept, REFERENCE_SOURCE
     elif args.results:
@@ -476,15 +532,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         records, source = load_results(args.results), f"the records in `{args.results}`"
     else:
-        records, source = load_reference(), REFERENCE_SOURCE
-    table = render_table(records, spec, papers, source)
+        records, source = load_reference(REFERENCE_PATH), REFERENCE_SOURCE
     if args.print_only:
-        sys.stdout.write(table)
+        table_recs, cross_recs = split_records(records)
+        sys.stdout.write(render_table(table_recs, spec, papers, source) + "\n"
+                         + readme_cross.render_cross(cross_recs, spec, source))
         return 0
     readme = pathlib.Path(args.readme)
     old = readme.read_text(encoding="utf-8")
     try:
-        new = splice(old, table)
+        new = render_readme(old, records, spec, papers, source)
     except ValueError as exc:
         print(f"{PROG}: {readme}: {exc}", file=sys.stderr)
         return 2
@@ -496,7 +553,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     if new != old:
         readme.write_text(new, encoding="utf-8")
-    print(f"{PROG}: {readme}: systems table written from {len(records)} records")
+    print(f"{PROG}: {readme}: systems table and cross-paper figures written from {len(records)} records")
     return 0
 
 
