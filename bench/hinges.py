@@ -355,7 +355,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps([dataclasses.asdict(c) for c in found], indent=1, default=str))
         return 0
     for ch in found:
-        unit = "%" if papers[ch.paper].entry(ch.claim).unit == "%" else "x"
+        entry_unit = papers[ch.paper].entry(ch.claim).unit
+        unit = "%" if entry_unit == "fraction" else entry_unit  # paper files say "fraction", never "%"
         print(f"{ch.experiment}: {ch.claim}: band {fig_text(ch.low, unit)}..{fig_text(ch.high, unit)}, "
               f"as composed {fig_text(ch.base, unit)} ({ch.state})")
         for sw in ch.swings:
