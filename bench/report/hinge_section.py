@@ -49,11 +49,15 @@ class HingeRow:
 
     @property
     def low_text(self) -> str:
-        return fmt(self.low, self.unit)
+        return self._text(self.low)
 
     @property
     def high_text(self) -> str:
-        return fmt(self.high, self.unit)
+        return self._text(self.high)
+
+    def _text(self, v: Optional[float]) -> str:
+        # No figure: a system of the claim failed there (e.g. the setting does not fit); its record says why.
+        return fmt(v, self.unit) if v is not None else "no ok run"
 
     @property
     def holds_text(self) -> str:

@@ -50,6 +50,9 @@ def test_every_link_and_image_resolves_offline(site):
         for ref in links.refs:
             url = urllib.parse.urlparse(ref)
             assert not url.scheme and not url.netloc, f"{page.name}: {ref} leaves the site"
+            if not url.path:  # a link within the page: its target id is there
+                assert f'id="{url.fragment}"' in page.read_text(), f"{page.name}: {ref} has no target"
+                continue
             target = (page.parent / urllib.parse.unquote(url.path)).resolve()
             assert target.is_file(), f"{page.name}: {ref} does not resolve"
             if target.suffix == ".png":

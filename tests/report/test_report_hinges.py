@@ -9,10 +9,9 @@ import html.parser
 import pytest
 
 from bench.hinges import Display, HingeInput, Swing, analyze, value_text
-from bench.paper import load_papers
+from bench.paper import load_paper, paper_dir
 from bench.record import write_record
-from bench.report import main
-from bench.report.build import fmt
+from bench.report.build import build_report, fmt
 from bench.report.hinge_section import HingeRow
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -57,8 +56,13 @@ def table(text: str, table_id: str) -> dict[str, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def claim(report_results):
-    [ch] = analyze(report_results["hinges"], load_papers())
+def hotspa():
+    return {"hotspa": load_paper(paper_dir() / "hotspa.yaml")}  # the one paper the records name
+
+
+@pytest.fixture(scope="module")
+def claim(report_results, hotspa):
+    [ch] = analyze(report_results["hinges"], hotspa)
     return ch
 
 
@@ -100,19 +104,21 @@ def test_a_missed_claim_says_where_it_would_hold_or_none_within_range(site, clai
     assert holds["per-iteration overhead"] == holds["sequence parallelism [R]"] == "none within range"
 
 
-def test_a_fraction_claim_shows_percent():
+def test_a_fraction_claim_shows_percent_and_a_missing_figure_says_so():
     inp = HingeInput(name="n", key="k", values=[1, 2], display=Display(), source="s")
     row = HingeRow(Swing(inp, [1, 2], [0.35, 0.5]), "fraction", "in band")
     assert (row.low_text, row.high_text, row.holds_text) == ("35%", "50%", "in band as composed")
+    row = HingeRow(Swing(inp, [1, 2], [None, 0.5]), "fraction", "below")
+    assert (row.low_text, row.holds_text) == ("no ok run", "none within range")
 
 
-def test_a_bad_declaration_is_named_on_its_page_and_costs_nothing_else(report_results, tmp_path):
+def test_a_bad_declaration_is_named_on_its_page_and_costs_nothing_else(report_results, hotspa, tmp_path):
     results = tmp_path / "runs"
     for rec in report_results["hinges"]:
         bad = copy.deepcopy(rec)
         bad["config"]["hinges"]["claims"] = ["no_such_claim"]
         write_record(results, bad)
-    assert main(["--results", str(results), "--out", str(tmp_path / "site")]) == 0
+    build_report(results, tmp_path / "site", hotspa)
     text = html.unescape((tmp_path / "site" / "hotspa.html").read_text())
     assert "hinges not read: hotspa/hinges: hinges.claims: 'no_such_claim' is not an entry" in text
     assert 'id="hinges"' not in text and 'id="records"' in text
