@@ -172,6 +172,7 @@ class Swing:
     holds_at: Optional[float] = None  # the value at which a missed claim would hold
     holds_side: str = ""  # "<=" / ">=": the claim holds on this side of holds_at
     holds_in_range: bool = False
+    base: Optional[float] = None  # the claim's figure as composed (point 0)
 
     @property
     def ends(self) -> tuple[Optional[float], Optional[float]]:
@@ -179,7 +180,9 @@ class Swing:
 
     @property
     def span(self) -> float:
-        f = [x for x in self.figures if x is not None]
+        """How far the input moves the figure, the as-composed figure included (a one-value input
+        moves it from there)."""
+        f = [x for x in [*self.figures, self.base] if x is not None]
         return (max(f) - min(f)) if f else 0.0
 
 
@@ -274,7 +277,7 @@ def analyze(records: list[dict], papers: Optional[dict] = None) -> list[ClaimHin
                 ks = [k + 1 for k, (ii, _) in enumerate(flat) if ii == i]
                 xs = list(inp.values or inp.factors)
                 fs = [fig(k) for k in ks]
-                sw = Swing(inp, xs, fs)
+                sw = Swing(inp, xs, fs, base=base)
                 if ch.state != "in band":
                     base_x = 1.0 if inp.factors else (inp.composed if inp.composed is not None
                                                       else _as_composed(recs, inp.key))
@@ -333,7 +336,8 @@ def claim_text(ch: ClaimHinges, unit: str = "x", top: int = 3) -> str:
 
 
 def _unit(papers: dict, ch: ClaimHinges) -> str:
-    return "%" if papers[ch.paper].entry(ch.claim).unit == "fraction" else "x"
+    unit = papers[ch.paper].entry(ch.claim).unit
+    return "%" if unit == "fraction" else unit  # paper files say "fraction", never "%"
 
 
 def markdown(found: list[ClaimHinges], papers: dict) -> str:

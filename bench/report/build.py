@@ -1,8 +1,9 @@
 """Build the static report site from a results folder and the papers' numbers.
 
 Layout of ``out/``: ``index.html`` (one row per system), ``<system>.html`` (paper vs ours, figures,
-every record), ``records/<run_id>.json`` (each record as read, so every link resolves offline),
-``fig/`` (PNGs) and ``style.css``. No script, no network: the pages are plain HTML.
+what the claims hinge on where a hinge experiment ran, every record), ``records/<run_id>.json``
+(each record as read, so every link resolves offline), ``fig/`` (PNGs) and ``style.css``.
+No script, no network: the pages are plain HTML.
 """
 from __future__ import annotations
 
@@ -150,6 +151,8 @@ class SystemPage:
     paper_figures: list[Figure] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)  # the system's own (figures.py)
     figure_errors: list[str] = field(default_factory=list)
+    hinges: list = field(default_factory=list)  # hinge_section.HingeClaim per claim of a hinge experiment
+    hinge_errors: list[str] = field(default_factory=list)
 
     @property
     def href(self) -> str:
@@ -273,6 +276,14 @@ def build_report(results: pathlib.Path | str, out: pathlib.Path | str,
                             for e in page.paper.entries]
         _system_figures(page, out)
         _paper_figures(page, out)
+    from bench.report.hinge_section import hinge_claims  # it builds on this module's helpers
+
+    # Over every record, not one page's: a claim's baseline may be another package's system.
+    hinges, hinge_errors = hinge_claims(scanned.records, papers, out)
+    for name, found in hinges.items():
+        pages[name].hinges = found
+    for name, errors in hinge_errors.items():
+        pages[name].hinge_errors = errors
 
     order = [*papers, *sorted(n for n in pages if n not in papers and n != HARNESS),
              *([HARNESS] if HARNESS in pages else [])]

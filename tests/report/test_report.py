@@ -18,13 +18,6 @@ from bench.report.build import build_report
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def site(report_results, tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    assert main(["--results", str(report_results["dir"]), "--out", str(out)]) == 0
-    return out
-
-
 class Links(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
@@ -57,6 +50,9 @@ def test_every_link_and_image_resolves_offline(site):
         for ref in links.refs:
             url = urllib.parse.urlparse(ref)
             assert not url.scheme and not url.netloc, f"{page.name}: {ref} leaves the site"
+            if not url.path:  # a link within the page: its target id is there
+                assert f'id="{url.fragment}"' in page.read_text(), f"{page.name}: {ref} has no target"
+                continue
             target = (page.parent / urllib.parse.unquote(url.path)).resolve()
             assert target.is_file(), f"{page.name}: {ref} does not resolve"
             if target.suffix == ".png":
@@ -173,6 +169,17 @@ def test_report_in_headless_chromium(site, tmp_path):
     assert "cross-cross_stragglers" in parsed.tables
     assert "not applicable" in cross and "(simulated)" in cross
     assert any(r.endswith("cross-cross_stragglers.png") for r in parsed.refs)
+    # The page with a tornado chart (the synthetic HotSPa hinge records): its tables and chart.
+    hinge = run_browser(["--dump-dom", (site / "hotspa.html").as_uri()]).stdout
+    parsed = parse(hinge)
+    assert "hinges-hotspa_hinges-matrix_max_band-table" in parsed.tables
+    assert "What the claims hinge on" in hinge and "none within range" in hinge
+    charts = [r for r in parsed.refs if r.endswith("hinges-hotspa_hinges-matrix_max_band.png")]
+    assert charts and all((site / r).read_bytes()[:8] == PNG_MAGIC for r in charts)
+    hinge_shot = tmp_path / "hinges.png"
+    run_browser(["--window-size=1300,1400", f"--screenshot={hinge_shot}", (site / "hotspa.html").as_uri() + "#hinges"])
+    assert hinge_shot.read_bytes()[:8] == PNG_MAGIC and hinge_shot.stat().st_size > 10_000
+    print(f"screenshot: {hinge_shot}")
     shot = tmp_path / "index.png"
     run_browser(["--window-size=1300,900", f"--screenshot={shot}", index.as_uri()])
     assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > 10_000
