@@ -321,8 +321,11 @@ def swing_text(sw: Swing, unit: str = "x") -> str:
     """``name lo..hi: f_lo..f_hi (holds at <= v | none within range)``."""
     inp = sw.input
     xs = sw.values
-    text = (f"{inp.name} {value_text(inp, xs[0])}..{value_text(inp, xs[-1])}: "
-            f"{fig_text(sw.ends[0], unit)}..{fig_text(sw.ends[1], unit)}")
+    if len(xs) == 1:  # one value: the figure there against the as-composed one
+        text = f"{inp.name} {value_text(inp, xs[0])}: {fig_text(sw.base, unit)} -> {fig_text(sw.ends[0], unit)}"
+    else:
+        text = (f"{inp.name} {value_text(inp, xs[0])}..{value_text(inp, xs[-1])}: "
+                f"{fig_text(sw.ends[0], unit)}..{fig_text(sw.ends[1], unit)}")
     if sw.holds_in_range:
         text += f" (holds at {sw.holds_side} {value_text(inp, sw.holds_at)})"
     return text
