@@ -223,23 +223,25 @@ def _retarget(entry, experiment: str):
 
 
 def _crossing(xs: list[float], fs: list[Optional[float]], lo: float, hi: float,
-              base_x: Optional[float]) -> tuple[Optional[float], str, bool]:
-    """The value nearest the as-composed one at which the figure enters [lo, hi]."""
-    pts = [(x, f) for x, f in zip(xs, fs) if f is not None and isinstance(x, (int, float))]
-    inside = [k for k, (_, f) in enumerate(pts) if lo <= f <= hi]
-    if not inside:
+              base_x: Optional[float], base_f: Optional[float] = None) -> tuple[Optional[float], str, bool]:
+    """The value nearest the as-composed one at which the figure enters [lo, hi], linear between
+    neighbouring points (the as-composed point counts as one): a figure that passes through the
+    band between two swept values holds there although neither value is in band."""
+    pts = [(x, f) for x, f in zip(xs, fs)
+           if f is not None and isinstance(x, (int, float)) and not isinstance(x, bool)]
+    if base_x is not None and base_f is not None and all(x != base_x for x, _ in pts):
+        pts = sorted(pts + [(base_x, base_f)])
+    if not pts:
         return None, "", False
     ref = base_x if base_x is not None else pts[0][0]
-    k = min(inside, key=lambda k: abs(pts[k][0] - ref))
-    x_in, f_in = pts[k]
-    # Walk toward the as-composed side: the neighbour that is out of band bounds the crossing.
-    step = -1 if x_in > ref else 1
-    n = k + step
-    if 0 <= n < len(pts) and not (lo <= pts[n][1] <= hi):
-        x_out, f_out = pts[n]
-        edge = lo if f_out < lo else hi
-        t = (edge - f_out) / (f_in - f_out) if f_in != f_out else 1.0
-        x_in = x_out + t * (x_in - x_out)
+    found = [x for x, f in pts if lo <= f <= hi]
+    for (x1, f1), (x2, f2) in zip(pts, pts[1:]):
+        for edge in (lo, hi):
+            if f1 != f2 and min(f1, f2) <= edge <= max(f1, f2):
+                found.append(x1 + (edge - f1) / (f2 - f1) * (x2 - x1))
+    if not found:
+        return None, "", False
+    x_in = min(found, key=lambda x: abs(x - ref))
     side = ">=" if x_in >= ref else "<="
     return x_in, side, True
 
@@ -262,7 +264,7 @@ def analyze(records: list[dict], papers: Optional[dict] = None) -> list[ClaimHin
             raise ConfigError(f"{exp}: hinges.paper: no bench/data/paper/{decl.paper}.yaml")
         by_point: dict[int, list[dict]] = {}
         for r in recs:
-            by_point.setdefault(int(r["config"]["hinges"]["point"]), []).append(r)
+            by_point.setdefault(int(r["config"]["hinges"]["point"]), []).append(_point0_labels(r, decl))
         flat = points(decl)
         for claim in decl.claims:
             try:
@@ -281,11 +283,38 @@ def analyze(records: list[dict], papers: Optional[dict] = None) -> list[ClaimHin
                 if ch.state != "in band":
                     base_x = 1.0 if inp.factors else (inp.composed if inp.composed is not None
                                                       else _as_composed(recs, inp.key))
-                    sw.holds_at, sw.holds_side, sw.holds_in_range = _crossing(xs, fs, lo, hi, base_x)
+                    sw.holds_at, sw.holds_side, sw.holds_in_range = _crossing(xs, fs, lo, hi, base_x, base)
                 ch.swings.append(sw)
             ch.swings.sort(key=lambda s: -s.span)
             out.append(ch)
     return out
+
+
+LABELS = ("workload", "hardware", "fault")
+
+
+def _point0_labels(rec: dict, decl: HingesConfig) -> dict:
+    """``rec`` with its point's override taken out of its workload / hardware / fault label
+    (``a100-40g[mfu=0.2]`` -> ``a100-40g``): the claim's match reads the labels as at point 0, so
+    a ``where: {hardware: a100-40g}`` and the pairing with ``vs`` hold at every point."""
+    k = int(rec["config"]["hinges"]["point"])
+    if k < 1 or k > len(points(decl)):
+        return rec
+    key = decl.inputs[points(decl)[k - 1][0]].key
+    group, _, sub = key.partition(".")
+    label = rec.get(group)
+    if group not in LABELS or not isinstance(label, str) or not label.endswith("]") or "[" not in label:
+        return rec
+    node: Any = rec.get("config") or {}
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    tweak = f"{sub}={json.dumps(node) if isinstance(node, (list, dict)) else node}"
+    choice, inner = label[:-1].split("[", 1)
+    tweaks = "," + inner + ","
+    if "," + tweak + "," not in tweaks:
+        return rec
+    rest = tweaks.replace("," + tweak + ",", ",", 1).strip(",")
+    return {**rec, group: f"{choice}[{rest}]" if rest else choice}
 
 
 def _as_composed(recs: list[dict], key: str) -> Optional[float]:

@@ -30,6 +30,9 @@ def validate_compute_slowdown(fault, num_gpus: int) -> None:
     if getattr(fault, "kind", None) != "compute_slowdown":
         return
     _check_event(fault.gpus, fault.factor, fault.factors, num_gpus, "fault")
+    severity = getattr(fault, "severity", 1.0)
+    if not (severity >= 0 and math.isfinite(severity)):
+        raise ConfigError(f"fault.severity must be >= 0 and finite, got {severity}")
     if fault.start_iter < 0:
         raise ConfigError(f"fault.start_iter must be >= 0, got {fault.start_iter}")
     if fault.stop_iter is not None and fault.stop_iter <= fault.start_iter:
@@ -44,7 +47,8 @@ def validate_compute_slowdown(fault, num_gpus: int) -> None:
 
 def slowdown_at(fault, iteration: int, num_gpus: int) -> list[float]:
     """Factor per GPU at ``iteration`` (1.0 = nominal). A non-empty trace replaces gpus/factor:
-    its last event with start_iter <= iteration holds; start/stop_iter bound the whole fault."""
+    its last event with start_iter <= iteration holds; start/stop_iter bound the whole fault;
+    ``severity`` scales each factor's excess over 1."""
     x = [1.0] * num_gpus
     if getattr(fault, "kind", None) != "compute_slowdown":
         return x
@@ -56,8 +60,10 @@ def slowdown_at(fault, iteration: int, num_gpus: int) -> list[float]:
         if not current:
             return x
         gpus, factor, factors = current[-1].gpus, current[-1].factor, current[-1].factors
+    severity = float(getattr(fault, "severity", 1.0))
     for k, g in enumerate(gpus):
-        x[int(g)] = float(factors[k]) if factors else float(factor)
+        f = float(factors[k]) if factors else float(factor)
+        x[int(g)] = f if severity == 1.0 else 1.0 + severity * (f - 1.0)
     return x
 
 

@@ -99,6 +99,10 @@ class ComputeSlowdown:
     factors: List[float] = field(default_factory=list)
     # Optional time-varying trace; when non-empty it replaces gpus/factor(s).
     trace: List[SlowdownEvent] = field(default_factory=list)
+    # Scales every injected factor's excess over nominal, x -> 1 + severity (x - 1): one knob
+    # over scenarios whose rates differ (a hinge experiment sweeps how much a claim follows them);
+    # 1 = the rates as written, 0 = no straggler.
+    severity: float = 1.0
 
 
 @dataclass

@@ -44,3 +44,18 @@ def test_impossible_specs_fail_in_one_line(fault, message):
         validate_link_delay(fault, 4)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_slowdown_severity_scales_each_factors_excess():
+    from faults.compute_slowdown import slowdown_at, validate_compute_slowdown
+    from faults.spec import ComputeSlowdown
+
+    f = ComputeSlowdown(gpus=[0, 2, 3], factors=[12.53, 2.57, 0.8])
+    assert slowdown_at(f, 0, 4) == [12.53, 1.0, 2.57, 0.8]
+    f.severity = 0.5
+    assert slowdown_at(f, 0, 4) == pytest.approx([6.765, 1.0, 1.785, 0.9])
+    f.severity = 0.0
+    assert slowdown_at(f, 0, 4) == [1.0] * 4
+    f.severity = -1.0
+    with pytest.raises(ConfigError, match="fault.severity must be >= 0"):
+        validate_compute_slowdown(f, 4)

@@ -58,6 +58,9 @@ class HybridCostModel:
     # norms and residuals on s / tp tokens, and so does the step model's layer time (same
     # collective bytes, as all-gathers + reduce-scatters).
     sequence_parallel: bool = False
+    # step_layer_s by TP size: the planner and the simulator ask for a few sizes thousands of
+    # times per job (a Malleus S5 job: ~2,800 calls, ~20 s of kernel-table interpolation).
+    _layer_s: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, wl, hw) -> "HybridCostModel":
@@ -85,6 +88,8 @@ class HybridCostModel:
         """The step model's forward + backward of one layer for one micro-batch on ``tp_size`` GPUs
         (with ``sequence_parallel``: norms and residuals on rows / tp_size tokens, the rows padded
         to a multiple of tp_size as Megatron pads them)."""
+        if tp_size in self._layer_s:
+            return self._layer_s[tp_size]
         from impl.common.megatron.model import MegatronModel
         from impl.common.megatron.step import layer_terms, theta_of
 
@@ -94,7 +99,8 @@ class HybridCostModel:
             rows = math.ceil(rows / tp_size) * tp_size
         f = layer_terms(MegatronModel.from_shape(self.model), tp_size, rows, rows * self.model.seq_len, self.hw,
                         self.hw.gpus_per_node, sequence_parallel=sp)
-        return float(f @ theta_of(self.hw, step_knobs(self.hw)))
+        self._layer_s[tp_size] = float(f @ theta_of(self.hw, step_knobs(self.hw)))
+        return self._layer_s[tp_size]
 
     def layer_time_s(self, tp_size: int) -> float:
         """Forward + backward of one layer for one micro-batch on a TP group of ``tp_size``."""
