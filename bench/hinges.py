@@ -140,7 +140,8 @@ def point_override(cfg: DictConfig) -> Optional[tuple[HingeInput, str, Any]]:
         if not isinstance(composed, (int, float)) or isinstance(composed, bool):
             raise ConfigError(f"hinges.inputs[{i}].factors ({inp.name}): {inp.key} is {composed!r}, "
                               "not a number to scale")
-        value = type(composed)(composed * inp.factors[j]) if isinstance(composed, float) else composed * inp.factors[j]
+        # An integer key (a token budget, a count) stays an integer: the typed config refuses 1e5 as 100000.0.
+        value = int(round(composed * inp.factors[j])) if isinstance(composed, int) else float(composed * inp.factors[j])
     return inp, inp.key, value
 
 
@@ -172,6 +173,7 @@ class Swing:
     holds_at: Optional[float] = None  # the value at which a missed claim would hold
     holds_side: str = ""  # "<=" / ">=": the claim holds on this side of holds_at
     holds_in_range: bool = False
+    base: Optional[float] = None  # the claim's figure as composed (point 0)
 
     @property
     def ends(self) -> tuple[Optional[float], Optional[float]]:
@@ -179,7 +181,8 @@ class Swing:
 
     @property
     def span(self) -> float:
-        f = [x for x in self.figures if x is not None]
+        # The as-composed figure is one end of every range: a one-value input swings from it.
+        f = [x for x in [*self.figures, self.base] if x is not None]
         return (max(f) - min(f)) if f else 0.0
 
 
@@ -272,7 +275,7 @@ def analyze(records: list[dict], papers: Optional[dict] = None) -> list[ClaimHin
                 ks = [k + 1 for k, (ii, _) in enumerate(flat) if ii == i]
                 xs = list(inp.values or inp.factors)
                 fs = [fig(k) for k in ks]
-                sw = Swing(inp, xs, fs)
+                sw = Swing(inp, xs, fs, base=base)
                 if ch.state != "in band":
                     base_x = 1.0 if inp.factors else (inp.composed if inp.composed is not None
                                                       else _as_composed(recs, inp.key))
@@ -355,7 +358,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps([dataclasses.asdict(c) for c in found], indent=1, default=str))
         return 0
     for ch in found:
-        unit = "%" if papers[ch.paper].entry(ch.claim).unit == "%" else "x"
+        unit = papers[ch.paper].entry(ch.claim).unit
+        # Paper files give reductions as fractions (0.45 = 45%); ratios as x; anything else by name.
+        unit = "%" if unit in ("%", "fraction") else ("x" if unit in ("x", "") else f" {unit}")
         print(f"{ch.experiment}: {ch.claim}: band {fig_text(ch.low, unit)}..{fig_text(ch.high, unit)}, "
               f"as composed {fig_text(ch.base, unit)} ({ch.state})")
         for sw in ch.swings:
