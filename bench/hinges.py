@@ -140,7 +140,8 @@ def point_override(cfg: DictConfig) -> Optional[tuple[HingeInput, str, Any]]:
         if not isinstance(composed, (int, float)) or isinstance(composed, bool):
             raise ConfigError(f"hinges.inputs[{i}].factors ({inp.name}): {inp.key} is {composed!r}, "
                               "not a number to scale")
-        value = type(composed)(composed * inp.factors[j]) if isinstance(composed, float) else composed * inp.factors[j]
+        # An integer key (a token budget, a count) stays an integer: the typed config refuses 1e5 as 100000.0.
+        value = int(round(composed * inp.factors[j])) if isinstance(composed, int) else float(composed * inp.factors[j])
     return inp, inp.key, value
 
 

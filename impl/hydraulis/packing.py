@@ -52,6 +52,11 @@ class Packing:
     ilp_solves: int = 0
 
 
+class PackingInfeasible(ConfigError):
+    """No micro-batch count in the window packs a replica's sequences under its cap: the ILP proved
+    it, or stopped at its limit without a packing. The planner drops that candidate for the step."""
+
+
 def v_range(total: int, n: int, replica: ReplicaCost, v_window: int) -> tuple[int, int]:
     v_min = max(1, math.ceil(total / replica.cap))
     v_max = max(v_min, min(n, total // max(1, replica.util)))
@@ -184,7 +189,7 @@ def pack_replica(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCos
         if best is None or score < best[0]:
             best = (score, bins, v)
     if best is None:
-        raise ConfigError(f"packing: no v in [{v_lo}, {v_hi}] packs {n} sequences ({total} tokens) into "
+        raise PackingInfeasible(f"packing: no v in [{v_lo}, {v_hi}] packs {n} sequences ({total} tokens) into "
                           f"micro-batches of {replica.cap} tokens on replica {replica.label()}")
     score, bins, _ = best
     mbs: dict[int, list[int]] = {}

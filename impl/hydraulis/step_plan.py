@@ -31,7 +31,7 @@ from impl.common.api import ConfigError
 
 from impl.hydraulis.cost.strategy import ReplicaCost, fmt_strategy
 from impl.hydraulis.dispatch import DEFAULT_BUDGET, dispatch, token_balanced
-from impl.hydraulis.packing import Packing, pack_replica, packing_score, time_lower_bound
+from impl.hydraulis.packing import Packing, PackingInfeasible, pack_replica, packing_score, time_lower_bound
 
 DISPATCHES = ("greedy", "token_balanced")
 # ILPs for every replica (the authors' code) or only where they can move the candidate's max
@@ -68,7 +68,7 @@ class StepPlan:
     candidate_scores: list = field(default_factory=list)
     statuses: dict = field(default_factory=dict)  # ILP status -> count over the winner's replicas
     ilp_solves: int = 0  # over every candidate
-    outcomes: list = field(default_factory=list)  # per candidate: ok | no_fit | empty_replica | pruned
+    outcomes: list = field(default_factory=list)  # per candidate: ok | no_fit | empty_replica | no_pack | pruned
 
     def to_dict(self) -> dict:
         return {"candidate": self.candidate, "strategy": fmt_strategy([r.replica for r in self.replicas]),
@@ -105,7 +105,8 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
     """(replica plans or None, predicted time in ms, ILP solves, outcome) of one candidate; the
     predicted time is the max over replicas of the packing's 1F1B time. Outcome: ``ok``;
     ``no_fit`` (capacity below the longest sequence); ``empty_replica`` (dispatch leaves a
-    replica without data: dropped); ``pruned`` (its time provably cannot go below ``cutoff``,
+    replica without data: dropped); ``no_pack`` (a replica's share packs into no micro-batch count of
+    its v window: dropped); ``pruned`` (its time provably cannot go below ``cutoff``,
     the best candidate so far: the returned time is that lower bound)."""
     if max(r.cap for r in replicas) < max(lengths):
         return None, math.inf, 0, "no_fit"
@@ -126,9 +127,14 @@ def plan_candidate(lengths: Sequence[int], replicas: Sequence[ReplicaCost], *, s
     # the replica with the highest bound first: it decides whether the candidate can still win
     for k in sorted(range(len(replicas)), key=lambda k: -lbs[k]):
         r, idx = replicas[k], d.assign[k]
-        p: Packing = pack_replica(lengths, idx, r, v_window=v_window, time_limit_s=time_limit_s,
-                                  node_limit=node_limit, mip_rel_gap=mip_rel_gap,
-                                  target=worst if ilp_scope == "critical" else -math.inf)
+        try:
+            p: Packing = pack_replica(lengths, idx, r, v_window=v_window, time_limit_s=time_limit_s,
+                                      node_limit=node_limit, mip_rel_gap=mip_rel_gap,
+                                      target=worst if ilp_scope == "critical" else -math.inf)
+        except PackingInfeasible:
+            # A replica its dispatch filled beyond what the v window packs (a tight cap, few
+            # micro-batches allowed): the candidate has no plan this step, as an empty replica.
+            return None, math.inf, solves, "no_pack"
         solves += p.ilp_solves
         worst = max(worst, p.score)
         t = replica_time_ms(lengths, p.micro_batches, r)
@@ -162,6 +168,9 @@ def plan_step(lengths: Sequence[int], candidates: Sequence[Sequence[ReplicaCost]
         outcomes.append(outcome)
         if plans is not None and (best is None or score < best[0]):
             best = (score, ci, plans)
+    if best is None and "no_pack" in outcomes:
+        raise ConfigError(f"strategy pool: no candidate of {len(candidates)} has a plan for this batch of "
+                          f"{len(lengths)} sequences (outcomes: {', '.join(sorted(set(outcomes)))})")
     if best is None:
         raise ConfigError(f"strategy pool: every one of {len(candidates)} candidates leaves a replica without "
                           f"data for this batch of {len(lengths)} sequences (such a candidate is dropped)")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from impl.common.api import ConfigError
+from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.hydraulis.step_plan import check_plan, plan_candidate, plan_step
 
 G = 60_000
@@ -55,7 +56,7 @@ def test_winner_is_the_smallest_score_and_pruning_is_exact(pool):
     assert p.candidate == int(np.argmin(alone))
     assert p.score == pytest.approx(min(alone))
     for s, o in zip(p.candidate_scores, p.outcomes):
-        assert o in ("ok", "pruned", "empty_replica", "no_fit")
+        assert o in ("ok", "pruned", "empty_replica", "no_fit", "no_pack")
         if o == "pruned":
             assert s >= p.score
 
@@ -74,6 +75,18 @@ def test_candidate_leaving_a_replica_empty_is_dropped(costs7b):
     assert p.outcomes[0] == "empty_replica" and p.candidate_scores[0] == math.inf
     with pytest.raises(ConfigError, match="leaves a replica without data"):
         plan_step(L, [[c[(1, 4)]] * 8], shuffles=5)
+
+
+def test_candidate_whose_share_packs_into_no_v_of_its_window_is_dropped():
+    """Three 600-token sequences on one replica of cap 1,000 whose util allows only v = 2 micro-batches
+    cannot be packed: that candidate is dropped for the step (as an empty replica), not the job."""
+    tight = ReplicaCost(tp=1, pp=1, a=1e-6, b=1e-3, c=1.0, cap=1000, util=900)
+    roomy = ReplicaCost(tp=1, pp=1, a=1e-6, b=2e-3, c=1.0, cap=4096, util=128)
+    L = [600, 600, 600]
+    p = plan_step(L, [[tight], [roomy]], shuffles=2)
+    assert p.outcomes[0] == "no_pack" and p.candidate_scores[0] == math.inf and p.candidate == 1
+    with pytest.raises(ConfigError, match="no candidate of 1 has a plan.*no_pack"):
+        plan_step(L, [[tight]], shuffles=2)
 
 
 def test_pool_that_cannot_hold_the_longest_sequence_is_one_line(costs7b):
