@@ -187,6 +187,8 @@ def compact(records: list[dict], spec: dict, papers: dict[str, PaperFile]) -> li
             found, value = _lookup(rec, dotted)
             if found:
                 _put(small, dotted, value)
+        if hinge:  # what re-runs the record (tests/test_hinges_reference.py replays a few)
+            small["overrides"] = [o for o in rec.get("overrides") or [] if not o.startswith(("results_dir=", "progress="))]
         git = ((rec.get("provenance") or {}).get("git") or {})
         small["provenance"] = {"git": {k: git.get(k) for k in ("commit", "dirty")}}
         if rec.get("mode") == "real":  # a measured figure names the host it was measured on
