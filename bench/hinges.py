@@ -378,8 +378,8 @@ def markdown(found: list[ClaimHinges], papers: dict) -> str:
     out = []
     for ch in found:
         unit = _unit(papers, ch)
-        hi = "" if math.isinf(ch.high) else fig_text(ch.high, unit)
-        out += [f"**{ch.claim}** (`experiment={ch.experiment}`): band {fig_text(ch.low, unit)}-{hi}, "
+        band_text = f">= {fig_text(ch.low, unit)}" if math.isinf(ch.high) else f"{fig_text(ch.low, unit)}-{fig_text(ch.high, unit)}"
+        out += [f"**{ch.claim}** (`experiment={ch.experiment}`): band {band_text}, "
                 f"as composed {fig_text(ch.base, unit)} ({ch.state})", "",
                 "| input | kind | range | figure at the low end | at the high end | holds at | source of the range |",
                 "|---|---|---|---|---|---|---|"]
@@ -428,7 +428,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     for ch in found:
         unit = _unit(papers, ch)
-        print(f"{ch.experiment}: {ch.claim}: band {fig_text(ch.low, unit)}..{'' if math.isinf(ch.high) else fig_text(ch.high, unit)}, "
+        band_text = f">= {fig_text(ch.low, unit)}" if math.isinf(ch.high) else f"{fig_text(ch.low, unit)}..{fig_text(ch.high, unit)}"
+        print(f"{ch.experiment}: {ch.claim}: band {band_text}, "
               f"as composed {fig_text(ch.base, unit)} ({ch.state})")
         for sw in ch.swings:
             print(f"  {swing_text(sw, unit)}   [{sw.input.kind}; {sw.input.source}]")

@@ -46,6 +46,21 @@ def test_every_kept_hinge_experiment_is_declared_and_analyzed(kept, analysis):
         assert c.swings and all(len(s.figures) == len(s.values) for s in c.swings)
 
 
+def test_every_numeric_input_knows_its_composed_value(kept):
+    """"Holds at <= / >= v" is read from the as-composed value: a numeric input whose composed config
+    holds null (a dataclass default, a carried knob) must declare `composed`."""
+    by_exp = {}
+    for r in kept:
+        if ((r.get("config") or {}).get("hinges") or {}).get("point") is not None:
+            by_exp.setdefault(r["experiment"], []).append(r)
+    for exp, recs in by_exp.items():
+        decl = hg.typed(recs[0]["config"]["hinges"])
+        for inp in decl.inputs:
+            numeric = inp.factors or all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in inp.values)
+            if numeric and not inp.factors and inp.composed is None:
+                assert hg._as_composed(recs, inp.key) is not None, f"{exp}: {inp.name}: declare `composed`"
+
+
 def test_point_zero_gives_the_readme_figure(kept, analysis):
     """The hinge experiment runs the claim's own settings: as composed it is the table's figure."""
     papers = load_papers()
