@@ -12,7 +12,6 @@ import datetime as _dt
 import importlib
 import json
 import pathlib
-import re
 import shutil
 from dataclasses import dataclass, field
 from typing import Optional
@@ -21,40 +20,9 @@ import jinja2
 
 from bench.paper import Ours, PaperEntry, PaperFile, find_ours, load_papers
 from bench.record import Skipped, created_key, scan_records
+from bench.report.hinge_section import hinge_claims
+from bench.report.pieces import FIDELITY_METRIC, HARNESS, MODE_WORD, Figure, fmt, owner, slug  # noqa: F401
 from bench.report.plots import paper_vs_ours
-
-HARNESS = "harness"  # records of no paper's package (the calibration job)
-MODE_WORD = {"sim": "simulated", "real": "measured"}
-# Fidelity records (system=fidelity, bench/fidelity) carry per headline metric m the metrics
-# real__m, sim__m, sim_over_real__m and error_pct__m, and the rows in info.fidelity.
-FIDELITY_METRIC = re.compile(r"^error_pct__")
-
-
-def owner(rec: dict) -> str:
-    """The paper package a record belongs to, from its system's ``_target_`` (demo/* runs are
-    ADAPTRA's systems, so they land on its page)."""
-    fid = (rec.get("info") or {}).get("fidelity") or {}
-    # A fidelity record belongs to the paper whose system it measured for real.
-    target = str(fid.get("real_target") or ((rec.get("config") or {}).get("system") or {}).get("_target_") or "")
-    parts = target.split(".")
-    if len(parts) > 2 and parts[0] == "impl" and parts[1] != "common":
-        return parts[1]
-    exp = str(rec.get("experiment", ""))
-    return exp.split("/")[0] if "/" in exp else HARNESS
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
-
-
-def fmt(value: Optional[float], unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if unit == "fraction" and -1.5 <= value <= 1.5:
-        return f"{100 * value:.4g}%"
-    text = f"{value:.4g}"
-    return text + ("x" if unit == "x" else f" {unit}" if unit else "")
-
 
 @dataclass
 class EntryRow:
@@ -134,12 +102,6 @@ class RecordRow:
         if not c:
             return "?"
         return c[:10] + (" (dirty)" if git.get("dirty") else "")
-
-
-@dataclass
-class Figure:
-    src: str
-    caption: str
 
 
 @dataclass
@@ -276,7 +238,6 @@ def build_report(results: pathlib.Path | str, out: pathlib.Path | str,
                             for e in page.paper.entries]
         _system_figures(page, out)
         _paper_figures(page, out)
-    from bench.report.hinge_section import hinge_claims  # it builds on this module's helpers
 
     # Over every record, not one page's: a claim's baseline may be another package's system.
     hinges, hinge_errors = hinge_claims(scanned.records, papers, out)

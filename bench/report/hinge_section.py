@@ -15,7 +15,7 @@ from typing import Optional
 
 from bench.hinges import POINT_TOLERANCE, ClaimHinges, Swing, analyze, value_text
 from bench.paper import PaperEntry, PaperFile
-from bench.report.build import MODE_WORD, Figure, fmt, owner, slug
+from bench.report.pieces import MODE_WORD, Figure, fmt, owner, slug
 from bench.report.plots import tornado
 from impl.common.api import ConfigError
 
