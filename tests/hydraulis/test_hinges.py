@@ -9,16 +9,11 @@ from omegaconf import OmegaConf
 from bench.config import compose_config
 from bench.hinges import apply_point, points, typed
 from bench.validate import typed_job
-from tests.support.hinge_points import check_points, flat_config
+from tests.support.hinge_points import check_points
 
 EXP = "hydraulis/hinges"
 CONF = pathlib.Path(__file__).resolve().parents[2] / "conf" / "experiment" / "hydraulis"
 SETTING_AXIS = "experiment/hydraulis/hinge_settings@_global_"
-
-
-def _changed(fa: dict, b) -> set:
-    fb = flat_config(b)
-    return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} - {"hinges.point"}
 
 
 def test_every_point_types_and_changes_only_its_key():

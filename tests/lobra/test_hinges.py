@@ -11,17 +11,11 @@ from bench.config import compose_config
 from bench.hinges import points, typed
 from bench.paper import load_paper, paper_dir
 from bench.validate import typed_job
-from tests.support.hinge_points import check_points, flat_config
+from tests.support.hinge_points import changed_keys, check_points, flat_config
 
 EXP = "lobra/hinges"
 CONF = pathlib.Path(__file__).resolve().parents[2] / "conf" / "experiment" / "lobra"
 SETTING_AXIS = "experiment/lobra/hinge_settings@_global_"
-
-
-def _changed(fa: dict, b) -> set:
-    fb = flat_config(b)
-    return {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)} - {"hinges.point"}
-
 
 
 def test_every_point_types_and_changes_only_its_key():
@@ -53,5 +47,5 @@ def test_the_32b_setting_is_the_readme_preset():
     assert cfg.experiment_name == "lobra/hinges/e2e_32b"
     assert list(cfg.hinges.claims) == ["e2e_32b_vs_task_fused"]
     # The same job as the README preset's but for its name, its figure hook and the declaration.
-    assert {k for k in _changed(flat_config(preset), cfg) if not k.startswith("hinges.")} == {"experiment_name", "figure"}
+    assert {k for k in changed_keys(flat_config(preset), cfg) if not k.startswith("hinges.")} == {"experiment_name", "figure"}
     assert typed_job(cfg).hardware.name == "a800-80g-megatron"

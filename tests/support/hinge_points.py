@@ -29,6 +29,12 @@ def flat_config(cfg) -> dict:
     return _flat(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
 
 
+def changed_keys(flat: dict, cfg) -> set:
+    """Dotted keys where ``cfg`` differs from the flattened ``flat`` (the point index aside)."""
+    other = flat_config(cfg)
+    return {k for k in flat.keys() | other.keys() if flat.get(k) != other.get(k)} - {"hinges.point"}
+
+
 def _config(overrides: list[str]) -> tuple[dict, list[str]]:
     cfg = compose_config(overrides)
     added = apply_point(cfg, [])
