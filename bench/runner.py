@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -85,6 +86,39 @@ def _short_path(path: str) -> str:
 _REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
+@dataclass
+class _Job:
+    """What a job is called and where it writes, fixed before anything of it runs."""
+
+    experiment: str
+    overrides: list[str]
+    choices: dict[str, str]
+    system_label: str  # from the composed config; typing the job may name it better
+    run_id: str
+    results_dir: pathlib.Path
+    out_dir: pathlib.Path
+    resolved: dict
+    mode: str
+    primary: bool
+
+
+@dataclass
+class _Outcome:
+    """What running the job left: its result or why it has none, and what watched it."""
+
+    system_label: str
+    execution: Execution = field(default_factory=Execution)
+    result: Any = None  # a RunResult, unless the system broke its contract
+    status: str = "failed"
+    error: Optional[str] = None
+    not_applicable: bool = False
+    invalid_reasons: list[str] = field(default_factory=list)
+    host_load: Optional[dict] = None
+    error_log: Optional[pathlib.Path] = None
+    error_frames: list[str] = field(default_factory=list)
+    wandb_info: Optional[dict] = None
+
+
 def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = None,
             choices: Optional[dict[str, str]] = None) -> dict:
     """Run the job described by ``cfg`` and return the record that was written.
@@ -92,6 +126,19 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     Under torchrun every rank runs the job (its system's ranks are this process); only the
     primary (global rank 0) writes: the others work in a scratch folder and write nothing."""
     started = time.perf_counter()
+    job = _name_job(cfg, overrides, choices)
+    outcome = _run(cfg, job)
+    record = _record(cfg, job, outcome, sweep, started)
+    if not job.primary:
+        shutil.rmtree(job.out_dir, ignore_errors=True)
+        return record
+    _write(job.results_dir, record)
+    _store_fidelity(cfg, record)
+    return record
+
+
+def _name_job(cfg: DictConfig, overrides: list[str], choices: Optional[dict[str, str]]) -> _Job:
+    """Labels (each group's yaml plus its overridden values), run id and output folder."""
     primary = is_primary()
     choices = dict(choices or {})
     for group in ("system", "workload", "hardware", "fault", "experiment"):
@@ -107,82 +154,103 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
     out_dir = results_dir / run_id if primary else pathlib.Path(tempfile.mkdtemp(prefix="mlsys-bench-rank-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = provenance.redact(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    return _Job(experiment, overrides, choices, system_label, run_id, results_dir, out_dir, resolved,
+                str(resolved["mode"]), primary)
 
-    result: Optional[RunResult] = None
-    error: Optional[str] = None
-    status = "failed"
+
+def _run(cfg: DictConfig, job: _Job) -> _Outcome:
+    """Type the job, run its system, judge the result; any failure becomes the outcome's error."""
+    out = _Outcome(job.system_label)
     logger = None
-    wandb_info = None
     probe: Optional[HostLoadProbe] = None
-    host_load: Optional[dict] = None
-    not_applicable = False
-    invalid_reasons: list[str] = []
-    error_log: Optional[pathlib.Path] = None
-    error_frames: list[str] = []
-    execution = Execution()
     take_notes()  # placements of an earlier job in this process are not this job's
     try:
-        job = typed_job(cfg)
-        execution = job.execution
+        typed = typed_job(cfg)
+        out.execution = typed.execution
         # A knob override does not rename the system (a global tweak like timeline=false would
         # otherwise break --baseline); name a variant with system.name=... instead.
-        system_label = job.system_name
-        mode = str(resolved["mode"])
-        if str(cfg.logger.name) != "none" and primary:
-            from bench.loggers import make_logger
-
-            logger = make_logger(OmegaConf.to_object(cfg.logger), out_dir)
-            logger.start(run_id=run_id, experiment=experiment, system=system_label, mode=mode,
-                         hardware=_hardware_label(mode, choices["hardware"], execution_summary(execution, [])),
-                         fault=choices["fault"],
-                         workload=choices["workload"], config=resolved)
+        out.system_label = typed.system_name
+        logger = _start_logger(cfg, job, out)
         seed_everything(int(cfg.seed))
-        ctx = JobContext(mode=mode, seed=int(cfg.seed), experiment=experiment,
-                         workload=job.workload, workload_name=choices["workload"], hardware=job.hardware,
-                         hardware_name=choices["hardware"] or job.hardware.name, fault=job.fault,
-                         fault_name=choices["fault"] or "none", out_dir=out_dir,
-                         show_progress=bool(cfg.progress), execution=execution)
-        set_current_execution(execution)
-        if mode == "real":
-            execution.apply_threads()
+        ctx = _context(cfg, job, typed)
+        set_current_execution(out.execution)
+        if job.mode == "real":
+            out.execution.apply_threads()
         # Real timings are judged by how busy the host was meanwhile; sim ones never are.
         # (a rank-0 estimate times nothing: no probe)
-        probe = HostLoadProbe().start() if mode == "real" and execution.ranks != "estimate" else None
+        probe = HostLoadProbe().start() if job.mode == "real" and out.execution.ranks != "estimate" else None
         with stdlib_start_method():  # a joblib worker's loky start method would kill the job's children
-            result = job.system.run(ctx)
-        host_load = probe.stop() if probe else None
-        if not isinstance(result, RunResult):
-            raise TypeError(f"system {system_label!r} returned {type(result).__name__}, not RunResult")
-        status = result.status
-        invalid_reasons = list(result.invalid_reasons)
-        contended = contention_reason(host_load, cfg.validity.max_foreign_cpu_frac) if host_load else None
-        if contended and status != "failed":
-            status = "invalid"
-            invalid_reasons.append(contended)
+            out.result = typed.system.run(ctx)
+        out.host_load = probe.stop() if probe else None
+        _judge(cfg, out)
     except Exception as exc:  # the record must say why; the multirun goes on
-        # The system's preflight refused the situation: the record says so, a cross table shows it.
-        not_applicable = isinstance(exc, NotApplicable)
-        if probe is not None and host_load is None:
-            host_load = probe.stop()
-        error = one_line(exc)
-        tb = traceback.format_exc()
-        error_log = out_dir / "error.log"
-        error_log.write_text(tb)
-        error_frames = _traceback_tail(exc)
+        if probe is not None and out.host_load is None:
+            out.host_load = probe.stop()
+        _note_failure(out, exc, job.out_dir)
     finally:
         set_current_execution(None)
         if logger is not None:
-            try:
-                if result is not None:
-                    logger.log_result({k: m.to_dict() for k, m in result.metrics.items()},
-                                      [out_dir / a for a in result.artifacts], status)
-                wandb_info = logger.finish()
-            except Exception as exc:  # logging is for browsing; never lose the record over it
-                (out_dir / "logger-error.log").write_text(traceback.format_exc())
-                wandb_info = {"mode": "error", "run_id": None, "dir": None, "error": one_line(exc)}
+            out.wandb_info = _finish_logger(logger, out, job.out_dir)
+    return out
 
-    mode_s = str(resolved["mode"])
-    where = execution_summary(execution, take_notes()) if mode_s == "real" else None
+
+def _start_logger(cfg: DictConfig, job: _Job, out: _Outcome):
+    """The run's browsing logger (the primary's only), started; None when the config has none."""
+    if str(cfg.logger.name) == "none" or not job.primary:
+        return None
+    from bench.loggers import make_logger
+
+    logger = make_logger(OmegaConf.to_object(cfg.logger), job.out_dir)
+    logger.start(run_id=job.run_id, experiment=job.experiment, system=out.system_label, mode=job.mode,
+                 hardware=_hardware_label(job.mode, job.choices["hardware"], execution_summary(out.execution, [])),
+                 fault=job.choices["fault"],
+                 workload=job.choices["workload"], config=job.resolved)
+    return logger
+
+
+def _context(cfg: DictConfig, job: _Job, typed) -> JobContext:
+    return JobContext(mode=job.mode, seed=int(cfg.seed), experiment=job.experiment,
+                      workload=typed.workload, workload_name=job.choices["workload"], hardware=typed.hardware,
+                      hardware_name=job.choices["hardware"] or typed.hardware.name, fault=typed.fault,
+                      fault_name=job.choices["fault"] or "none", out_dir=job.out_dir,
+                      show_progress=bool(cfg.progress), execution=typed.execution)
+
+
+def _judge(cfg: DictConfig, out: _Outcome) -> None:
+    """The system's own verdict, made invalid when the host was contended meanwhile."""
+    if not isinstance(out.result, RunResult):
+        raise TypeError(f"system {out.system_label!r} returned {type(out.result).__name__}, not RunResult")
+    out.status = out.result.status
+    out.invalid_reasons = list(out.result.invalid_reasons)
+    contended = contention_reason(out.host_load, cfg.validity.max_foreign_cpu_frac) if out.host_load else None
+    if contended and out.status != "failed":
+        out.status = "invalid"
+        out.invalid_reasons.append(contended)
+
+
+def _note_failure(out: _Outcome, exc: Exception, out_dir: pathlib.Path) -> None:
+    # The system's preflight refused the situation: the record says so, a cross table shows it.
+    out.not_applicable = isinstance(exc, NotApplicable)
+    out.error = one_line(exc)
+    out.error_log = out_dir / "error.log"
+    out.error_log.write_text(traceback.format_exc())
+    out.error_frames = _traceback_tail(exc)
+
+
+def _finish_logger(logger, out: _Outcome, out_dir: pathlib.Path) -> dict:
+    try:
+        if out.result is not None:
+            logger.log_result({k: m.to_dict() for k, m in out.result.metrics.items()},
+                              [out_dir / a for a in out.result.artifacts], out.status)
+        return logger.finish()
+    except Exception as exc:  # logging is for browsing; never lose the record over it
+        (out_dir / "logger-error.log").write_text(traceback.format_exc())
+        return {"mode": "error", "run_id": None, "dir": None, "error": one_line(exc)}
+
+
+def _record(cfg: DictConfig, job: _Job, out: _Outcome, sweep: Optional[str], started: float) -> dict[str, Any]:
+    result = out.result
+    where = execution_summary(out.execution, take_notes()) if job.mode == "real" else None
     info = provenance.redact(result.info) if result else {}
     if where is not None:
         info = dict(info)
@@ -193,47 +261,46 @@ def execute(cfg: DictConfig, overrides: list[str], *, sweep: Optional[str] = Non
         info.setdefault("backend", where["backend"])
     record: dict[str, Any] = {
         "schema": SCHEMA_ID,
-        "run_id": run_id,
+        "run_id": job.run_id,
         "created": now_iso(),
-        "status": status,
-        "error": error,
-        "invalid_reasons": invalid_reasons,
-        "experiment": experiment,
-        "system": system_label,
-        "mode": str(resolved["mode"]),
-        "workload": choices["workload"],
-        "hardware": _hardware_label(mode_s, choices["hardware"], where),
-        "fault": choices["fault"] or "none",
+        "status": out.status,
+        "error": out.error,
+        "invalid_reasons": out.invalid_reasons,
+        "experiment": job.experiment,
+        "system": out.system_label,
+        "mode": job.mode,
+        "workload": job.choices["workload"],
+        "hardware": _hardware_label(job.mode, job.choices["hardware"], where),
+        "fault": job.choices["fault"] or "none",
         "seed": int(cfg.seed),
         "metrics": {k: m.to_dict() for k, m in (result.metrics.items() if result else [])},
-        "provenance": provenance.collect(result.emulated if result else [], _sim_fidelity(cfg, resolved, result)),
-        "config": resolved,
-        "overrides": list(overrides),
-        "wandb": wandb_info,
+        "provenance": provenance.collect(result.emulated if result else [], _sim_fidelity(cfg, job.resolved, result)),
+        "config": job.resolved,
+        "overrides": list(job.overrides),
+        "wandb": out.wandb_info,
         "info": info,
         "artifacts": list(result.artifacts) if result else [],
         "duration_s": round(time.perf_counter() - started, 3),
     }
-    if error is not None and not_applicable:
+    if out.error is not None and out.not_applicable:
         record["not_applicable"] = True
-    if error_log is not None and not not_applicable:
+    if out.error_log is not None and not out.not_applicable:
         # the console prints the path; the record keeps where it failed
-        record["error_log"] = str(error_log) if primary else None
-        record["error_frames"] = error_frames
-    if host_load is not None:
-        record["host_load"] = host_load
+        record["error_log"] = str(out.error_log) if job.primary else None
+        record["error_frames"] = out.error_frames
+    if out.host_load is not None:
+        record["host_load"] = out.host_load
     if sweep:
         record["sweep"] = sweep
-    if not primary:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        return record
+    return record
+
+
+def _write(results_dir: pathlib.Path, record: dict) -> None:
     try:
         write_record(results_dir, record)
     except ValueError as exc:  # e.g. a NaN metric: keep the run visible as failed, never drop it
         record.update(status="failed", error=f"record rejected: {one_line(exc)}", metrics={})
         write_record(results_dir, record)
-    _store_fidelity(cfg, record)
-    return record
 
 
 def _fidelity_store(cfg: DictConfig):
