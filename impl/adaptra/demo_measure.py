@@ -23,7 +23,7 @@ from impl.common.execution import set_torch_threads
 
 def main(argv=None) -> None:
     from impl.adaptra.real import AdaptraPlanner
-    from impl.common.runtime.executor import NamedSchedule, run_pipeline
+    from impl.common.runtime.executor import LaunchOptions, NamedSchedule, PipelineJob, run_pipeline
     from impl.common.workloads.pipeline import ModelShape, PipelineWorkload
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,9 +60,10 @@ def main(argv=None) -> None:
             label, fn, comm = variants[key]
             delays = {(args.link, args.link + 1): c_ms / 1e3} if c_ms else None
             t0 = time.perf_counter()
-            st = run_pipeline(fn, shape, wl, comm=comm, delays=delays, iterations=args.iterations,
-                              warmup=args.warmup, seed=0, num_delegates=args.delegates if comm == "delegated" else None,
-                              op_pad_s=t, timeout_s=1800)
+            st = run_pipeline(PipelineJob(fn, wl, shape, comm=comm, delays=delays, iterations=args.iterations,
+                                          warmup=args.warmup, seed=0,
+                                          num_delegates=args.delegates if comm == "delegated" else None, op_pad_s=t),
+                              LaunchOptions(timeout_s=1800))
             results[(key, c_ms)] = st
             times = sorted(st.iteration_times_s)
             raw = {op: st.mean_raw_op_s(op) * 1e3 for op in ("F", "B", "W", "BW") if st.mean_raw_op_s(op)}

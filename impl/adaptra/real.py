@@ -49,7 +49,7 @@ def _stage_slowdown(fault, wl):
 
 
 def run_real(system, job: JobContext) -> RunResult:
-    from impl.common.runtime.executor import NamedSchedule, run_pipeline
+    from impl.common.runtime.executor import LaunchOptions, NamedSchedule, PipelineJob, run_pipeline
 
     cfg, wl = system.cfg, job.workload
     # system.check has vetted comm, op_pad_s and the fault before we get here.
@@ -59,13 +59,14 @@ def run_real(system, job: JobContext) -> RunResult:
     else:
         schedule_fn = NamedSchedule(cfg.schedule, wl.stages, wl.num_microbatches)
     slowdown = _stage_slowdown(job.fault, wl)
-    stats = run_pipeline(schedule_fn, workload=wl, comm=_RUNTIME_COMM[cfg.comm], delays=job.fault
-                         if job.fault.kind == "link_delay" else None, seed=job.seed,
-                         num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
-                         fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
-                         detection=getattr(job.fault, "detection", None), progress=job.show_progress,
-                         kill_at=(job.fault.rank, job.fault.at_iter) if job.fault.kind == "rank_kill" else None,
-                         slowdown=slowdown)
+    pipeline = PipelineJob(schedule_fn, wl, comm=_RUNTIME_COMM[cfg.comm], delays=job.fault
+                           if job.fault.kind == "link_delay" else None, seed=job.seed,
+                           num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
+                           fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,
+                           detection=getattr(job.fault, "detection", None),
+                           kill_at=(job.fault.rank, job.fault.at_iter) if job.fault.kind == "rank_kill" else None,
+                           slowdown=slowdown)
+    stats = run_pipeline(pipeline, LaunchOptions(progress=job.show_progress))
     times = stats.iteration_times_s
     samples = wl.micro_batch_size * wl.num_microbatches
     raw = {op: stats.mean_raw_op_s(op) for op in ("F", "B", "W", "BW")}

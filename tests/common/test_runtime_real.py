@@ -16,7 +16,7 @@ import torch
 from faults.spec import LinkDelay
 from impl.common.api import ConfigError
 from impl.common.models.tiny_gpt import params_digest, reference_train
-from impl.common.runtime.executor import NamedSchedule, PerIterationSchedule, run_pipeline
+from impl.common.runtime.executor import LaunchOptions, NamedSchedule, PerIterationSchedule, PipelineJob, run_pipeline
 from impl.common.schedule.generators import generate
 from impl.common.schedule.ir import parse_schedule
 from impl.common.workloads.pipeline import ModelShape, PipelineWorkload
@@ -56,12 +56,11 @@ def _stray_workers() -> list:
     return stray
 
 
-def _run(S, N, schedule_fn, comm, optimizer_name="sgd", **kw):
+def _run(S, N, schedule_fn, comm, optimizer_name="sgd", pg_timeout_s=60, validate=True, **kw):
     wl = _workload(S, N)
-    kw.setdefault("pg_timeout_s", 60)
-    kw.setdefault("timeout_s", 150)
-    return run_pipeline(schedule_fn, wl.model, wl, comm=comm, iterations=ITERS, warmup=0, seed=0,
-                        optimizer=optimizer_name, lr=0.1, **kw)
+    job = PipelineJob(schedule_fn, wl, comm=comm, iterations=ITERS, warmup=0, seed=0, optimizer=optimizer_name,
+                      lr=0.1, **kw)
+    return run_pipeline(job, LaunchOptions(pg_timeout_s=pg_timeout_s, timeout_s=150, validate=validate))
 
 
 def _assert_equal_to_reference(stats, S, N):
@@ -138,21 +137,21 @@ def test_measured_detection_sees_the_injected_delay():
 def test_delegate_count_must_divide_microbatches():
     wl = _workload(2, 24)
     with pytest.raises(ConfigError, match="num_microbatches 24 is not divisible by delegate count 5"):
-        run_pipeline(NamedSchedule("zb", 2, 24), wl.model, wl, comm="delegated", num_delegates=5,
-                     iterations=1, warmup=0)
+        run_pipeline(PipelineJob(NamedSchedule("zb", 2, 24), wl, comm="delegated", num_delegates=5,
+                                 iterations=1, warmup=0))
 
 
 def test_nonexistent_link_is_rejected():
     wl = _workload(4, 8)
     with pytest.raises(ConfigError, match=r"fault.links: link \(3, 4\) does not exist in a 4-stage pipeline"):
-        run_pipeline(NamedSchedule("1f1b", 4, 8), wl.model, wl, comm="inline",
-                     delays=LinkDelay(links=[[3, 4]], delay_s=0.01), iterations=1, warmup=0)
+        run_pipeline(PipelineJob(NamedSchedule("1f1b", 4, 8), wl, comm="inline",
+                                 delays=LinkDelay(links=[[3, 4]], delay_s=0.01), iterations=1, warmup=0))
 
 
 def test_blocking_sends_deadlock_is_rejected_before_launch():
     wl = _workload(2, 4)
     with pytest.raises(ConfigError, match="deadlock"):  # ZB needs buffered sends
-        run_pipeline(NamedSchedule("zb", 2, 4), wl.model, wl, comm="inline", iterations=1, warmup=0)
+        run_pipeline(PipelineJob(NamedSchedule("zb", 2, 4), wl, comm="inline", iterations=1, warmup=0))
 
 
 def test_worker_failure_raises_one_line_naming_the_rank():

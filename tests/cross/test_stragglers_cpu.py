@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from impl.common.api import ConfigError
-from impl.common.runtime.executor import NamedSchedule, run_pipeline
+from impl.common.runtime.executor import NamedSchedule, PipelineJob, run_pipeline
 from impl.common.workloads.hybrid import HybridModelShape, HybridWorkload, as_pipeline
 
 
@@ -36,9 +36,9 @@ def test_slowdown_needs_one_factor_per_rank_and_a_pad():
     wl = dataclasses.replace(as_pipeline(_hybrid()), iterations=1, warmup_iterations=0)
     sched = NamedSchedule("1f1b", 4, 12)
     with pytest.raises(ConfigError, match=r"^slowdown: one factor >= 1 per rank \(4\)"):
-        run_pipeline(sched, workload=wl, op_pad_s=0.01, slowdown=[2.0, 1.0])
+        PipelineJob(sched, wl, op_pad_s=0.01, slowdown=[2.0, 1.0])
     with pytest.raises(ConfigError, match=r"^slowdown: a slow rank stretches its padded op time; set op_pad_s > 0"):
-        run_pipeline(sched, workload=wl, op_pad_s=0.0, slowdown=[2.0, 1.0, 1.0, 1.0])
+        PipelineJob(sched, wl, op_pad_s=0.0, slowdown=[2.0, 1.0, 1.0, 1.0])
 
 
 @pytest.mark.real
@@ -46,8 +46,8 @@ def test_a_slow_rank_doubles_only_its_own_padded_ops_and_trains_the_same_model()
     wl = dataclasses.replace(as_pipeline(_hybrid()), num_microbatches=4, iterations=2, warmup_iterations=0)
     sched = NamedSchedule("1f1b", 4, 4)
     pad = 0.02  # well above the raw compute of a tiny op on a loaded host, so padding decides the time
-    free = run_pipeline(sched, workload=wl, op_pad_s=pad)
-    slow = run_pipeline(sched, workload=wl, op_pad_s=pad, slowdown=[2.0, 1.0, 1.0, 1.0])
+    free = run_pipeline(PipelineJob(sched, wl, op_pad_s=pad))
+    slow = run_pipeline(PipelineJob(sched, wl, op_pad_s=pad, slowdown=[2.0, 1.0, 1.0, 1.0]))
     assert slow.losses == free.losses and slow.params_digest == free.params_digest
     f0, f1 = slow.padded_compute_s[0]["F"], slow.padded_compute_s[1]["F"]  # same op count per rank
     assert f0 / f1 == pytest.approx(2.0, rel=0.15)
