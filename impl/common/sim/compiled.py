@@ -3,8 +3,8 @@
 The same algorithm as ``pipeline._compile`` / ``pipeline._run`` (stack resumption, no delay
 function), over a :class:`~impl.common.schedule.table.ScheduleTable` instead of ``Action``
 lists, with the same float operations in the same order, so every time it produces is
-bit-identical to the Python loop (``tests/common/test_sim_fast_equal.py`` checks both
-against the kept reference). Why compiled: 1F1B at S=128, N=1024 is 782k actions, and a
+bit-identical to the Python loop (``tests/common/test_sim_engines.py`` checks them against
+each other). Why compiled: 1F1B at S=128, N=1024 is 782k actions, and a
 Python loop spends ~0.5 us on each.
 
 A schedule the compile step rejects (bad peer, a message sent or received twice, or sent
