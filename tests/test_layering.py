@@ -44,7 +44,7 @@ def test_every_source_folder_is_a_package():
 def test_tree_keeps_the_layering_contract(tree_copy):
     out = _lint(tree_copy)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 3 kept, 0 broken." in out.stdout
+    assert "Contracts: 4 kept, 0 broken." in out.stdout
 
 
 def test_back_import_from_common_breaks_it(tree_copy):
@@ -54,6 +54,16 @@ def test_back_import_from_common_breaks_it(tree_copy):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "impl.common is not allowed to import impl.adaptra" in out.stdout
     assert "impl.common.schedule.ir -> impl.adaptra.builder" in out.stdout
+
+
+def test_common_importing_faults_breaks_it(tree_copy):
+    # faults sits above impl.common: the runtime reads fault specs from impl.common.fault_model
+    target = tree_copy / "impl" / "common" / "runtime" / "link_delay.py"
+    target.write_text(target.read_text() + "\nimport faults.varying_delay  # noqa\n")
+    out = _lint(tree_copy)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "impl.common does not import faults BROKEN" in out.stdout
+    assert "impl.common.runtime.link_delay -> faults.varying_delay" in out.stdout
 
 
 def test_system_importing_another_breaks_it(tree_copy):
