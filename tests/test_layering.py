@@ -5,6 +5,7 @@ planted module is never written into the real tree) and nothing this process has
 """
 from __future__ import annotations
 
+import ast
 import pathlib
 import shutil
 import subprocess
@@ -115,3 +116,32 @@ def test_planted_import_cycle_is_found(tree_copy):
     summary = tree_copy / "bench" / "summary.py"
     summary.write_text(summary.read_text() + "\nfrom bench import planted  # noqa\n")
     assert _import_cycles(tree_copy) == [["bench.planted", "bench.summary"]]
+
+
+# The step model and the cost models import each other's pieces; an import inside a function
+# body there would hide a circle that the pieces' placement is meant to rule out.
+NO_DEFERRED_IMPORTS = ("impl/common/megatron", "impl/common/cost")
+
+
+def _deferred_imports(root: pathlib.Path, folders) -> list[str]:
+    """``path:line`` of every import statement inside a function body under ``folders``."""
+    hits = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for fn in ast.walk(tree):
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    hits += [f"{path.relative_to(root)}:{node.lineno}" for node in ast.walk(fn)
+                             if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return sorted(set(hits))
+
+
+def test_no_deferred_import_in_step_and_cost_models():
+    assert _deferred_imports(ROOT, NO_DEFERRED_IMPORTS) == []
+
+
+def test_planted_deferred_import_is_found(tmp_path):
+    pkg = tmp_path / "impl" / "common" / "cost"
+    pkg.mkdir(parents=True)
+    (pkg / "planted.py").write_text("import math\n\n\ndef f():\n    if True:\n        from impl.common import megatron\n")
+    assert _deferred_imports(tmp_path, NO_DEFERRED_IMPORTS[1:]) == ["impl/common/cost/planted.py:6"]
