@@ -45,7 +45,7 @@ def test_every_source_folder_is_a_package():
 def test_tree_keeps_the_layering_contract(tree_copy):
     out = _lint(tree_copy)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 4 kept, 0 broken." in out.stdout
+    assert "Contracts: 5 kept, 0 broken." in out.stdout
 
 
 def test_back_import_from_common_breaks_it(tree_copy):
@@ -65,6 +65,15 @@ def test_common_importing_faults_breaks_it(tree_copy):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "impl.common does not import faults BROKEN" in out.stdout
     assert "impl.common.runtime.link_delay -> faults.varying_delay" in out.stdout
+
+
+def test_model_importing_the_runtime_breaks_it(tree_copy):
+    target = tree_copy / "impl" / "common" / "models" / "tiny_gpt.py"
+    target.write_text(target.read_text() + "\nfrom impl.common.runtime import stage  # noqa\n")
+    out = _lint(tree_copy)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "impl.common.models does not import the runtime BROKEN" in out.stdout
+    assert "impl.common.models.tiny_gpt -> impl.common.runtime.stage" in out.stdout
 
 
 def test_system_importing_another_breaks_it(tree_copy):
