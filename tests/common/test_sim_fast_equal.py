@@ -1,4 +1,4 @@
-"""The pipeline simulator (flat-list compile and run loop, stack resumption; issue 26) against the kept
+"""The pipeline simulator (flat-list compile and run loop, stack resumption) against the kept
 reference implementation (``sim_reference.py``, the code before the speed-up): every op's
 start/end, every message's send start and arrival, the breakdown and the iteration time are
 compared with ==, on 1F1B / GPipe / ZB / ADAPTRA schedules, several S and N, every comm
