@@ -48,32 +48,31 @@ def test_tree_keeps_the_layering_contract(tree_copy):
     assert "Contracts: 5 kept, 0 broken." in out.stdout
 
 
-def test_back_import_from_common_breaks_it(tree_copy):
-    target = tree_copy / "impl" / "common" / "schedule" / "ir.py"
-    target.write_text(target.read_text() + "\n\ndef _planted():\n    from impl.adaptra import builder\n")
+# (module planted into, the import appended to it, the line naming the broken rule, the edge).
+# faults sits above impl.common (the runtime reads fault specs from impl.common.fault_model), and
+# a model builder never needs the runtime that runs it.
+BACK_IMPORTS = {
+    "common_imports_a_system": ("impl/common/schedule/ir.py", "\n\ndef _planted():\n    from impl.adaptra import builder\n",
+                                "impl.common is not allowed to import impl.adaptra",
+                                "impl.common.schedule.ir -> impl.adaptra.builder"),
+    "common_imports_faults": ("impl/common/runtime/link_delay.py", "\nimport faults.varying_delay  # noqa\n",
+                              "impl.common does not import faults BROKEN",
+                              "impl.common.runtime.link_delay -> faults.varying_delay"),
+    "model_imports_the_runtime": ("impl/common/models/tiny_gpt.py", "\nfrom impl.common.runtime import stage  # noqa\n",
+                                  "impl.common.models does not import the runtime BROKEN",
+                                  "impl.common.models.tiny_gpt -> impl.common.runtime.stage"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BACK_IMPORTS))
+def test_back_import_breaks_it(tree_copy, case):
+    path, planted, rule, edge = BACK_IMPORTS[case]
+    target = tree_copy / path
+    target.write_text(target.read_text() + planted)
     out = _lint(tree_copy)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "impl.common is not allowed to import impl.adaptra" in out.stdout
-    assert "impl.common.schedule.ir -> impl.adaptra.builder" in out.stdout
-
-
-def test_common_importing_faults_breaks_it(tree_copy):
-    # faults sits above impl.common: the runtime reads fault specs from impl.common.fault_model
-    target = tree_copy / "impl" / "common" / "runtime" / "link_delay.py"
-    target.write_text(target.read_text() + "\nimport faults.varying_delay  # noqa\n")
-    out = _lint(tree_copy)
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "impl.common does not import faults BROKEN" in out.stdout
-    assert "impl.common.runtime.link_delay -> faults.varying_delay" in out.stdout
-
-
-def test_model_importing_the_runtime_breaks_it(tree_copy):
-    target = tree_copy / "impl" / "common" / "models" / "tiny_gpt.py"
-    target.write_text(target.read_text() + "\nfrom impl.common.runtime import stage  # noqa\n")
-    out = _lint(tree_copy)
-    assert out.returncode == 1, out.stdout + out.stderr
-    assert "impl.common.models does not import the runtime BROKEN" in out.stdout
-    assert "impl.common.models.tiny_gpt -> impl.common.runtime.stage" in out.stdout
+    assert rule in out.stdout
+    assert edge in out.stdout
 
 
 def test_system_importing_another_breaks_it(tree_copy):
