@@ -27,10 +27,6 @@ _FLAGS_WITHOUT_VALUE = {"--multirun", "-m", "--run", "-r"}
 MAX_PREFLIGHT_COMBINATIONS = 256
 
 
-class PreflightError(Exception):
-    pass
-
-
 def _describe(exc: BaseException, override_hint: str = "") -> str:
     from hydra.errors import MissingConfigException
 

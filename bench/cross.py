@@ -1,4 +1,4 @@
-"""Cross-paper questions (issue 28; presets in conf/experiment/cross/): systems from different
+"""Cross-paper questions (presets and their README in conf/experiment/cross/): systems from different
 papers on one situation, as one table per question.
 
 A row is one situation (a fault, or a workload), a column one system; a cell is the system's

@@ -198,9 +198,6 @@ class ClaimHinges:
     state: str  # in band | below | above | no run
     swings: List[Swing] = field(default_factory=list)
 
-    def in_band(self, v: Optional[float]) -> bool:
-        return v is not None and self.low <= v <= self.high
-
 
 def band(entry) -> tuple[float, float]:
     if entry.at_least:

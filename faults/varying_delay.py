@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import random
 
-from faults.link_delay import Link, _check_links, resolve_link
+from impl.common.fault_model.link_delay import Link, check_links, resolve_link
 from impl.common.api import ConfigError
 
 
@@ -28,7 +28,7 @@ def validate_varying_link_delay(fault, stages: int) -> None:
         return
     if stages < 2:
         raise ConfigError(f"fault.kind varying_link_delay: a {stages}-stage pipeline has no link")
-    _check_links(fault.links, stages, "fault.links")
+    check_links(fault.links, stages, "fault.links")
     lo, _ = _pair(fault.interval_s, "fault.interval_s")
     if lo <= 0:
         raise ConfigError(f"fault.interval_s must be > 0 seconds, got {list(fault.interval_s)}")

@@ -1,4 +1,4 @@
-"""Citations a reader of the repository can follow (issue 41): no docstring, comment, config or README
+"""Citations a reader of the repository can follow: no docstring, comment, config or README
 cites the design notes the harness was built from (``spec 2.2``, ``spec hydraulis 9``, ``hotspa.md``),
 since a user of the repository does not have them. A claim cites the paper (arXiv id, section,
 figure), the authors' code, or a file in the repository (a system's README states the reconstructed

@@ -116,7 +116,7 @@ def test_conf_holds_only_what_hydra_composes():
 
 def test_every_system_variant_inherits_its_papers_base():
     """One base per system class; every other config of that class states ``defaults: [<base>]``
-    (one level) and then what differs (issue 41)."""
+    (one level) and then what differs."""
     import collections
 
     import yaml
@@ -151,7 +151,7 @@ def test_every_system_variant_inherits_its_papers_base():
     ("system=ckpt_recovery +system.real.scenario=x", "recovery, one_gpu"),
 ])
 def test_a_choice_outside_its_enum_is_one_line_naming_the_field(override, choices):
-    # issue 41: choices are typed (enum.StrEnum) in the structured configs, so a typo fails when
+    # choices are typed (enum.StrEnum) in the structured configs, so a typo fails when
     # the config is typed, before any work, naming the field and the allowed values
     from bench.config import compose_config
     from impl.common.api import ConfigError

@@ -1,4 +1,4 @@
-"""One name per role (issue 41): module names that say what a file holds, and class names that do
+"""One name per role: module names that say what a file holds, and class names that do
 not repeat across packages. The module graph comes from grimp (what import-linter reads)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The README's layout (the tree block and the shared-substrate paragraph) matches the tree: every
-path it names exists, and every package of impl/common is named (issue 41)."""
+path it names exists, and every package of impl/common is named."""
 from __future__ import annotations
 
 import pathlib

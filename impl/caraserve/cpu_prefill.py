@@ -51,14 +51,6 @@ def save_host_adapters(adapters: dict, path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _spin(cond, idle_sleep_s: float = 0.0):
-    n = 0
-    while not cond():
-        n += 1
-        if n > 200:
-            time.sleep(idle_sleep_s)
-
-
 def _lora_job(path, adapter_names):
     """Job of a CPU LoRA worker: the deltas of one LoRA input group, one output plane per site."""
     from safetensors import safe_open

@@ -61,9 +61,6 @@ class KernelLaw:
     samples: int
     fitted_to: str
 
-    def predict_s(self, ranks: Sequence[int]) -> float:
-        return self.alpha_s * law_feature(ranks, self.kernel) + self.beta_s if ranks else 0.0
-
     def to_dict(self) -> dict:
         return {**asdict(self), "form": LAW_FORMS[self.kernel]}
 

@@ -1,4 +1,4 @@
-"""One process, world 1 (issue 37, ``real.scenario: one_gpu``): save stall and load time of
+"""One process, world 1 (``real.scenario: one_gpu``, README "One GPU"): save stall and load time of
 training state that lives where the job runs (the GPU under ``execution=cuda``, the CPU
 otherwise), ours against torch DCP sync and async, one policy per job.
 

@@ -42,10 +42,6 @@ def knobs(system) -> CkptRealKnobs:
     return k if k is not None else CkptRealKnobs()
 
 
-def _shape(wl):
-    return wl.model
-
-
 def cluster(wl, k: CkptRealKnobs) -> R.Cluster:
     alpha = tuple(wl.alpha) if wl.alpha else (1.0, 2.0, 4.0, 8.0)
     return R.Cluster(wl.num_gpus, wl.gpus_per_node, wl.tp, wl.pp, wl.model.num_layers, wl.num_microbatches,

@@ -52,7 +52,7 @@ class CkptRealKnobs:
     relayout: RelayoutChoice = RelayoutChoice.auto
     timeout_s: float = 600.0  # per launch
     threads: int = 1  # torch threads per rank
-    # Peer-memory tier (ckpt_recovery_peer, issue 27): each rank file also held in its node's
+    # Peer-memory tier (ckpt_recovery_peer): each rank file also held in its node's
     # holder and in ``peer_copies`` other nodes' holders (0: storage only).
     peer_copies: int = 0
     peer_net: str = "net"  # profile of a read from another node's memory (emulated)

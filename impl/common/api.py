@@ -90,7 +90,7 @@ class JobContext:
     workload_name: str
     hardware: Any  # impl.common.hardware.HardwareProfile
     hardware_name: str
-    fault: Any  # typed dataclass from faults.spec (validated)
+    fault: Any  # typed dataclass from impl.common.fault_model.spec (validated)
     fault_name: str
     out_dir: pathlib.Path
     show_progress: bool = True

@@ -117,6 +117,17 @@ def group_ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
     return k
 
 
+def _nodes_of(rank_base: int, width: int, gpus_per_node: int) -> list[int]:
+    return [(rank_base + k) // gpus_per_node for k in range(width)]
+
+
+def same_node(src_stage: int, dst_stage: int, tp: int, dp: int, gpus_per_node: int) -> bool:
+    """True if every (dp, tp) rank of pipeline stage ``src_stage`` sits on the node of its peer in
+    ``dst_stage``, ranks in Megatron's default order (tp fastest, then dp, then pp)."""
+    width = tp * dp
+    return _nodes_of(src_stage * width, width, gpus_per_node) == _nodes_of(dst_stage * width, width, gpus_per_node)
+
+
 def _op(op) -> CollOp:
     try:
         return CollOp(op)

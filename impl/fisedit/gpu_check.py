@@ -1,4 +1,4 @@
-"""One-shot device check of the fast engine (issue 38), independent of Hydra and the text encoder.
+"""One-shot device check of the fast engine (impl/fisedit/README.md, "The fast engine"), independent of Hydra and the text encoder.
 
 ``python -m impl.fisedit.gpu_check --shapes tiny sd15 sd21 --out DIR`` builds random-weight
 UNets of the given sizes on the device (``tiny``: the tiny UNet of

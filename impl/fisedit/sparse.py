@@ -95,11 +95,3 @@ def sparse_token_linear(x: torch.Tensor, linear: torch.nn.Linear, token_idx: tor
     if token_idx.numel():
         scatter_tokens(out, token_idx, F.linear(gather_tokens(x, token_idx), linear.weight, linear.bias))
     return out
-
-
-def sparse_self_attention(attn, norm_full: torch.Tensor, token_idx: torch.Tensor, radical: bool = False) -> torch.Tensor:
-    """Queries (and the output projection) for active tokens only; K/V from every token of the
-    current input (``radical``: from the active tokens only). Returns (B, Na, C)."""
-    q_in = gather_tokens(norm_full, token_idx)
-    kv = q_in if radical else norm_full
-    return attn(q_in, encoder_hidden_states=kv)

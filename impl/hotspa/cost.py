@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
 from impl.common.api import ConfigError
 from impl.common.cost.seqlen import SeqCost
@@ -292,8 +292,3 @@ def check_fits(env: PricingEnv, gp: GroupPlan, field: str = "system.strategies")
         if m < hi:
             raise ConfigError(f"{field}[{g}]: {s} fits micro-batches of at most {m} tokens on "
                               f"{env.mem.capacity_bytes / 2**30:.1f} GiB, below its group bound {hi}")
-
-
-def longest_fit(env: PricingEnv, context: int, max_tp: int) -> Optional[tuple[Strategy, int]]:
-    cands = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
-    return max(((s, env.maxlen(s)) for s in cands), key=lambda x: x[1], default=None)

@@ -201,16 +201,6 @@ def pack_replica(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCos
     return Packing(groups, len(groups), z, score, STATUSES[worst_status], min(lb_score, score), solves)
 
 
-def score_lower_bound(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCost, v_window: int = 16) -> float:
-    """A lower bound on :func:`pack_replica`'s score (no ILP): min over the v window of
-    ``(max(max_i cost_i, Σ cost_i / v) + c)·(pp − 1 + v)``."""
-    toks = np.array([int(lengths[i]) for i in idx], dtype=float)
-    costs = replica.a * toks ** 2 + replica.b * toks
-    v_lo, v_hi = v_range(int(toks.sum()), len(toks), replica, v_window)
-    mx, tot = float(costs.max()), float(costs.sum())
-    return min((max(mx, tot / v) + replica.c) * (replica.pp - 1 + v) for v in range(v_lo, v_hi + 1))
-
-
 def time_lower_bound(lengths: Sequence[int], idx: Sequence[int], replica: ReplicaCost) -> float:
     """A lower bound on the 1F1B time (ms) of any packing of ``idx`` under the replica's cap:
     every sequence's cost once, ``c`` per micro-batch (at least ceil(tokens / cap) of them) and

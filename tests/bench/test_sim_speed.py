@@ -1,4 +1,4 @@
-"""Simulator speed: one 1F1B iteration at S=128 stages, N=1024 micro-batches (issue 26 goal < 0.2 s).
+"""Simulator speed: one 1F1B iteration at S=128 stages, N=1024 micro-batches (goal < 0.2 s).
 
 Three cases side by side in one run: the compiled engine fed a ScheduleTable (the simulator
 alone), the compiled engine fed Action lists (the table conversion included), and the Python

@@ -1,4 +1,4 @@
-"""real.scenario=one_gpu (issue 37): one process saves and reloads its training state on the job's
+"""real.scenario=one_gpu (README "One GPU"): one process saves and reloads its training state on the job's
 device (job.execution); ours and both DCP baselines give back the same bytes; the gpu preset
 composes and, without CUDA, is refused in preflight in one line."""
 from __future__ import annotations

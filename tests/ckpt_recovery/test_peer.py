@@ -1,4 +1,4 @@
-"""Issue 27: partition-agnostic files held in peer hosts' memory (impl/common/checkpoint/peer.py)
+"""Peer memory: partition-agnostic files held in peer hosts' memory (impl/common/checkpoint/peer.py)
 and ``ckpt_recovery_peer`` in the sim (impl/ckpt_recovery/sim/peer.py)."""
 from __future__ import annotations
 

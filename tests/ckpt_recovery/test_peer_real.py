@@ -1,4 +1,4 @@
-"""Issue 27, real mode: the peer tier's holder processes (impl/common/checkpoint/holder.py) in
+"""Peer memory, real mode: the peer tier's holder processes (impl/common/checkpoint/holder.py) in
 the 4-rank kill-and-recover loop, and its staging / copy / fallback path in one process."""
 from __future__ import annotations
 

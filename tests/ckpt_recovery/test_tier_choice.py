@@ -1,4 +1,4 @@
-"""``sim.tier_choice: auto`` (issue 27): per storage profile the peer system runs the tier set
+"""``sim.tier_choice: auto`` (README "Peer memory"): per storage profile the peer system runs the tier set
 with the highest ETTR predicted over the failure model's mix (never the scenario's fault), and
 then prices exactly that tier, as a fixed run of it would; peer copies that do not fit are left
 out with the host-memory line instead of failing the job."""

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from impl.common.runtime.bw_split import SplitLinear, WeightGradStash, defer_weight_grads
+from impl.common.models.bw_split import SplitLinear, WeightGradStash, defer_weight_grads
 
 torch.set_num_threads(1)
 

@@ -73,7 +73,7 @@ def test_unknown_key_is_an_error(tmp_path):
 
 @pytest.mark.parametrize("path", PROFILE_PATHS, ids=lambda p: p.stem)
 def test_profile_sections_are_typed(path):
-    # issue 41: the diffusion engines' rates and the step model's inputs are sections of their own
+    # the diffusion engines' rates and the step model's inputs are sections of their own
     from impl.common.hardware import DiffusionRates, MegatronSection, load_hardware
 
     raw = OmegaConf.load(path)

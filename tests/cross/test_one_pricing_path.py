@@ -1,4 +1,4 @@
-"""One pricing path (issue 40): every training system's baseline is priced by the shared Megatron
+"""One pricing path (each system's README, same title): every training system's baseline is priced by the shared Megatron
 step model, so slowing the step model's GEMM table (every GEMM 1.5x longer) must slow the
 baseline of a paper preset of each system. A system that priced its baseline by its own formula
 (a FLOP count over peak x mfu, a published table) would not move, and this fails."""

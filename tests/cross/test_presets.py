@@ -1,4 +1,4 @@
-"""Cross-paper presets (conf/experiment/cross/, issue 28): every job of a preset resolves each
+"""Cross-paper presets (conf/experiment/cross/): every job of a preset resolves each
 system against the same workload, hardware and fault configs (from the shared groups), every
 job passes preflight or is refused by its system in one line (not applicable), and the cross
 table shows a refusal as 'not applicable' with its line."""

@@ -1,4 +1,4 @@
-"""The fast sparse engine (issue 38): indices once per edit, no host synchronisation inside a
+"""The fast sparse engine (README "The fast engine"): indices once per edit, no host synchronisation inside a
 step, at most 2x the dense step's dispatched ops, outputs equal to the reference engine's."""
 from collections import Counter
 

@@ -1,4 +1,4 @@
-"""Strategy prices and planning memory (issue 40, README "One pricing path"): the derived
+"""Strategy prices and planning memory (README "One pricing path"): the derived
 price is the step model's seq_cost, the cap the shared step-model memory's maxlen rounded to 128,
 the authors' published tables an opt-in source, the fit path the same ReplicaCost."""
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _span(L, reps, assign, includes_c):
 
 
 def test_refined_dispatch_never_worse_than_the_best_seeded_shuffle_on_20_batches():
-    """Our refinement (README "Issue 24"): longest-first + local improvement on top of the authors' shuffles; on 20 random
+    """Our refinement (README "The scripts' inputs on the calibrated model"): longest-first + local improvement on top of the authors' shuffles; on 20 random
     batches and pools the objective is <= the best of the same seeded shuffles, the assignment
     stays valid (each sequence once, within capacity, no empty replica) and recomputes."""
     pools = [[BIG, SMALL, SMALL, SMALL], [BIG, MID, SMALL, SMALL], [MID, MID, SMALL], [BIG, BIG, MID, SMALL, SMALL]]

@@ -1,4 +1,4 @@
-"""Issue 40 item 3 (README "Issue 40 (item 3)"): our dispatch is never worse than the authors' planner
+"""README "Dispatch never worse than the authors' on their planning cases": our dispatch is never worse than the authors' planner
 on their planning cases, is deterministic for a seed, and keeps to its search budget (a count)."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_tp_that_does_not_divide_the_heads_is_priced():
 def cases():
     """Every scripts' list that holds the step, 2 steps of each case but the 1,024-GPU one (its
     reference takes ~30 s here: `python -m impl.hydraulis.dispatch_check --cases "32b@1024
-    test_planner"`, README "Issue 40")."""
+    test_planner"`, README "Dispatch never worse")."""
     return list(planning_cases(steps=2, names=FAST))
 
 

@@ -100,7 +100,7 @@ def test_presets_exist_with_sweeps():
 
 
 def test_sim_strategies_are_the_step_models_time_and_memory(runs):
-    """Issue 40, one pricing path: every strategy the sim planned with is seq_cost (ms) with the
+    """One pricing path (README, same title): every strategy the sim planned with is seq_cost (ms) with the
     cap of the shared step-model memory (ZeRO-1 over the job's 16 GPUs), and every policy pays
     the step model's iteration overhead once a step, on the datasheet profile too."""
     from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost

@@ -1,4 +1,4 @@
-"""Issue 37: SwiftDiffusion's single-process real paths run on the job's device (job.execution),
+"""On a GPU (README "On a GPU"): SwiftDiffusion's single-process real paths run on the job's device (job.execution),
 and the gpu/swiftdiffusion_sd15 preset composes and is refused without CUDA in one line."""
 from __future__ import annotations
 

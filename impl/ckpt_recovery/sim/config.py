@@ -28,7 +28,7 @@ class CkptSimKnobs:
     # An option of the authors' code (ours only): after each commit, every rank file is also copied to the local
     # NVMe of this many other nodes; a load reads a file from a surviving copy, else from storage.
     local_copies: int = 0
-    # Issue 27 (ours only, system ckpt_recovery_peer): after each snapshot, every rank file is
+    # Peer memory (ours only, system ckpt_recovery_peer): after each snapshot, every rank file is
     # also copied into the host memory of this many other nodes (sim/peer.py).
     peer_copies: int = 0
     host_mem_bytes_per_node: float = 2.0e12  # [R] DGX H100: 2 TB of system memory
@@ -37,7 +37,7 @@ class CkptSimKnobs:
     # (its failure domain held them all); their recovery reads storage. Only copies are lost,
     # no GPU (the failure trace stays the one every system sees).
     peer_correlated_frac: float = 0.0
-    # fixed: the tiers above as set (copies that do not fit are refused). auto (issue 27, policy
+    # fixed: the tiers above as set (copies that do not fit are refused). auto (peer memory, policy
     # ckpt_recovery): per storage profile, run the tier set with the highest ETTR *predicted*
     # over the failure model's mix (single_gpu_frac one-GPU losses, else a node), never the
     # scenario's own fault: peer copies (peer_copies, if they fit in host memory), local copies

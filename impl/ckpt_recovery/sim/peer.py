@@ -1,4 +1,4 @@
-"""``ckpt_recovery_peer`` in the sim (issue 27): our partition-agnostic files also held in the
+"""``ckpt_recovery_peer`` in the sim (README "Peer memory"): our partition-agnostic files also held in the
 host memory of ``k`` other nodes (``sim.peer_copies``), restored with the same read plan.
 
 Two tiers from one snapshot (the D2H copy overlapped with the next step, as ours):

@@ -1,4 +1,4 @@
-"""The per-node holder process of the peer-memory tier (issue 27, real mode).
+"""The per-node holder process of the peer-memory tier (``ckpt_recovery_peer``, real mode).
 
 Emulated nodes share one host here, so a node's memory is a directory tree in shared memory
 (``/dev/shm``) owned by one *holder process* per node:

@@ -55,10 +55,6 @@ class TensorMeta:
             n *= s
         return n * torch.empty((), dtype=DTYPES[self.dtype]).element_size()
 
-    def split_rows(self, S: int) -> int:
-        """Rows of one piece in one split."""
-        return self.shape[self.dim] // self.fused // S
-
 
 Ownership = dict[str, tuple[int, int]]  # tensor name -> (t, g)
 

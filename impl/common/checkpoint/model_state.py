@@ -1,4 +1,4 @@
-"""A model's and its Adam optimizer's state as one flat dict of named tensors, and back.
+"""A model's and its Adam optimizer's state as one flat dict of named tensors.
 
 Names: ``param/<fqn>``, ``exp_avg/<fqn>``, ``exp_avg_sq/<fqn>``, ``step/<fqn>`` (Adam's step
 is a float32 scalar per parameter, replicated). The shard dim of a parameter follows the
@@ -54,17 +54,3 @@ def state_metas(state: Mapping[str, torch.Tensor], shard_dim: Callable[[str], Op
         shape = tuple(full_shapes[k]) if full_shapes else tuple(v.shape)
         out.append(TensorMeta(k, shape, dtype_name(v.dtype), dim))
     return out
-
-
-def load_flat_state(model: nn.Module, opt: Optional[torch.optim.Optimizer], state: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``state`` into the model's parameters and the optimizer's state (same shapes)."""
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for k, v in state.items():
-            kind, fqn = k.split("/", 1)
-            p = params[fqn]
-            if kind == "param":
-                p.copy_(v)
-            elif opt is not None:
-                st = opt.state.setdefault(p, {})
-                st[kind] = v.clone()

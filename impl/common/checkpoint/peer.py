@@ -1,4 +1,4 @@
-"""Partition-agnostic checkpoint files held in other hosts' memory (issue 27: ``ckpt_recovery_peer``).
+"""Partition-agnostic checkpoint files held in other hosts' memory (the peer-memory tier of ``ckpt_recovery_peer``).
 
 After a commit, every rank file is also copied into the host memory of ``k`` other nodes
 (its *peers*: never the owner's node, so a lost node never takes every fast copy of its own

@@ -17,13 +17,13 @@ from typing import Optional
 
 from impl.common import collectives as coll
 from impl.common.api import ConfigError
+from impl.common.collectives import same_node
 from impl.common.hardware import HardwareProfile
+from impl.common.megatron.derive import comm_efficiencies
 
 
 def link_efficiencies(hw: HardwareProfile) -> dict:
     """The step model's link efficiencies for ``hw`` (keyword arguments of :func:`coll.collective`)."""
-    from impl.common.megatron.derive import comm_efficiencies
-
     return comm_efficiencies(hw)
 
 
@@ -56,16 +56,6 @@ def dp_allreduce_time_s(grad_bytes: float, dp: int, hw: HardwareProfile, ranks_p
     if dp <= 1:
         return 0.0
     return ring_allreduce_time_s(grad_bytes, dp, hw, ranks_per_node) + 2 * (dp - 1) * slow_link_delay_s
-
-
-def _nodes_of(rank_base: int, width: int, gpus_per_node: int) -> list[int]:
-    return [(rank_base + k) // gpus_per_node for k in range(width)]
-
-
-def same_node(src_stage: int, dst_stage: int, tp: int, dp: int, gpus_per_node: int) -> bool:
-    """True if every (dp, tp) rank of ``src_stage`` sits on the node of its peer in ``dst_stage``."""
-    width = tp * dp
-    return _nodes_of(src_stage * width, width, gpus_per_node) == _nodes_of(dst_stage * width, width, gpus_per_node)
 
 
 def p2p_time_s(src_stage: int, dst_stage: int, msg_bytes: float, hw: HardwareProfile,

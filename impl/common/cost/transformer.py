@@ -18,12 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 from impl.common.api import ConfigError
 from impl.common.hardware import HardwareProfile
 from impl.common.workloads.pipeline import ModelShape
+from impl.common.megatron.derive import step_knobs
+from impl.common.megatron.model import MegatronModel
+from impl.common.megatron.step import F_ATTN, F_ELEM, F_GEMM, F_LAYERS, layer_terms, theta_of
 
 from .comm import ring_allreduce_time_s
-from impl.common.megatron.derive import step_knobs
 
 BYTES_PER_ELEM = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -184,11 +188,6 @@ def _step_layer_s(model, micro_batch_size: int, tp: int, hw: HardwareProfile) ->
     """One layer's forward compute from the Megatron step model (a third of its forward + backward
     GEMM, attention, memory-bound and overhead terms: B ≈ W ≈ F as above) and one TP all-reduce
     at the step model's bus bandwidth."""
-    import numpy as np
-
-    from impl.common.megatron.model import MegatronModel
-    from impl.common.megatron.step import F_ATTN, F_ELEM, F_GEMM, F_LAYERS, layer_terms, theta_of
-
     rows = float(micro_batch_size * model.seq_len)
     f = layer_terms(MegatronModel.from_shape(model), tp, rows, rows * model.seq_len, hw, hw.gpus_per_node)
     th = theta_of(hw, step_knobs(hw))

@@ -22,6 +22,7 @@ moment (:func:`MemoryModel.switch_peak_bytes`); activations are freed by then.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -30,6 +31,8 @@ from impl.common.api import ConfigError
 from impl.common.hardware import HardwareProfile
 
 from impl.common.megatron.derive import step_knobs
+from impl.common.megatron.model import MegatronLayout, MegatronModel
+from impl.common.megatron.step import linear_memory, seq_cost_terms
 
 from .seqlen import SeqCost
 
@@ -77,25 +80,19 @@ def split_heads(heads: int, kv_heads: int, hidden: int, degree: int) -> tuple[in
 
 
 def _splittable_heads(m, degree: int):
-    import dataclasses as _dc
-
     split = split_heads(m.heads, m.kv_heads, m.hidden, degree)
     if split is None:
         raise ConfigError(f"layout: a degree of {degree} cannot split the heads of hidden {m.hidden} ({m.heads} heads)")
-    return _dc.replace(m, heads=split[0], kv_heads=split[1])
+    return dataclasses.replace(m, heads=split[0], kv_heads=split[1])
 
 
 def _step_shape(model, layout: StrategyLayout, hw: HardwareProfile, sequence_parallel: bool = True):
     """The harness shape as the step model's model and layout (one replica's slowest stage)."""
-    import dataclasses as _dc
-
-    from impl.common.megatron.model import MegatronLayout, MegatronModel
-
     m = MegatronModel.from_shape(model, context=int(getattr(model, "seq_len", 0) or 0))
     if m.num_layers % layout.pp:
         # Planners here split layers unevenly (layer_split): the slowest stage holds ceil(L/pp)
         # layers, which is the stage a SeqCost describes; price a model of pp such stages.
-        m = _dc.replace(m, num_layers=math.ceil(m.num_layers / layout.pp) * layout.pp)
+        m = dataclasses.replace(m, num_layers=math.ceil(m.num_layers / layout.pp) * layout.pp)
     if m.heads % layout.tp:
         # Some planners' pools list a tp that does not divide the heads (Megatron would refuse
         # it); the attention work is heads x head_dim = hidden either way, so price the nearest
@@ -114,8 +111,6 @@ def seq_cost(model, layout: StrategyLayout, hw: HardwareProfile, gemm_scale: flo
     step model (see the module doc). ``gemm_scale``: LoRA's frozen base has no weight-gradient
     GEMMs (2/3). ``sequence_parallel`` (Megatron TP only): norms and residuals on s / tp tokens,
     as :class:`MemoryModel` keeps their activations; off, whole on every TP rank."""
-    from impl.common.megatron.step import seq_cost_terms
-
     m, lay = _step_shape(model, layout, hw, sequence_parallel)
     a, b, c = seq_cost_terms(m, lay, hw, gemm_scale=gemm_scale, typical=typical)
     return SeqCost(a=a, b=b, c=c, r2=1.0, source="megatron-step")
@@ -151,8 +146,6 @@ class MemoryModel:
     def _lines(self, model, layout: StrategyLayout, num_gpus: int = 0) -> list[tuple[float, float]]:
         """The step model's (fixed, per-token) bytes per stage; ZeRO-1 shards the optimizer over
         every replica of the ``num_gpus`` (default: the layout's own)."""
-        from impl.common.megatron.step import linear_memory
-
         m, lay = _step_shape(model, layout, self.hw)
         dp = max(1, num_gpus // (layout.tp * layout.pp)) if num_gpus else layout.dp
         lay = lay.with_(dp=dp, gbs=dp, sequence_parallel=self.sequence_parallel and layout.parallel == "tp",

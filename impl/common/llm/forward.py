@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from impl.common.llm.kernels import lora_delta
-from impl.common.llm.lora import LoRABatch, MultiLoRALinear
+from impl.common.llm.lora import LoRABatch
 
 QKV = ("q_proj", "k_proj", "v_proj")
 O = ("o_proj",)
@@ -48,10 +48,6 @@ class RequestSlice:
 
     tokens: Sequence[int]
     cache: KVCache
-
-
-def _base(mod) -> torch.nn.Linear:
-    return mod.base_layer if isinstance(mod, MultiLoRALinear) else mod
 
 
 class CPUPath:
@@ -135,7 +131,7 @@ def ragged_forward(model, items: Sequence[RequestSlice], batch: Optional[LoRABat
                 if slot >= 0 and layer_idx in batch.cpu_layers.get(slot, ()):
                     a, b = offsets[i], offsets[i + 1]
                     handles.append((a, b, cpu.submit(slot, layer_idx, sites, x[a:b])))
-        outs = [_base(getattr(attn, s))(x) for s in sites]
+        outs = [getattr(attn, s)(x) for s in sites]
         if batch is not None:
             for s, y in zip(sites, outs):
                 batch.apply(layer_idx, s, x, y)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
-from torch import nn
 
 from impl.common.api import ConfigError
 from impl.common.llm import kernels as K
@@ -205,11 +204,6 @@ def random_adapters(shape, specs: Sequence[AdapterSpec], seed: int = 0, device=N
     return out
 
 
-def unwrap_base(peft_model):
-    """The underlying LlamaForCausalLM with LoRA layers still in place (used read-only)."""
-    return peft_model.get_base_model()
-
-
 # ---- batch application ---------------------------------------------------------------------
 @dataclass
 class LoRABatch:
@@ -236,9 +230,6 @@ class LoRABatch:
         if self.device_weights is not None:
             return self.device_weights(slot, site, layer)
         return self.adapters[slot].layer(site, layer)
-
-    def device_slots(self, layer: int) -> list[int]:
-        return [a for a in range(len(self.adapters)) if layer not in self.cpu_layers.get(a, ())]
 
     def apply(self, layer: int, site: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Add the device-path deltas of ``site`` at ``layer`` into ``y`` (rows on the CPU path skipped)."""
@@ -281,56 +272,13 @@ class LoRABatch:
         return K.bgmv(y, x, A, B, sidx, s)
 
 
-class MultiLoRALinear(nn.Module):
-    """Wraps a base ``nn.Linear``; adds the current :class:`LoRABatch`'s deltas (device path)."""
-
-    def __init__(self, base: nn.Linear, layer: int, site: str):
-        super().__init__()
-        self.base_layer = base
-        self.layer = layer
-        self.site = site
-        self.batch: Optional[LoRABatch] = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base_layer(x)
-        if self.batch is None:
-            return y
-        shape = y.shape
-        x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, shape[-1])
-        self.batch.apply(self.layer, self.site, x2, y2)
-        return y2.view(shape)
-
-
-def wrap_multi_lora(model) -> list[MultiLoRALinear]:
-    """Replace q/k/v/o projections of a plain ``LlamaForCausalLM`` with :class:`MultiLoRALinear`."""
-    wrapped = []
-    for l, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        for site in SITES:
-            mod = getattr(attn, site)
-            if not isinstance(mod, MultiLoRALinear):
-                mod = MultiLoRALinear(mod, l, site)
-                setattr(attn, site, mod)
-            wrapped.append(mod)
-    return wrapped
-
-
-def set_batch(model, batch: Optional[LoRABatch]) -> None:
-    for layer in model.model.layers:
-        for site in SITES:
-            mod = getattr(layer.self_attn, site)
-            if isinstance(mod, MultiLoRALinear):
-                mod.batch = batch
-
-
 def merge_adapter(model, adapter: HostAdapter) -> dict:
     """W += s * B @ A on q/k/v/o of every layer. Returns the saved weights (restore = copy back)."""
     saved = {}
     with torch.no_grad():
         for l, layer in enumerate(model.model.layers):
             for site in SITES:
-                mod = getattr(layer.self_attn, site)
-                lin = mod.base_layer if isinstance(mod, MultiLoRALinear) else mod
+                lin = getattr(layer.self_attn, site)
                 saved[(l, site)] = lin.weight.detach().clone()
                 A, B = (t.to(lin.weight.device, lin.weight.dtype) for t in adapter.layer(site, l))
                 lin.weight.add_((B @ A) * adapter.scale)
@@ -342,8 +290,7 @@ def unmerge_adapter(model, saved: dict) -> None:
     with torch.no_grad():
         for l, layer in enumerate(model.model.layers):
             for site in SITES:
-                mod = getattr(layer.self_attn, site)
-                lin = mod.base_layer if isinstance(mod, MultiLoRALinear) else mod
+                lin = getattr(layer.self_attn, site)
                 lin.weight.copy_(saved[(l, site)])
 
 

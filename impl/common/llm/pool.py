@@ -28,14 +28,6 @@ class PoolEntry:
     def resident(self, group: Optional[int] = None) -> bool:
         return all(self.ready) if group is None else self.ready[group]
 
-    def ready_groups(self) -> int:
-        n = 0
-        for r in self.ready:
-            if not r:
-                break
-            n += 1
-        return n
-
 
 class AdapterPool:
     def __init__(self, capacity: int, groups: int):

@@ -39,8 +39,8 @@ ASYNC_AT_ARRIVAL = ("caraserve",)  # S-LoRA prefetches only for the next batch (
 # (the engine and the simulator price the wait as a load stall of the batch). Elsewhere a
 # running request decodes only once resident (dLoRA's migrated requests). Holding it out of the
 # step instead made the step cheaper than CACHED's with the same requests resident, and
-# CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md;
-# issue 25).
+# CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md,
+# "The paper's SLO, the MAF popularity stand-in, the kernel law").
 DECODE_WAITS_FOR_LOAD = ("caraserve",)
 KERNELS = {
     "cached": ("sgmv", "bgmv"), "ondmd": ("sgmv", "bgmv"), "caraserve": ("sgmv", "bgmv"),

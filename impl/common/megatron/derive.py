@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from impl.common.api import ConfigError
-from impl.common.hardware import HardwareProfile, KernelTables, MegatronKnobs
+from impl.common.hardware import HardwareProfile, KernelTables, MegatronKnobs, load_hardware
 
 from .kernels import carried, flat_tables
 
@@ -114,8 +114,6 @@ def comm_efficiencies(hw: HardwareProfile) -> dict:
 
 
 def _carried(hw: HardwareProfile) -> HardwareProfile:
-    from impl.common.hardware import load_hardware
-
     base_name = hw.megatron.carried_from
     if not base_name or base_name == hw.name or base_name in _CARRYING:
         raise ConfigError(f"hardware {hw.name}: megatron.carried_from must name a fitted profile (got {base_name!r}"

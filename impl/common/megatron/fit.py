@@ -259,10 +259,6 @@ def fit(priced: Sequence[Priced], hw: HardwareProfile) -> tuple[MegatronKnobs, d
     return knobs, {**tinfo, **minfo, **vinfo, "at_bound": at_bound(knobs, hw)}
 
 
-def with_knobs(hw: HardwareProfile, knobs: MegatronKnobs, calibration: dict) -> HardwareProfile:
-    return dataclasses.replace(hw.with_megatron(knobs=knobs), calibration=calibration)
-
-
 # ---- predictions ---------------------------------------------------------------------------
 
 def predict(p: Priced, hw: HardwareProfile, knobs: Optional[MegatronKnobs] = None) -> dict:

@@ -67,7 +67,6 @@ import numpy as np
 
 from impl.common import collectives as coll
 from impl.common.api import ConfigError
-from impl.common.cost.comm import same_node
 from impl.common.hardware import HardwareProfile, MegatronKnobs
 
 from . import activations as act
@@ -423,7 +422,7 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             f[..., F_ELEM] += (norm_elementwise_bytes(model) * rows / (tp if lay.sequence_parallel else 1)
                                + CE_BYTES_PER_LOGIT * grid * V / tp) / hbm
         for nb in ([s - 1] if s > 0 else []) + ([s + 1] if s < pp - 1 else []):
-            col, per_byte, lat = p2p_terms(hw, same_node(s, nb, tp * u, dp, gpn), gpn)
+            col, per_byte, lat = p2p_terms(hw, coll.same_node(s, nb, tp * u, dp, gpn), gpn)
             f[..., col] += 2.0 * per_byte * BF16 * h * rows / tp
             f[..., F_FIXED] += 2.0 * lat
 
@@ -444,7 +443,7 @@ def features(model: MegatronModel, lay: MegatronLayout, hw: HardwareProfile,
             G[F_FIXED] += lat
     if pp > 1 and model.tied:
         # fp32 embedding-gradient all-reduce between the first and the last stage
-        both = 2 if same_node(0, pp - 1, tp, dp, gpn) else 1
+        both = 2 if coll.same_node(0, pp - 1, tp, dp, gpn) else 1
         col, per_byte, lat = comm_terms(coll.CollOp.ALL_REDUCE, hw, 2, both, gpn)
         G[col] += per_byte * 4.0 * V / tp * h
         G[F_FIXED] += lat

@@ -4,7 +4,7 @@ Every pipeline stage is cut out of the *same* seeded full model (:func:`build_st
 pipelined run computes exactly what the single-process model computes; the reference
 functions here (:func:`reference_step`, :func:`reference_train`) are what the runtime's
 equality tests compare against. The attention and MLP projections and the LM head are
-:class:`~impl.common.runtime.bw_split.SplitLinear` layers, so their weight gradients can be
+:class:`~impl.common.models.bw_split.SplitLinear` layers, so their weight gradients can be
 deferred to a ZeroBubble "W" step.
 
 Parameter names are the full model's (``blocks.3.attn.qkv.weight``) on every stage, so a
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from impl.common.api import ConfigError
-from impl.common.runtime.bw_split import SplitLinear
+from impl.common.models.bw_split import SplitLinear
 from impl.common.workloads.pipeline import ModelShape
 
 INIT_STD = 0.02

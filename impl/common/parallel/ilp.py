@@ -184,7 +184,7 @@ def _ilp_b(z: tuple, stages: tuple, num_microbatches: int, solver: str):
             return None
         m = tuple(int(round(v)) for v in res.x[:D])
     else:
-        raise ValueError(f"solver {solver!r} (one of {SOLVERS})")
+        raise ValueError(f"solver {solver!r} (one of {SOLVERS_B})")
     if sum(m) != num_microbatches or any(mi < si for mi, si in zip(m, stages)):
         return None
     return max(zi * mi for zi, mi in zip(z, m)), m

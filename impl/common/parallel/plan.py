@@ -87,9 +87,6 @@ class Plan:
         """k such that the group has tp / 2**k GPUs."""
         return int(round(math.log2(self.tp / self.groups[group].size)))
 
-    def stage_of_group(self) -> dict[int, tuple[int, int]]:
-        return {g: (i, j) for i, p in enumerate(self.pipelines) for j, g in enumerate(p.groups)}
-
     def rank_map(self) -> list[dict]:
         """Rank -> device: ranks enumerate pipelines, then stages, then TP ranks."""
         out = []

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
-from faults.spec import LinkDelay
+from impl.common.fault_model.spec import LinkDelay
 from impl.common.api import ConfigError
 from impl.common.models.tiny_gpt import validate_shape
 from impl.common.runtime.comm import MessageSpec

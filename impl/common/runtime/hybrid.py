@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from impl.common.api import ConfigError
+from impl.common.fault_model.compute_slowdown import slowdown_at
 from impl.common.models.tiny_gpt import TinyGPT, embed, lm_loss, make_microbatches
 from impl.common.parallel.plan import Plan
 from impl.common.workloads.pipeline import ModelShape
@@ -54,7 +55,7 @@ class HybridRunConfig:
     iterations: int  # total, warm-up included
     seed: int
     initial_plan: dict
-    fault: Any = None  # faults.spec.ComputeSlowdown or None
+    fault: Any = None  # impl.common.fault_model.spec.ComputeSlowdown or None
     layer_fwd_pad_s: float = 0.0
     layer_bwd_pad_s: float = 0.0
     optimizer: str = "adam"
@@ -161,8 +162,6 @@ class _Worker:
     def _slowdown(self, it: int) -> float:
         if self.cfg.fault is None:
             return 1.0
-        from faults.compute_slowdown import slowdown_at
-
         return slowdown_at(self.cfg.fault, it, self.cfg.num_gpus)[self.rank]
 
     def run_iteration(self, it: int, x: float) -> dict:

@@ -1,8 +1,8 @@
 """Per-iteration link delays for the real runtime: injection (oracle) and detection (measured).
 
-**Injection.** :class:`LinkDelayController` turns a :class:`faults.spec.LinkDelay` (or a fixed
+**Injection.** :class:`LinkDelayController` turns a :class:`impl.common.fault_model.spec.LinkDelay` (or a fixed
 ``{(i, i+1): seconds}`` table) into the table in force at each iteration, using
-:func:`faults.link_delay.link_delays_at` (the function the simulator uses too). Rank 0
+:func:`impl.common.fault_model.link_delay.link_delays_at` (the function the simulator uses too). Rank 0
 publishes the table in the job's TCPStore under one key per iteration and every rank reads
 that key at the start of the iteration, so all ranks sleep the same delays
 and build the same schedule, as the artifact does with Redis.
@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
-from faults.link_delay import link_delays_at, validate_link_delay
-from faults.spec import LinkDelay
+from impl.common.fault_model.link_delay import link_delays_at, validate_link_delay
+from impl.common.fault_model.spec import LinkDelay
 from impl.common.api import ConfigError
 
 Link = tuple[int, int]

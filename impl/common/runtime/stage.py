@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from impl.common.models.tiny_gpt import PipelineStage, scale_loss
-from impl.common.runtime.bw_split import (WeightGradStash, accumulate_grad, defer_weight_grads,
-                                          split_linear_params)
+from impl.common.models.bw_split import (WeightGradStash, accumulate_grad, defer_weight_grads,
+                                         split_linear_params)
 
 
 class _OrderedAccumulator:

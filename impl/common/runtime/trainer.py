@@ -53,9 +53,9 @@ class TrainerConfig:
     torch_threads: int
     validate: bool
     num_delegates: int = 0
-    # Fault injection: (rank, iteration) at which that rank dies (faults.spec.RankKill).
+    # Fault injection: (rank, iteration) at which that rank dies (impl.common.fault_model.spec.RankKill).
     kill_at: Optional[tuple[int, int]] = None
-    # A static slow GPU (faults.spec compute_slowdown): per-rank factor on the padded op time.
+    # A static slow GPU (fault_model.spec.ComputeSlowdown): per-rank factor on the padded op time.
     slowdown: Optional[tuple[float, ...]] = None
 
 

@@ -134,9 +134,6 @@ class SimServer:
                 entry.ready[g] = True
         return entry.resident()
 
-    def _ranks(self, adapter: str) -> int:
-        return self.rank_of[adapter]
-
     # ---- events ---------------------------------------------------------------------------
     def arrive(self, r: SReq, now: float) -> None:
         self.version += 1

@@ -1,4 +1,4 @@
-"""Per-link delay tables for the pipeline simulator (``faults.link_delay`` computes them from a fault)."""
+"""Per-link delay tables for the pipeline simulator (``impl.common.fault_model.link_delay`` computes them from a fault)."""
 from __future__ import annotations
 
 from typing import Mapping, Optional

@@ -52,12 +52,6 @@ class StorageProfile:
         if self.write_copies < 1:
             raise ConfigError(f"storage.{self.name}.write_copies must be >= 1, got {self.write_copies}")
 
-    def rank_bandwidth(self, ranks: int, ranks_per_node: int) -> float:
-        """Bytes/s one rank gets when ``ranks`` ranks (``ranks_per_node`` per node) use the
-        store at once; 0 = uncapped."""
-        share = {"rank": 1, "node": ranks_per_node, "aggregate": ranks}[self.scope]
-        return self.bandwidth_bytes_per_s / max(share, 1)
-
     @property
     def emulated(self) -> bool:
         return self.latency_s > 0 or self.bandwidth_bytes_per_s > 0
