@@ -1,5 +1,6 @@
-"""Issue 24 (README "Issue 24"): the scripts' candidate lists, the grid-rule Megatron baseline on the
-calibrated step model, one-line errors for bad pools."""
+"""The authors' scripts' inputs (README "the scripts' inputs on the calibrated model"): their
+candidate lists, the grid-rule Megatron baseline on the calibrated step model, one-line errors
+for bad pools."""
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,7 @@ def test_grid_rule_megatron_on_the_calibrated_model_and_zero_padding():
     m, info = simulate(_system(policy="megatron_grid_like"), wl, hardware("a800-80g-megatron"), 0)
     assert info["fits_every_step"] and info["megatron_grid_layout"]
     assert m["overhead_time_s"].value == pytest.approx(info["breakdown_step0"]["per_iteration_s"])
-    # one pricing path (issue 40): the datasheet profile carries the same step model, so the
+    # one pricing path for every profile: the datasheet profile carries the same step model, so the
     # grid baseline runs there too and prices the step alike
     m2, info2 = simulate(_system(policy="megatron_grid_like"), wl, hardware("a800-80g"), 0)
     assert info2["megatron_grid_layout"] == info["megatron_grid_layout"]
