@@ -18,14 +18,13 @@ import statistics
 from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.baselines.megatron_grid import GridRule, GridRuleConfig
 from impl.common.baselines.static import StaticGridConfig
+from impl.common.parallel.migration import POLICIES as SWITCH_POLICIES
 from impl.common.varlen.sampling import LengthStream
 
 from impl.hotspa.planner import plan_groups
 from impl.hotspa.presets import PRESET_GROUPINGS, load_presets
 from impl.hotspa.cost import PricingEnv, best_static, check_fits, price_grouped_step, price_static_step
 from impl.hotspa.strategy import GroupPlan, make_group_plan, parse_strategy
-
-SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
 
 
 def at_context(wl, context: int):
