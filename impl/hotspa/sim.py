@@ -74,8 +74,7 @@ def check_sim(system, wl, hardware) -> None:
     for c in cfg.sim.contexts:
         if c < 1 or c % cfg.align:
             raise ConfigError(f"system.sim.contexts: {c} must be a positive multiple of system.align {cfg.align}")
-    if cfg.sim.static_max_tp < 1:
-        raise ConfigError(f"system.sim.static_max_tp: must be >= 1, got {cfg.sim.static_max_tp}")
+    StaticGridConfig(max_tp=cfg.sim.static_max_tp)  # refuses a bad system.sim.static_max_tp in one line
     if cfg.sim.plan_max_groups < 1 or cfg.sim.plan_sample_steps < 1:
         raise ConfigError(f"system.sim.plan_max_groups ({cfg.sim.plan_max_groups}) and plan_sample_steps "
                           f"({cfg.sim.plan_sample_steps}) must be >= 1")

@@ -454,6 +454,7 @@ def check_sim(system, wl, hardware) -> None:
     k = system.cfg.sim
     if k.sample_steps < 1:
         raise ConfigError(f"system.sim.sample_steps: must be >= 1, got {k.sample_steps}")
+    StaticGridConfig(max_tp=k.megatron_max_tp, field="system.sim.megatron_max_tp")  # one line if < 1
     if k.ilp_node_limit < 0 or k.ilp_time_limit_s <= 0:
         raise ConfigError(f"system.sim.ilp_node_limit ({k.ilp_node_limit}) must be >= 0 and ilp_time_limit_s "
                           f"({k.ilp_time_limit_s}) > 0")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from impl.common.errors import ConfigError
-from impl.common.megatron.grid import GridLayout, best_grid, candidates, model_of, step_prices
+from impl.common.megatron.grid import MBS, GridLayout, candidates, model_of, step_prices
 
 SEQS_PER_GPU = 32  # the global batch of token-budget steps: sequences per GPU
 
@@ -64,22 +64,28 @@ class GridRule:
             batch = _Docs(padded_docs(batch.lengths.tolist(), g.dp * g.mbs))
         return step_prices(self.model, g, [batch], self.wl.context, self.hw, self.wl.gpus_per_node)
 
+    def _score(self, g: GridLayout, sample) -> tuple[bool, float]:
+        """(fits every planning step, mean step time) of layout ``g``."""
+        if self.cfg.token_budget_steps:  # each step padded on its own
+            es = [self._estimate(g, b) for b in sample]
+            return all(e.fits for e in es), statistics.fmean(e.iteration_s for e in es)
+        est = step_prices(self.model, g, sample, self.wl.context, self.hw, self.wl.gpus_per_node)
+        return est.fits, est.iteration_s
+
     def search(self, sample) -> tuple[GridLayout, dict]:
         """The fastest fitting layout on ``sample`` (ties to the smaller (dp, tp, pp, mbs)) and
         what the search saw."""
         wl, hw = self.wl, self.hw
-        if not self.cfg.token_budget_steps:
-            return best_grid(self.model, wl, hw, sample)
-        grid = candidates(wl.num_gpus, wl.gpus_per_node, self.model.num_layers, self.model.heads,
-                          wl.num_gpus * SEQS_PER_GPU)
+        gbs = wl.num_gpus * SEQS_PER_GPU if self.cfg.token_budget_steps else len(sample[0].lengths)
+        grid = candidates(wl.num_gpus, wl.gpus_per_node, self.model.num_layers, self.model.heads, gbs)
         scores = {}
         for g in grid:
-            es = [self._estimate(g, b) for b in sample]
-            if all(e.fits for e in es):
-                scores[g] = statistics.fmean(e.iteration_s for e in es)
+            fits, t = self._score(g, sample)
+            if fits:
+                scores[g] = t
         if not scores:
             raise ConfigError(f"workload.context: no layout of the grid rule fits {wl.context} tokens on {hw.name} "
-                              f"({len(grid)} tried)")
+                              f"({len(grid)} tried, tp up to {max(c.tp for c in grid)}, mbs {MBS})")
         best = min(scores, key=lambda g: (scores[g], g.dp, g.tp, g.pp, g.mbs))
         return best, {"grid_tried": len(grid), "grid_fit": len(scores),
                       "grid_top5": {str(g): round(scores[g], 4) for g in sorted(scores, key=scores.get)[:5]}}
