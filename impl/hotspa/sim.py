@@ -13,7 +13,6 @@ its component's hooks (:mod:`impl.hotspa.policies`); this module holds what they
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 from impl.common.api import ConfigError, Metric, RunResult
 from impl.common.baselines.megatron_grid import GridRule, GridRuleConfig
