@@ -123,27 +123,35 @@ class GreedyDynamic(PoolPolicy):
 
 @dataclass(frozen=True)
 class Planned(PoolPolicy):
-    """The full planner on the pool (``candidates``: all, the optimizer layout only, or the one
-    the planner picks most on the sample), dispatching by ``rule``."""
+    """The full planner on every candidate of the pool, dispatching by ``rule``."""
 
     rule: str = "greedy"
-    candidates: str = "pool"  # pool | layout | static
 
     def __post_init__(self):
         if self.rule not in ("greedy", "token_balanced"):
             raise ConfigError(f"system.policy {self.name}: unknown dispatch rule {self.rule!r} (greedy, token_balanced)")
-        if self.candidates not in ("pool", "layout", "static"):
-            raise ConfigError(f"system.policy {self.name}: unknown candidates {self.candidates!r} (pool, layout, static)")
 
     def pool_prices(self, env, run, pr):
-        if self.candidates == "layout":
-            return price_planned(env, run, pr, [pr.pool.candidates[0]], self.rule)
-        if self.candidates == "static":
-            cands = [static_choice(pr.pool.candidates, run.sample, pr.kw)]
-            run.info["static_candidate"] = fmt_strategy(cands[0])
-            # the static list may leave a replica empty on a step: that step runs the layout
-            return price_planned(env, run, pr, cands, self.rule, fallback=[pr.pool.candidates[0]])
         return price_planned(env, run, pr, pr.pool.candidates, self.rule)
+
+
+@dataclass(frozen=True)
+class PlannedOnLayout(Planned):
+    """The full planner on the optimizer layout alone (the homogeneous ablation)."""
+
+    def pool_prices(self, env, run, pr):
+        return price_planned(env, run, pr, [pr.pool.candidates[0]], self.rule)
+
+
+@dataclass(frozen=True)
+class PlannedStatic(Planned):
+    """The full planner on one candidate for every step: the one it picks most on the sample."""
+
+    def pool_prices(self, env, run, pr):
+        cands = [static_choice(pr.pool.candidates, run.sample, pr.kw)]
+        run.info["static_candidate"] = fmt_strategy(cands[0])
+        # the static list may leave a replica empty on a step: that step runs the layout
+        return price_planned(env, run, pr, cands, self.rule, fallback=[pr.pool.candidates[0]])
 
 
 @dataclass(frozen=True)
@@ -160,9 +168,9 @@ for _p in (Planned("hydraulis"),
            Homogeneous("hydraulis_equal", price=price_equal),
            Homogeneous("hydraulis_greedy_static", price=price_greedy_static),
            GreedyDynamic("hydraulis_greedy_dynamic"),
-           Planned("hydraulis_homo", candidates="layout"),
+           PlannedOnLayout("hydraulis_homo"),
            Planned("hydraulis_token_balanced", rule="token_balanced"),
-           Planned("hydraulis_static_hetero", candidates="static"),
+           PlannedStatic("hydraulis_static_hetero"),
            MegatronLike("megatron_like"),
            MegatronGridLike("megatron_grid_like"),
            DeepSpeedLike("deepspeed_like"),
