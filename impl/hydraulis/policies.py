@@ -32,7 +32,7 @@ from impl.common.registry import Registry
 
 from impl.hydraulis.cost.step import StepPrice
 from impl.hydraulis.cost.strategy import GIB, fmt_strategy
-from impl.hydraulis.sim import (PoolRun, SimEnv, SimRun, _price_groups, deepspeed_grid, hotspa_boundaries, hotspa_plan,
+from impl.hydraulis.sim import (PoolRun, SimEnv, SimRun, price_groups, deepspeed_grid, hotspa_boundaries, hotspa_plan,
                                 megatron_grid_prices, pool_run, price_deepspeed, price_equal, price_greedy_dynamic,
                                 price_greedy_static, price_homo_greedy, price_pad, price_planned, static_choice)
 
@@ -52,10 +52,6 @@ class Policy:
 
 
 POLICIES: Registry[Policy] = Registry("policy")
-
-
-def _register(p: Policy) -> Policy:
-    return POLICIES.add(p.name, p)
 
 
 @dataclass(frozen=True)
@@ -102,7 +98,7 @@ class HotSPaLike(PoolPolicy):
     def pool_prices(self, env, run, pr):
         bounds, strat = hotspa_plan(env, pr.strategies, hotspa_boundaries(env), run.sample)
         run.info.update(hotspa_boundaries=bounds, hotspa_strategies=[fmt_strategy([r]) for r in strat])
-        return [_price_groups(env, bounds, strat, b.lengths.tolist()) for b in run.batches]
+        return [price_groups(env, bounds, strat, b.lengths.tolist()) for b in run.batches]
 
 
 @dataclass(frozen=True)
@@ -178,7 +174,7 @@ for _p in (Planned("hydraulis"),
            RealRunPolicy("hydraulis_h", batching="two_stage", pool=(("A", "B"),)),
            RealRunPolicy("hydraulis_b0", batching="greedy", pool=(("A", "A"),)),
            RealRunPolicy("hydraulis_b1", batching="two_stage", pool=(("A", "A"),))):
-    _register(_p)
+    POLICIES.add(_p.name, _p)
 
 
 def in_mode(mode: str) -> tuple[str, ...]:

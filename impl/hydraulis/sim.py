@@ -214,7 +214,7 @@ def _group_lengths(lengths: Sequence[int], hi: int, lo: int) -> list[int]:
     return [x for x in lengths if lo < x <= hi]
 
 
-def _price_groups(env: SimEnv, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
+def price_groups(env: SimEnv, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
     """One step under fixed groups (``bounds``) and one homogeneous strategy per group."""
     total, chosen, nmb, last = 0.0, [], 0, None
     for (hi, lo), r in zip(zip(bounds, bounds[1:]), strategies):
@@ -250,7 +250,7 @@ def hotspa_plan(env: SimEnv, strategies: Sequence[ReplicaCost], bounds: Sequence
                                            for g in groups if g))
 
     def mean_step(b, strat) -> float:
-        return statistics.fmean(_price_groups(env, b, strat, x.lengths.tolist()).step_s for x in sample)
+        return statistics.fmean(price_groups(env, b, strat, x.lengths.tolist()).step_s for x in sample)
 
     _, b, strat, _ = BucketSearch(order="mask").search(bounds[0], list(bounds[1:-1]), choose, mean_step)
     return b, strat
