@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from impl.common.api import ConfigError
+from impl.common.baselines.static import StaticGridConfig, fastest, mean_step_s
 from impl.common.cost.seqlen import SeqCost
 from impl.common.cost.transformer import layer_params
 from impl.common.cost.varlen_model import StrategyLayout, MemoryModel, seq_cost
@@ -266,22 +267,22 @@ def enumerate_strategies(num_gpus: int, gpus_per_node: int, num_layers: int, hea
     return sorted(out)
 
 
-def best_static(env: PricingEnv, batches, context: int, *, parallel: str, max_tp: int, pad: str, align: int
+def best_static(env: PricingEnv, batches, context: int, *, grid: StaticGridConfig, pad: str, align: int
                 ) -> tuple[Strategy, dict]:
-    """Grid search (our static baseline, impl/hotspa/README.md "Reconstructed choices"): the feasible strategy (maxlen >= context) with the lowest mean
-    priced step over ``batches``; ties to the smaller (dp, tp, pp)."""
+    """Grid search (our static baseline, impl/hotspa/README.md "Reconstructed choices";
+    :mod:`impl.common.baselines.static`): the feasible strategy (maxlen >= context) with the lowest
+    mean priced step over ``batches``; ties to the smaller (dp, tp, pp)."""
+    parallel, max_tp = grid.parallel, grid.max_tp
     cands = enumerate_strategies(env.N, env.gpn, env.model.num_layers, env.model.heads, max_tp)
     feasible = [s for s in cands if env.maxlen(s, parallel) >= context]
     if not feasible:
         best = max(cands, key=lambda s: env.maxlen(s, parallel), default=None)
         got = f"best maxlen {env.maxlen(best, parallel)} at {best}" if best else "no strategy at all"
         raise ConfigError(f"workload.context: {context} tokens is longer than every {parallel} strategy's maxlen "
-                          f"with tp <= {max_tp} ({got}); raise system.sim.static_max_tp or lower the context")
-    scores = {}
-    for s in feasible:
-        scores[s] = math.fsum(price_static_step(env, b.ids, b.lengths, s, context, pad=pad, align=align,
-                                                parallel=parallel).step_s for b in batches) / len(batches)
-    best = min(feasible, key=lambda s: (scores[s], s))
+                          f"with tp <= {max_tp} ({got}); raise {grid.field} or lower the context")
+    best, scores = fastest(((s, s) for s in sorted(feasible)), lambda s: mean_step_s(
+        lambda b: price_static_step(env, b.ids, b.lengths, s, context, pad=pad, align=align, parallel=parallel).step_s,
+        batches))
     return best, {str(s): round(v, 6) for s, v in sorted(scores.items())}
 
 

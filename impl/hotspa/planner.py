@@ -6,11 +6,11 @@ boundary set (from ``candidates``, at most ``max_groups`` groups) that minimises
 priced step: Σ group times + Σ switch times (+ the DP reductions and the update)."""
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
 from impl.common.api import ConfigError
+from impl.common.baselines.hotspa_like import BucketSearch
 from impl.common.varlen.packing import assign_dp, hotspa_pack
 
 from impl.hotspa.cost import PricingEnv, enumerate_strategies, pipeline_time_s, price_grouped_step
@@ -43,11 +43,8 @@ def plan_groups(env: PricingEnv, batches, context: int, *, candidates, max_group
     inner = sorted({int(c) for c in candidates if 0 < int(c) < context}, reverse=True)
     # Per (lo, hi) range: the fastest feasible strategy over the sample, priced alone.
     lengths_by_step = [(b.ids, b.lengths) for b in batches]
-    best_for: dict[tuple[int, int], Strategy] = {}
 
     def choose(lo: int, hi: int) -> Strategy:
-        if (lo, hi) in best_for:
-            return best_for[(lo, hi)]
         feas = [s for s in strategies if maxlens[s] >= hi] or [s for s in wide if maxlens[s] >= hi]
         scores = {}
         for s in feas:
@@ -58,17 +55,14 @@ def plan_groups(env: PricingEnv, batches, context: int, *, candidates, max_group
                     mbs = hotspa_pack(ids[sel], lens[sel], bound=hi, pad=pad, align=align, field="planner")
                     t += pipeline_time_s(env.cost(s), assign_dp(mbs, s.dp), s.pp)
             scores[s] = t
-        best_for[(lo, hi)] = min(feas, key=lambda s: (scores[s], s))
-        return best_for[(lo, hi)]
+        return min(feas, key=lambda s: (scores[s], s))
 
-    best, tried = None, 0
-    for k in range(0, max_groups):
-        for cut in itertools.combinations(inner, k):
-            b = [context, *cut, 0]
-            gp = GroupPlan(tuple(b), tuple(choose(lo, hi) for hi, lo in zip(b, b[1:])))
-            est = math.fsum(price_grouped_step(env, ids, lens, gp, pad=pad, align=align, policy=policy).step_s
-                            for ids, lens in lengths_by_step) / len(lengths_by_step)
-            tried += 1
-            if best is None or est < best[0] - 1e-12:
-                best = (est, gp)
-    return PlannedGroups(best[1], best[0], tried)
+    def mean_step(b: list, strat: list) -> float:
+        gp = GroupPlan(tuple(b), tuple(strat))
+        return math.fsum(price_grouped_step(env, ids, lens, gp, pad=pad, align=align, policy=policy).step_s
+                         for ids, lens in lengths_by_step) / len(lengths_by_step)
+
+    # fewest cuts first; a later boundary set wins only when faster by more than float noise
+    search = BucketSearch(max_groups=max_groups, order="size", tolerance_s=1e-12)
+    est, b, strat, tried = search.search(context, inner, choose, mean_step)
+    return PlannedGroups(GroupPlan(tuple(b), tuple(strat)), est, tried)

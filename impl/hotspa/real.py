@@ -38,13 +38,12 @@ from impl.common.varlen.packing import hotspa_pack
 from impl.common.varlen.sampling import LengthStream
 from impl.common.workloads.pipeline import ModelShape
 
+from impl.hotspa.policies import POLICIES, in_mode
 from impl.hotspa.rank_trainer import RankTrainer, StepLog, plan_step
 from impl.hotspa.strategy import GroupPlan, Strategy, make_group_plan
 from impl.hotspa.switching import Layouts, SwitchCache
 from impl.common.execution import set_torch_threads
 
-REAL_POLICIES = ("hotspa", "hotspa_static", "megatron_static")
-STATIC = ("hotspa_static", "megatron_static")
 
 
 def model_shape(model) -> ModelShape:
@@ -63,7 +62,7 @@ def policies(system) -> list[str]:
 def policy_plan(system, policy: str, num_gpus: int) -> GroupPlan:
     c = system.cfg
     plan = make_group_plan(c.boundaries, c.strategies, num_gpus)
-    if policy in STATIC:
+    if POLICIES.get(policy).real_home_only:
         return GroupPlan((plan.boundaries[0], 0), (plan.home,))
     return plan
 
@@ -75,8 +74,8 @@ def check_real(system, wl, hardware) -> None:
         raise ConfigError(f"system.grouping: real mode runs explicit boundaries and strategies (c1/c2/planned are "
                           f"the paper-scale presets of sim mode), got {c.grouping!r}")
     for p in policies(system):
-        if p not in REAL_POLICIES:
-            raise ConfigError(f"system.real.interleave: policy {p!r} has no real mode (one of: {', '.join(REAL_POLICIES)})")
+        if p not in in_mode("real"):
+            raise ConfigError(f"system.real.interleave: policy {p!r} has no real mode (one of: {', '.join(in_mode('real'))})")
     if wl.dtype not in ("fp32", "bf16", "fp16"):
         raise ConfigError(f"workload.dtype: real mode computes in fp32, bf16 or fp16, got {wl.dtype!r}")
     if wl.optimizer != "adam":
@@ -226,7 +225,7 @@ def summarise(results: list, job: HotSPaRealJob, warmup: int, main: str, rtol: f
     others = [p for p in job.policies if p != main]
     for pol in others:
         m[f"speedup_vs_{pol}"] = Metric.scalar(med[pol] / med[main], "x", "higher")
-    static = next((p for p in job.policies if p in STATIC and p != main), None)
+    static = next((p for p in job.policies if POLICIES.get(p).real_home_only and p != main), None)
     if static is not None:
         m["speedup_vs_static"] = Metric.scalar(med[static] / med[main], "x", "higher")
     checks = results[0]["checks"]

@@ -5,23 +5,25 @@
 - hotspa_static: the same engine with the home strategy only (one group, no switching);
 - megatron_static / deepspeed_static: the grid-searched best single strategy (TP, or Ulysses
   SP) that fits the context, greedy packing, 1F1B, ZeRO-1 (our baseline setup, impl/hotspa/README.md "Reconstructed choices").
+- megatron_grid: the authors' grid rule (:mod:`impl.common.baselines.megatron_grid`).
 Seeded and deterministic: the same config gives the same metrics bit for bit. Prices come from
-:mod:`impl.hotspa.cost`; our planner is :mod:`impl.hotspa.planner`.
+:mod:`impl.hotspa.cost`; our planner is :mod:`impl.hotspa.planner`. What differs per policy is
+its component's hooks (:mod:`impl.hotspa.policies`); this module holds what they share.
 """
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 from impl.common.api import ConfigError, Metric, RunResult
+from impl.common.baselines.megatron_grid import GridRule, GridRuleConfig
+from impl.common.baselines.static import StaticGridConfig
+from impl.common.parallel.migration import POLICIES as SWITCH_POLICIES
 from impl.common.varlen.sampling import LengthStream
 
 from impl.hotspa.planner import plan_groups
 from impl.hotspa.presets import PRESET_GROUPINGS, load_presets
 from impl.hotspa.cost import PricingEnv, best_static, check_fits, price_grouped_step, price_static_step
 from impl.hotspa.strategy import GroupPlan, make_group_plan, parse_strategy
-
-SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
 
 
 def at_context(wl, context: int):
@@ -37,8 +39,9 @@ def _batches(wl, seed: int, steps: int):
     return [stream.by_count(wl.global_batch_seqs) for _ in range(steps)]
 
 
-def group_plan(system, env: PricingEnv, wl, seed: int) -> tuple[GroupPlan, dict]:
-    """The boundaries and strategies a HotSPa-engine policy runs at ``wl.context``."""
+def group_plan(system, env: PricingEnv, wl, seed: int, home_only: bool = False) -> tuple[GroupPlan, dict]:
+    """The boundaries and strategies a HotSPa-engine policy runs at ``wl.context`` (``home_only``:
+    the home strategy for every sequence, one group)."""
     cfg, info = system.cfg, {}
     if cfg.grouping in PRESET_GROUPINGS:
         gp = load_presets().group_plan(cfg.grouping, wl.model.name, wl.num_gpus, wl.context)
@@ -55,13 +58,13 @@ def group_plan(system, env: PricingEnv, wl, seed: int) -> tuple[GroupPlan, dict]
         gp = planned.plan
         info["planner_candidates_tried"] = planned.candidates_tried
     check_fits(env, gp)
-    if cfg.policy == "hotspa_static":
+    if home_only:
         gp = GroupPlan((gp.boundaries[0], 0), (gp.home,))
     return gp, info
 
 
 def check_sim(system, wl, hardware) -> None:
-    cfg = system.cfg
+    cfg, policy = system.cfg, system.component
     if "bf16" not in hardware.peak_flops:
         raise ConfigError(f"hardware {hardware.name}: sim mode prices bf16 compute, which the profile lacks")
     for p in cfg.sim.report_policies:
@@ -70,61 +73,66 @@ def check_sim(system, wl, hardware) -> None:
     for c in cfg.sim.contexts:
         if c < 1 or c % cfg.align:
             raise ConfigError(f"system.sim.contexts: {c} must be a positive multiple of system.align {cfg.align}")
-    if cfg.policy == "deepspeed_static" and not cfg.sim.sequence_parallel:
-        raise ConfigError("system.sim.sequence_parallel: false means Megatron TP without SP; deepspeed_static "
-                          "splits activations with Ulysses SP, so it has no such variant")
-    if cfg.sim.static_max_tp < 1:
-        raise ConfigError(f"system.sim.static_max_tp: must be >= 1, got {cfg.sim.static_max_tp}")
+    StaticGridConfig(max_tp=cfg.sim.static_max_tp)  # refuses a bad system.sim.static_max_tp in one line
     if cfg.sim.plan_max_groups < 1 or cfg.sim.plan_sample_steps < 1:
         raise ConfigError(f"system.sim.plan_max_groups ({cfg.sim.plan_max_groups}) and plan_sample_steps "
                           f"({cfg.sim.plan_sample_steps}) must be >= 1")
-    if cfg.policy == "megatron_grid" and wl.token_budget > 0:
-        raise ConfigError(f"workload.token_budget: system {system.name!r} takes a global batch of a fixed number of "
-                          f"sequences (the fork's), not a budget of {wl.token_budget} tokens per step")
+    policy.check_sim(system, wl)
     if wl.lengths.max_len and wl.lengths.max_len > wl.context:
         raise ConfigError(f"workload.lengths.max_len: {wl.lengths.max_len} is above workload.context {wl.context}")
     for ctx in [wl.context, *cfg.sim.contexts]:
         w = wl if ctx == wl.context else at_context(wl, ctx)
-        env = PricingEnv(w, hardware, cfg.sim)
-        if cfg.policy in ("hotspa", "hotspa_static"):
-            if cfg.grouping != "planned":  # planned needs the sampled histogram: checked when run
-                group_plan(system, env, w, 0)
+        policy.check_context(system, PricingEnv(w, hardware, cfg.sim), w)
 
 
 def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
     """Metrics and info of one (system, workload) case."""
-    cfg = system.cfg
-    env = PricingEnv(wl, hardware, cfg.sim)
+    env = PricingEnv(wl, hardware, system.cfg.sim)
     batches = _batches(wl, seed, wl.steps)
     info: dict = {"context": wl.context, "num_gpus": wl.num_gpus, "dataset": wl.dataset}
+    return system.component.simulate(system, env, wl, hardware, seed, batches, info)
+
+
+def simulate_grouped(system, env: PricingEnv, wl, seed: int, batches, info: dict, home_only: bool
+                     ) -> tuple[dict[str, Metric], dict]:
+    """HotSPa's engine: the group plan, every step grouped, packed and switched."""
+    cfg = system.cfg
     pad = {"align": "align", "bound": "bound"}[cfg.pad]
-    if cfg.policy in ("hotspa", "hotspa_static"):
-        gp, extra = group_plan(system, env, wl, seed)
-        info.update(extra)
-        info["boundaries"] = list(gp.boundaries)
-        info["strategies"] = [str(s) for s in gp.strategies]
-        info["maxlen"] = [env.maxlen(s) for s in gp.strategies]
-        prices = [price_grouped_step(env, b.ids, b.lengths, gp, pad=pad, align=cfg.align, policy=cfg.switch_policy,
-                                     fused=cfg.sim.buffer_fusion, replicas=cfg.sim.replicas,
-                                     report_policies=cfg.sim.report_policies) for b in batches]
-    elif cfg.policy == "megatron_grid":
-        return _simulate_grid(wl, hardware, seed, batches, info)
+    gp, extra = group_plan(system, env, wl, seed, home_only)
+    info.update(extra)
+    info["boundaries"] = list(gp.boundaries)
+    info["strategies"] = [str(s) for s in gp.strategies]
+    info["maxlen"] = [env.maxlen(s) for s in gp.strategies]
+    prices = [price_grouped_step(env, b.ids, b.lengths, gp, pad=pad, align=cfg.align, policy=cfg.switch_policy,
+                                 fused=cfg.sim.buffer_fusion, replicas=cfg.sim.replicas,
+                                 report_policies=cfg.sim.report_policies) for b in batches]
+    return engine_metrics(system, env, prices, info)
+
+
+def simulate_static(system, env: PricingEnv, wl, seed: int, batches, info: dict, parallel: str
+                    ) -> tuple[dict[str, Metric], dict]:
+    """A static baseline (:mod:`impl.common.baselines.static`): one strategy, TP or Ulysses SP,
+    grid-searched (or ``system.sim.static_strategy``), greedy packing to the context."""
+    cfg = system.cfg
+    grid = StaticGridConfig(parallel=parallel, max_tp=cfg.sim.static_max_tp)
+    plan_batches = _batches(wl, seed + 1, cfg.sim.plan_sample_steps)
+    if cfg.sim.static_strategy:
+        best = parse_strategy(cfg.sim.static_strategy, wl.num_gpus, "system.sim.static_strategy")
+        if env.maxlen(best, parallel) < wl.context:
+            raise ConfigError(f"system.sim.static_strategy: {best} fits micro-batches of at most "
+                              f"{env.maxlen(best, parallel)} tokens, below workload.context {wl.context}")
+        scores = {}
     else:
-        parallel = "ulysses" if cfg.policy == "deepspeed_static" else "tp"
-        plan_batches = _batches(wl, seed + 1, cfg.sim.plan_sample_steps)
-        if cfg.sim.static_strategy:
-            best = parse_strategy(cfg.sim.static_strategy, wl.num_gpus, "system.sim.static_strategy")
-            if env.maxlen(best, parallel) < wl.context:
-                raise ConfigError(f"system.sim.static_strategy: {best} fits micro-batches of at most "
-                                  f"{env.maxlen(best, parallel)} tokens, below workload.context {wl.context}")
-            scores = {}
-        else:
-            best, scores = best_static(env, plan_batches, wl.context, parallel=parallel,
-                                       max_tp=cfg.sim.static_max_tp, pad="align", align=cfg.align)
-        info.update(boundaries=[wl.context, 0], strategies=[str(best)], parallel=parallel,
-                    maxlen=[env.maxlen(best, parallel)], grid_search_step_s=scores)
-        prices = [price_static_step(env, b.ids, b.lengths, best, wl.context, pad="align", align=cfg.align,
-                                    parallel=parallel) for b in batches]
+        best, scores = best_static(env, plan_batches, wl.context, grid=grid, pad="align", align=cfg.align)
+    info.update(boundaries=[wl.context, 0], strategies=[str(best)], parallel=parallel,
+                maxlen=[env.maxlen(best, parallel)], grid_search_step_s=scores)
+    prices = [price_static_step(env, b.ids, b.lengths, best, wl.context, pad="align", align=cfg.align,
+                                parallel=parallel) for b in batches]
+    return engine_metrics(system, env, prices, info)
+
+
+def engine_metrics(system, env: PricingEnv, prices, info: dict) -> tuple[dict[str, Metric], dict]:
+    cfg = system.cfg
     steps = [p.step_s for p in prices]
     tokens = sum(p.tokens for p in prices)
     m = {
@@ -145,14 +153,13 @@ def simulate(system, wl, hardware, seed: int) -> tuple[dict[str, Metric], dict]:
     return m, info
 
 
-def _simulate_grid(wl, hardware, seed: int, batches, info: dict) -> tuple[dict[str, Metric], dict]:
-    """The authors' grid-rule Megatron baseline on the step model (:mod:`impl.common.megatron.grid`)."""
-    from impl.common.megatron.grid import best_grid, model_of, step_prices
-
-    model = model_of(wl)
-    plan = _batches(wl, seed + 1, 2)
-    best, ginfo = best_grid(model, wl, hardware, plan)
-    ests = [step_prices(model, best, [b], wl.context, hardware, wl.gpus_per_node) for b in batches]
+def simulate_grid(wl, hardware, seed: int, batches, info: dict) -> tuple[dict[str, Metric], dict]:
+    """The authors' grid-rule Megatron baseline on the step model
+    (:mod:`impl.common.baselines.megatron_grid`): steps of a fixed sequence count, the fork's
+    global batch as is, two planning steps."""
+    rule = GridRule(GridRuleConfig(token_budget_steps=False), wl, hardware)
+    best, ginfo = rule.search(_batches(wl, seed + 1, 2))
+    ests = rule.estimates(best, batches)
     steps = [e.iteration_s for e in ests]
     tokens = sum(int(sum(int(x) for x in b.lengths)) for b in batches)
     info.update(strategies=[str(best)], boundaries=[wl.context, 0], megatron_step_model=True, **ginfo,

@@ -1,13 +1,5 @@
-"""HotSPa and its baselines as harness systems (one class, the policy chosen by a knob).
-
-| system            | strategy per step                                              | modes     |
-|-------------------|----------------------------------------------------------------|-----------|
-| hotspa            | one strategy per length group, hot switching inside the step   | sim, real |
-| hotspa_static     | HotSPa's engine with the home strategy only (no switching)      | sim, real |
-| megatron_static   | best single (dp,tp,pp) that fits the context, greedy packing    | sim, real |
-| deepspeed_static  | as megatron_static with Ulysses SP instead of TP               | sim       |
-| megatron_grid     | the authors' grid rule (tp across nodes, mbs 1-32, the fork's   | sim       |
-|                   | packing) on the Megatron step model, fitting layouts only       |           |
+"""HotSPa and its baselines as harness systems (one class, the policy chosen by a knob; the
+policies are the components of :mod:`impl.hotspa.policies`).
 
 Real mode lives in :mod:`impl.hotspa.real`, sim mode in :mod:`impl.hotspa.sim`; the knobs only
 one mode reads sit in the nested ``real`` / ``sim`` nodes.
@@ -19,12 +11,12 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
+from impl.hotspa.policies import POLICIES, Policy
 from impl.hotspa.presets import PRESET_GROUPINGS
 from impl.hotspa.real_config import HotSPaRealKnobs
+from impl.hotspa.sim import SWITCH_POLICIES
 from impl.hotspa.sim_config import HotSPaSimKnobs
 
-POLICIES = ("hotspa", "hotspa_static", "megatron_static", "deepspeed_static", "megatron_grid")
-SWITCH_POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
 GROUPINGS = (*PRESET_GROUPINGS, "planned", "explicit")
 
 
@@ -46,20 +38,24 @@ class HotSPa(System):
         real: HotSPaRealKnobs = field(default_factory=HotSPaRealKnobs)
         sim: HotSPaSimKnobs = field(default_factory=HotSPaSimKnobs)
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        for fld, allowed in (("policy", POLICIES), ("switch_policy", SWITCH_POLICIES),
-                             ("grouping", GROUPINGS), ("pad", ("align", "bound"))):
-            if getattr(cfg, fld) not in allowed:
-                raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
-        if cfg.align < 1:
-            raise ConfigError(f"system.align: must be >= 1, got {cfg.align}")
-        if cfg.grouping == "explicit" and not cfg.boundaries:
-            raise ConfigError("system.boundaries: grouping 'explicit' needs a descending boundary list")
+        def __post_init__(self):
+            for fld, allowed in (("policy", POLICIES.names()), ("switch_policy", SWITCH_POLICIES),
+                                 ("grouping", GROUPINGS), ("pad", ("align", "bound"))):
+                if getattr(self, fld) not in allowed:
+                    raise ConfigError(f"system.{fld}: unknown value {getattr(self, fld)!r} (one of: {', '.join(allowed)})")
+            if self.align < 1:
+                raise ConfigError(f"system.align: must be >= 1, got {self.align}")
+            if self.grouping == "explicit" and not self.boundaries:
+                raise ConfigError("system.boundaries: grouping 'explicit' needs a descending boundary list")
+
+
+    @property
+    def component(self) -> Policy:
+        return POLICIES.get(self.cfg.policy)
 
     @property
     def modes(self):  # type: ignore[override]
-        return ("sim",) if self.cfg.policy in ("deepspeed_static", "megatron_grid") else ("sim", "real")
+        return self.component.modes
 
     def check(self, mode, wl, hardware, fault) -> None:
         self.require_workload(wl, "varlen")

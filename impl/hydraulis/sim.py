@@ -1,7 +1,9 @@
-"""Hydraulis sim mode (scenarios S1-S6: ``conf/experiment/hydraulis/``): every policy of :mod:`impl.hydraulis.system` on the
+"""Hydraulis sim mode (scenarios S1-S6: ``conf/experiment/hydraulis/``): every policy of :mod:`impl.hydraulis.policies` on the
 same per-step batches (:func:`impl.hydraulis.batches.step_batches`, seed = job seed), priced by
 :mod:`impl.hydraulis.cost.step` on the cost model of :mod:`impl.hydraulis.cost.strategy` (the Megatron step
-model's time and memory by default: one pricing path, issue 40).
+model's time and memory by default: one pricing path for every policy). This module holds the
+pricing the policies share and the run around them (:func:`simulate`); what differs per policy is
+its component's ``prices`` hook.
 
 Setup per job (all from a second stream seeded seed+1, ``system.sim.sample_steps`` steps, so a
 policy never sees the batches it is measured on):
@@ -26,6 +28,11 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from impl.common.api import ConfigError, Metric, RunResult
+from impl.common.baselines.hotspa_like import BucketSearch, halving_boundaries
+from impl.common.baselines.megatron_grid import GridRule, GridRuleConfig
+from impl.common.baselines.static import StaticGridConfig, fastest, mean_step_s
+from impl.common.cost.transformer import model_params
+from impl.common.megatron.step import optimizer_step_s
 from impl.common.varlen.packing import assign_dp, equal_count, greedy_pack, pad_to_max
 
 from impl.hydraulis.batches import check_budget, step_batches
@@ -39,10 +46,6 @@ from impl.common import collectives as coll
 from impl.common.cost.comm import link_efficiencies
 from impl.hydraulis.cost.step import StepPrice, aligned, finish, from_micro_batches, switch_s
 from impl.hydraulis.step_plan import plan_step
-
-HOMO_MODES = ("hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static")
-POOL_POLICIES = ("hydraulis", "hydraulis_greedy_dynamic", "hydraulis_token_balanced", "hydraulis_static_hetero")
-
 
 def cost_spec(system) -> CostSpec:
     c = system.cfg.sim.cost
@@ -92,25 +95,28 @@ def price_homo_greedy(env: SimEnv, r: ReplicaCost, dp: int, lengths: Sequence[in
 
 
 def megatron_grid(env: SimEnv, sample) -> tuple[ReplicaCost, int, dict]:
-    wl, k = env.wl, env.system.cfg.sim
-    scores, best = {}, None
-    for tp in env.spec.tp_degrees:
-        for pp in env.spec.pp_degrees:
-            g = tp * pp
-            if tp > k.megatron_max_tp or g > env.n or env.n % g:
-                continue
-            dp = env.n // g
-            r = strategy_cost(wl.model, env.hw, env.mem, env.spec, tp, pp, env.data)
-            if r is None or r.cap < wl.context:
-                continue
-            ts = [price_homo_greedy(env, r, dp, b.lengths.tolist(), wl.context).step_s for b in sample]
-            scores[f"({dp},{tp},{pp})"] = statistics.fmean(ts)
-            if best is None or scores[f"({dp},{tp},{pp})"] < best[0]:
-                best = (scores[f"({dp},{tp},{pp})"], r, dp)
+    """The Megatron-like static baseline: of the homogeneous (dp, tp, pp) whose capacity holds
+    the context, the fastest mean step of greedy packing to the context (ties to the smaller tp,
+    then pp)."""
+    wl = env.wl
+    grid = StaticGridConfig(parallel="tp", max_tp=env.system.cfg.sim.megatron_max_tp, field="system.sim.megatron_max_tp")
+
+    def layouts():
+        for tp in env.spec.tp_degrees:
+            for pp in env.spec.pp_degrees:
+                g = tp * pp
+                if tp > grid.max_tp or g > env.n or env.n % g:
+                    continue
+                r = strategy_cost(wl.model, env.hw, env.mem, env.spec, tp, pp, env.data)
+                if r is not None and r.cap >= wl.context:
+                    yield f"({env.n // g},{tp},{pp})", (r, env.n // g)
+
+    best, scores = fastest(layouts(), lambda lay: mean_step_s(
+        lambda b: price_homo_greedy(env, lay[0], lay[1], b.lengths.tolist(), wl.context).step_s, sample))
     if best is None:
         raise ConfigError(f"workload.context: no homogeneous (dp,tp,pp) of {env.n} GPUs with tp <= "
-                          f"{k.megatron_max_tp} holds {wl.context} tokens ({wl.model.name} on {env.hw.name})")
-    return best[1], best[2], scores
+                          f"{grid.max_tp} holds {wl.context} tokens ({wl.model.name} on {env.hw.name})")
+    return best[0], best[1], scores
 
 
 # ---------------------------------------------------------------------------- DeepSpeed-like
@@ -126,8 +132,6 @@ def _ulysses(env: SimEnv, sp: int, zero: int) -> Optional[tuple[ReplicaCost, flo
         return None
     util = env.data.util(min(sp, 16), env.hw.memory_bytes)
     r = ReplicaCost.from_seq_cost(sp, 1, seq_cost(m, StrategyLayout(1, sp, 1, "ulysses"), env.hw), cap, util)
-    from impl.common.cost.transformer import model_params
-
     gather_ms = 0.0
     if zero == 3:  # params all-gathered in forward and backward, grads reduce-scattered: bf16
         gather_ms = 3 * _all_gather_s(env, 2.0 * model_params(m)) * 1e3
@@ -144,8 +148,6 @@ def price_deepspeed(env: SimEnv, r: ReplicaCost, gather_ms: float, zero: int, le
     dp = env.n // r.tp
     ids = list(range(len(lengths)))
     mbs = greedy_pack(ids, lengths, min(r.cap, env.wl.context), pad="align", align=env.system.cfg.align)
-    from impl.common.cost.transformer import model_params
-
     # ZeRO-1: grads reduce-scattered and params all-gathered once per step over all GPUs
     # (Ulysses replicates parameters over sp), overlapping one micro-batch like the others.
     ex = _all_gather_s(env, 6.0 * model_params(env.wl.model)) if zero == 1 else 0.0
@@ -159,81 +161,44 @@ def price_deepspeed(env: SimEnv, r: ReplicaCost, gather_ms: float, zero: int, le
 
 
 def deepspeed_grid(env: SimEnv, sample):
-    best, scores = None, {}
+    """The DeepSpeed-like static baseline: of ZeRO stage x Ulysses degree (powers of two dividing
+    the GPUs and the heads) whose capacity holds the context, the fastest mean step."""
     heads = env.wl.model.heads
-    for zero in env.system.cfg.sim.deepspeed_zero_stages:
-        if zero not in (1, 3):
-            raise ConfigError(f"system.sim.deepspeed_zero_stages: {zero} is not a supported stage (1 or 3)")
-        sp = 1
-        while sp <= env.n:
-            if env.n % sp == 0 and heads % sp == 0:
-                got = _ulysses(env, sp, zero)
-                if got is not None and got[0].cap >= env.wl.context:
-                    t = statistics.fmean(price_deepspeed(env, got[0], got[1], zero, b.lengths.tolist()).step_s
-                                         for b in sample)
-                    scores[f"zero{zero}_sp{sp}"] = t
-                    if best is None or t < best[0]:
-                        best = (t, got[0], got[1], zero)
-            sp *= 2
+
+    def layouts():
+        for zero in env.system.cfg.sim.deepspeed_zero_stages:
+            if zero not in (1, 3):
+                raise ConfigError(f"system.sim.deepspeed_zero_stages: {zero} is not a supported stage (1 or 3)")
+            sp = 1
+            while sp <= env.n:
+                if env.n % sp == 0 and heads % sp == 0:
+                    got = _ulysses(env, sp, zero)
+                    if got is not None and got[0].cap >= env.wl.context:
+                        yield f"zero{zero}_sp{sp}", (got[0], got[1], zero)
+                sp *= 2
+
+    best, scores = fastest(layouts(), lambda lay: mean_step_s(
+        lambda b: price_deepspeed(env, lay[0], lay[1], lay[2], b.lengths.tolist()).step_s, sample))
     if best is None:
         raise ConfigError(f"workload.context: no ZeRO-1/3 + Ulysses layout of {env.n} GPUs holds "
                           f"{env.wl.context} tokens ({env.wl.model.name})")
-    return best[1], best[2], best[3], scores
+    return best[0], best[1], best[2], scores
 
 
 # ---------------------------------------------------------------------------- Megatron by the grid rule
 
 
-def _padded_docs(lengths: Sequence[int], multiple: int) -> list:
-    """The step's documents padded with zero-length ones to a multiple of ``multiple`` (= dp x
-    mbs: the fork's global batch is a sequence count, Hydraulis' steps are a token budget).
-    The zeros sit at evenly spaced slots, so every rank's consecutive share keeps its part of
-    the real documents; a zero adds no rows and no attention, and a micro-batch of zeros only
-    is priced at zero by the step model."""
-    n = len(lengths)
-    m = -(-n // multiple) * multiple
-    z = m - n
-    zero = {int((i + 0.5) * m / z) for i in range(z)} if z else set()
-    it = iter(int(x) for x in lengths)
-    return [0 if k in zero else next(it) for k in range(m)]
-
-
-class _Docs:
-    def __init__(self, lengths):
-        self.lengths = lengths
-
-
 def megatron_grid_prices(env: SimEnv, sample, batches) -> tuple[list, dict]:
-    """Megatron-like by the HotSPa authors' grid rule (:mod:`impl.common.megatron.grid`:
-    every (dp, tp, pp, mbs), tp across nodes allowed, the fork's packing, SP, the distributed
-    optimizer) on the calibrated Megatron step model; the fastest mean step on the sample steps
-    wins among layouts that fit. Each step's documents are padded to a multiple of dp x mbs with
-    zero-length documents (:func:`_padded_docs`). Any profile: a datasheet one is priced with the
+    """Megatron-like by the HotSPa authors' grid rule (:mod:`impl.common.baselines.megatron_grid`,
+    on token-budget steps) on the calibrated Megatron step model; the fastest mean step on the
+    sample steps wins among layouts that fit. Any profile: a datasheet one is priced with the
     knobs and kernel tables carried from ``hardware.megatron.carried_from`` (impl.common.megatron.derive)."""
-    from impl.common.megatron.grid import candidates, model_of, step_prices
-
-    wl, hw = env.wl, env.hw
-    model = model_of(wl)
-    grid = candidates(wl.num_gpus, wl.gpus_per_node, model.num_layers, model.heads, wl.num_gpus * 32)
-
-    def est(g, b):
-        docs = _padded_docs(b.lengths.tolist(), g.dp * g.mbs)
-        return step_prices(model, g, [_Docs(docs)], wl.context, hw, wl.gpus_per_node)
-
-    scores = {}
-    for g in grid:
-        es = [est(g, b) for b in sample]
-        if all(e.fits for e in es):
-            scores[g] = statistics.fmean(e.iteration_s for e in es)
-    if not scores:
-        raise ConfigError(f"workload.context: no layout of the grid rule fits {wl.context} tokens on {hw.name} "
-                          f"({len(grid)} tried)")
-    best = min(scores, key=lambda g: (scores[g], g.dp, g.tp, g.pp, g.mbs))
-    ests = [est(best, b) for b in batches]
+    rule = GridRule(GridRuleConfig(token_budget_steps=True), env.wl, env.hw)
+    best, ginfo = rule.search(sample)
+    ests = rule.estimates(best, batches)
     prices = [StepPrice(e.iteration_s - e.breakdown_s["per_iteration_s"], 0.0, candidate=str(best),
                         overhead_s=e.breakdown_s["per_iteration_s"]) for e in ests]
-    info = {"megatron_grid_layout": str(best), "grid_tried": len(grid), "grid_fit": len(scores),
-            "grid_top5": {str(g): round(scores[g], 4) for g in sorted(scores, key=scores.get)[:5]},
+    info = {"megatron_grid_layout": str(best), **ginfo,
             "fits_every_step": all(e.fits for e in ests), "breakdown_step0": ests[0].breakdown_s}
     return prices, info
 
@@ -242,23 +207,14 @@ def megatron_grid_prices(env: SimEnv, sample, batches) -> tuple[list, dict]:
 
 
 def hotspa_boundaries(env: SimEnv) -> list[int]:
-    b = list(env.system.cfg.sim.hotspa_boundaries)
-    if not b:
-        b, x = [], env.wl.context
-        while x >= 2048:
-            b.append(x)
-            x //= 2
-    if sorted(b, reverse=True) != b or b[0] < env.wl.context:
-        raise ConfigError(f"system.sim.hotspa_boundaries: {b} must be descending with the first >= "
-                          f"workload.context {env.wl.context}")
-    return b + [0]
+    return halving_boundaries(env.wl.context, env.system.cfg.sim.hotspa_boundaries)
 
 
 def _group_lengths(lengths: Sequence[int], hi: int, lo: int) -> list[int]:
     return [x for x in lengths if lo < x <= hi]
 
 
-def _price_groups(env: SimEnv, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
+def price_groups(env: SimEnv, bounds: Sequence[int], strategies: Sequence[ReplicaCost], lengths: Sequence[int]) -> StepPrice:
     """One step under fixed groups (``bounds``) and one homogeneous strategy per group."""
     total, chosen, nmb, last = 0.0, [], 0, None
     for (hi, lo), r in zip(zip(bounds, bounds[1:]), strategies):
@@ -279,26 +235,25 @@ def _price_groups(env: SimEnv, bounds: Sequence[int], strategies: Sequence[Repli
 
 
 def hotspa_plan(env: SimEnv, strategies: Sequence[ReplicaCost], bounds: Sequence[int], sample) -> tuple[list, list]:
-    """HotSPa 2.7 offline [R]: every merge of the candidate boundaries; per group the
-    homogeneous strategy (N divisible by tp·pp, capacity >= the group's bound) fastest on the
-    sample steps; the merge with the smallest mean sample step time. Fixed for the run."""
+    """HotSPa 2.7 offline [R] (:mod:`impl.common.baselines.hotspa_like`): every merge of the
+    candidate boundaries; per group the homogeneous strategy (N divisible by tp·pp, capacity >=
+    the group's bound) fastest on the sample steps; the merge with the smallest mean sample step
+    time. Fixed for the run."""
     homo = [r for r in strategies if env.n % r.gpus == 0]
-    inner = list(bounds[1:-1])
-    best = None
-    for mask in range(2 ** len(inner)):
-        b = [bounds[0], *[x for i, x in enumerate(inner) if mask >> i & 1], 0]
-        strat = []
-        for hi, lo in zip(b, b[1:]):
-            fits = [r for r in homo if r.cap >= min(hi, env.wl.context)]
-            if not fits:
-                raise ConfigError(f"hotspa_like: no homogeneous strategy of {env.n} GPUs holds the {lo}-{hi} group")
-            groups = [_group_lengths(x.lengths.tolist(), hi, lo) for x in sample]
-            strat.append(min(fits, key=lambda r: sum(price_homo_greedy(env, r, env.n // r.gpus, g, min(r.cap, hi)).compute_s
-                                                      for g in groups if g)))
-        t = statistics.fmean(_price_groups(env, b, strat, x.lengths.tolist()).step_s for x in sample)
-        if best is None or t < best[0]:
-            best = (t, b, strat)
-    return best[1], best[2]
+
+    def choose(lo: int, hi: int) -> ReplicaCost:
+        fits = [r for r in homo if r.cap >= min(hi, env.wl.context)]
+        if not fits:
+            raise ConfigError(f"hotspa_like: no homogeneous strategy of {env.n} GPUs holds the {lo}-{hi} group")
+        groups = [_group_lengths(x.lengths.tolist(), hi, lo) for x in sample]
+        return min(fits, key=lambda r: sum(price_homo_greedy(env, r, env.n // r.gpus, g, min(r.cap, hi)).compute_s
+                                           for g in groups if g))
+
+    def mean_step(b, strat) -> float:
+        return statistics.fmean(price_groups(env, b, strat, x.lengths.tolist()).step_s for x in sample)
+
+    _, b, strat, _ = BucketSearch(order="mask").search(bounds[0], list(bounds[1:-1]), choose, mean_step)
+    return b, strat
 
 
 # ---------------------------------------------------------------------------- Hydraulis policies
@@ -342,36 +297,54 @@ def price_greedy_dynamic(env: SimEnv, pool, lengths: Sequence[int], seed: int) -
                      micro_batches=best[2])
 
 
-def price_homo_mode(env: SimEnv, policy: str, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
-    """Modes 0-2 on the optimizer-layout strategy (R replicas of ``r``)."""
-    align = env.system.cfg.align
-    n = len(lengths)
-    if policy == "hydraulis_greedy_static":  # static shape: rows of the context length
-        mbs = greedy_pack(list(range(n)), lengths, min(r.cap, env.wl.context), pad="bound", align=align)
-        ranks = [from_micro_batches(rk) for rk in assign_dp(mbs, R)]
-    else:
-        order = sorted(range(n), key=lambda i: (-lengths[i], i)) if policy == "hydraulis_pad" else list(range(n))
-        per = [order[k::R] for k in range(R)]
-        ranks = []
-        for idx in per:
-            ls = [lengths[i] for i in idx]
-            if not idx:
-                ranks.append([])
-            elif policy == "hydraulis_pad":
-                s_max = max(lengths)
-                ranks.append(from_micro_batches(pad_to_max(idx, ls, max(1, r.cap // s_max), row_len=s_max)))
-            else:
-                v = max(1, math.ceil(sum(ls) / r.cap))
-                while True:
-                    try:
-                        mbs = equal_count(idx, ls, v, capacity=r.cap, pad="align", align=align)
-                        break
-                    except ConfigError:
-                        v += 1
-                ranks.append(from_micro_batches(mbs))
+def _homo_price(env: SimEnv, r: ReplicaCost, R: int, ranks: list) -> StepPrice:
     comp, ex = finish(env.wl.model, env.hw, env.n, [r] * R, ranks)
     return StepPrice(comp, ex, candidate=fmt_strategy([r] * R),
                      micro_batches=sum(len(rk) for rk in ranks))
+
+
+def price_pad(env: SimEnv, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
+    """Mode 0 on the optimizer-layout strategy (R replicas of ``r``): longest first, dealt round
+    robin, every rank's micro-batches rows of the step's longest sequence."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    s_max = max(lengths)
+    ranks = []
+    for idx in (order[k::R] for k in range(R)):
+        ls = [lengths[i] for i in idx]
+        ranks.append(from_micro_batches(pad_to_max(idx, ls, max(1, r.cap // s_max), row_len=s_max)) if idx else [])
+    return _homo_price(env, r, R, ranks)
+
+
+def price_equal(env: SimEnv, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
+    """Mode 1: dealt round robin in arrival order, each rank's share in the fewest equal-count
+    micro-batches that fit the capacity."""
+    align = env.system.cfg.align
+    n = len(lengths)
+    order = list(range(n))
+    ranks = []
+    for idx in (order[k::R] for k in range(R)):
+        ls = [lengths[i] for i in idx]
+        if not idx:
+            ranks.append([])
+            continue
+        v = max(1, math.ceil(sum(ls) / r.cap))
+        while True:
+            try:
+                mbs = equal_count(idx, ls, v, capacity=r.cap, pad="align", align=align)
+                break
+            except ConfigError:
+                v += 1
+        ranks.append(from_micro_batches(mbs))
+    return _homo_price(env, r, R, ranks)
+
+
+def price_greedy_static(env: SimEnv, r: ReplicaCost, R: int, lengths: Sequence[int]) -> StepPrice:
+    """Mode 2: greedy packing to the capacity, static shape (rows of the context length)."""
+    n = len(lengths)
+    mbs = greedy_pack(list(range(n)), lengths, min(r.cap, env.wl.context), pad="bound", align=env.system.cfg.align)
+    ranks = [from_micro_batches(rk) for rk in assign_dp(mbs, R)]
+    return _homo_price(env, r, R, ranks)
 
 
 # ---------------------------------------------------------------------------- setup and run
@@ -481,6 +454,7 @@ def check_sim(system, wl, hardware) -> None:
     k = system.cfg.sim
     if k.sample_steps < 1:
         raise ConfigError(f"system.sim.sample_steps: must be >= 1, got {k.sample_steps}")
+    StaticGridConfig(max_tp=k.megatron_max_tp, field="system.sim.megatron_max_tp")  # one line if < 1
     if k.ilp_node_limit < 0 or k.ilp_time_limit_s <= 0:
         raise ConfigError(f"system.sim.ilp_node_limit ({k.ilp_node_limit}) must be >= 0 and ilp_time_limit_s "
                           f"({k.ilp_time_limit_s}) > 0")
@@ -492,82 +466,94 @@ def check_sim(system, wl, hardware) -> None:
     cost_spec(system)
 
 
+@dataclass
+class SimRun:
+    """One job's inputs to a policy's ``prices`` hook, and the info it adds to."""
+
+    sample: list  # planning steps (stream seed+1)
+    batches: list  # measured steps (stream seed)
+    seed: int
+    info: dict
+    mega_r: ReplicaCost  # the Megatron-like grid's best layout: the default optimizer layout
+    mega_dp: int
+    grid: dict  # the Megatron-like grid's mean step per layout
+
+
+@dataclass
+class PoolRun:
+    """The candidate pool of the Hydraulis-engine policies and what plans on it."""
+
+    pool: Pool
+    strategies: list
+    mem: StrategyMemory
+    opt: OptLayout
+    kw: dict  # plan_step knobs
+
+
+def pool_run(env: SimEnv, run: SimRun) -> PoolRun:
+    """The optimizer layout (``system.opt_layout``, the scripts' first list, or the Megatron-like
+    grid's), the candidate pool on it, recorded in the run's info."""
+    cfg = env.system.cfg
+    opt = OptLayout(*cfg.opt_layout) if cfg.opt_layout else OptLayout(run.mega_dp, run.mega_r.tp, run.mega_r.pp)
+    text, _ = script_pool(env)
+    if text and not cfg.opt_layout:
+        first = parse_pool(text[:1], env.n)[0]
+        if len(set(first)) == 1:  # the scripts' first list is the optimizer layout
+            opt = OptLayout(len(first), *first[0])
+    pool, strategies, mem = build_pool(env, run.sample, opt)
+    run.info.update(opt_layout=str(opt), pool=pool.describe(), pool_raw_lists=pool.raw_lists,
+                    strategies={r.label(): {"a": r.a, "b": r.b, "c": r.c, "cap": r.cap, "util": r.util}
+                                for r in strategies})
+    return PoolRun(pool, strategies, mem, opt, env.plan_kwargs(run.seed))
+
+
+def price_planned(env: SimEnv, run: SimRun, pr: PoolRun, cands: list, rule: str,
+                  fallback: Optional[list] = None) -> list[StepPrice]:
+    """Every step planned by the full planner (:func:`plan_step`) over ``cands`` with dispatch
+    ``rule``; a step the candidates cannot run (a replica left empty) runs ``fallback`` when
+    given (counted in ``static_fallback_steps``), else fails."""
+    prices, fell = [], 0
+    for b in run.batches:
+        ls = b.lengths.tolist()
+        try:
+            plan = plan_step(ls, cands, dispatch_rule=rule, **pr.kw)
+        except ConfigError:
+            if fallback is None:
+                raise
+            fell += 1
+            plan = plan_step(ls, fallback, **pr.kw)
+        prices.append(price_plan(env, ls, plan))
+        peak = max(pr.mem.bytes_at(rp.replica.tp, rp.replica.pp, sum(ls[i] for i in mb))
+                   for rp in plan.replicas for mb in rp.micro_batches)
+        run.info["peak_memory_gib"] = max(run.info.get("peak_memory_gib", 0.0), peak / GIB)
+    if fallback is not None:
+        run.info["static_fallback_steps"] = fell
+    return prices
+
+
 def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
+    policy = system.component
     env = SimEnv(wl, hw, system, cost_spec(system), load_cost_data())
-    cfg, policy = system.cfg, system.cfg.policy
+    cfg = system.cfg
     sample = step_batches(wl, seed + 1, cfg.sim.sample_steps)
     batches = step_batches(wl, seed, wl.steps)
     info: dict = {"num_gpus": wl.num_gpus, "context": wl.context, "token_budget": wl.token_budget,
                   "dataset": wl.dataset, "model": wl.model.name}
-    prices: list[StepPrice] = []
     mega_r, mega_dp, grid = megatron_grid(env, sample)
     info["megatron_layout"] = f"({mega_dp},{mega_r.tp},{mega_r.pp})"
-    if policy == "megatron_grid_like":
-        prices, ginfo = megatron_grid_prices(env, sample, batches)
-        info.update(ginfo)
-    elif policy == "megatron_like":
-        info["grid_search_step_s"] = grid
-        prices = [price_homo_greedy(env, mega_r, mega_dp, b.lengths.tolist(), wl.context) for b in batches]
-    elif policy == "deepspeed_like":
-        r, gather_ms, zero, scores = deepspeed_grid(env, sample)
-        info.update(deepspeed_layout=f"zero{zero} sp{r.tp} dp{env.n // r.tp}", grid_search_step_s=scores)
-        prices = [price_deepspeed(env, r, gather_ms, zero, b.lengths.tolist()) for b in batches]
-    else:
-        opt = OptLayout(*cfg.opt_layout) if cfg.opt_layout else OptLayout(mega_dp, mega_r.tp, mega_r.pp)
-        text, _ = script_pool(env)
-        if text and not cfg.opt_layout:
-            first = parse_pool(text[:1], env.n)[0]
-            if len(set(first)) == 1:  # the scripts' first list is the optimizer layout
-                opt = OptLayout(len(first), *first[0])
-        pool, strategies, mem = build_pool(env, sample, opt)
-        info.update(opt_layout=str(opt), pool=pool.describe(), pool_raw_lists=pool.raw_lists,
-                    strategies={r.label(): {"a": r.a, "b": r.b, "c": r.c, "cap": r.cap, "util": r.util}
-                                for r in strategies})
-        kw = env.plan_kwargs(seed)
-        if policy == "hotspa_like":
-            bounds, strat = hotspa_plan(env, strategies, hotspa_boundaries(env), sample)
-            info.update(hotspa_boundaries=bounds, hotspa_strategies=[fmt_strategy([r]) for r in strat])
-            prices = [_price_groups(env, bounds, strat, b.lengths.tolist()) for b in batches]
-        elif policy in HOMO_MODES:
-            prices = [price_homo_mode(env, policy, pool.candidates[0][0], opt.dp, b.lengths.tolist()) for b in batches]
-        elif policy == "hydraulis_greedy_dynamic":
-            prices = [price_greedy_dynamic(env, pool.candidates, b.lengths.tolist(), seed) for b in batches]
-        else:
-            cands = pool.candidates
-            rule = "token_balanced" if policy == "hydraulis_token_balanced" else "greedy"
-            if policy == "hydraulis_homo":
-                cands = [pool.candidates[0]]
-            elif policy == "hydraulis_static_hetero":
-                cands = [static_choice(pool.candidates, sample, kw)]
-                info["static_candidate"] = fmt_strategy(cands[0])
-            fallback = 0
-            for b in batches:
-                ls = b.lengths.tolist()
-                try:
-                    plan = plan_step(ls, cands, dispatch_rule=rule, **kw)
-                except ConfigError:
-                    if policy != "hydraulis_static_hetero":
-                        raise
-                    fallback += 1  # the static list leaves a replica empty: this step runs the layout
-                    plan = plan_step(ls, [pool.candidates[0]], **kw)
-                prices.append(price_plan(env, ls, plan))
-                peak = max(mem.bytes_at(rp.replica.tp, rp.replica.pp, sum(ls[i] for i in mb))
-                           for rp in plan.replicas for mb in rp.micro_batches)
-                info["peak_memory_gib"] = max(info.get("peak_memory_gib", 0.0), peak / GIB)
-            if policy == "hydraulis_static_hetero":
-                info["static_fallback_steps"] = fallback
-        info["memory_limit_gib"] = mem.capacity_bytes / GIB
-    if policy != "megatron_grid_like":
+    prices = policy.prices(env, SimRun(sample, batches, seed, info, mega_r, mega_dp, grid))
+    if policy.adds_iteration_overhead:
         # [R] one rule for every policy (and every training system of the harness): the step
         # model's per-iteration terms, Adam over the optimizer layout's shard (the whole model over
         # the N GPUs) and the fork's measured host/launch overhead carried to datasheet profiles,
         # which the grid baseline pays inside its iteration too
-        from impl.common.cost.transformer import model_params
-        from impl.common.megatron.step import optimizer_step_s
-
         over = optimizer_step_s(float(model_params(wl.model)), wl.num_gpus, hw)
         prices = [dataclasses.replace(p, overhead_s=over) for p in prices]
         info["iteration_overhead_s"] = over
+    return metrics_of(prices, batches, info, wl.steps)
+
+
+def metrics_of(prices: list, batches, info: dict, steps_run: int) -> tuple[dict, dict]:
     steps = [p.step_s for p in prices]
     tokens = sum(int(b.lengths.sum()) for b in batches)
     m = {
@@ -583,7 +569,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     if any(p.plan_time_s for p in prices):
         m["plan_time_s"] = Metric.from_samples([p.plan_time_s for p in prices], "s")
         m["plan_to_step_ratio"] = Metric.scalar(max(p.plan_time_s / p.step_s for p in prices), "ratio")
-        # S5 (planner scalability, README "Issue 24"): the share of steps whose plan hides behind the step before it
+        # S5 (planner scalability, README "Sim results"): the share of steps whose plan hides behind the step before it
         m["plan_hidden_fraction"] = Metric.scalar(sum(p.plan_time_s < p.step_s for p in prices) / len(prices),
                                                   "ratio", "higher")
     status = Counter()
@@ -594,7 +580,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
         m["ilp_limit_fraction"] = Metric.scalar(status.get("limit", 0) / sum(status.values()), "ratio")
     info["winner_per_step"] = [p.candidate for p in prices]
     info["winner_counts"] = dict(Counter(p.candidate for p in prices))
-    info["steps"] = wl.steps
+    info["steps"] = steps_run
     return m, info
 
 

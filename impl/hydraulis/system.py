@@ -1,19 +1,5 @@
-"""Hydraulis and its baselines as harness systems (one class, the policy chosen by a knob).
-
-| system                     | strategy per step                  | data assignment                      | modes |
-|----------------------------|------------------------------------|--------------------------------------|-------|
-| hydraulis (mode 4)         | best of the generator's pool        | min-max dispatch + ILP packing       | sim   |
-| hydraulis_pad (mode 0)     | optimizer-layout (homogeneous)      | equal counts, pad to the step's max  | sim   |
-| hydraulis_equal (mode 1)   | optimizer-layout                    | equal-count packing                  | sim   |
-| hydraulis_greedy_static (2)| optimizer-layout                    | greedy packing, padded to capacity   | sim   |
-| hydraulis_greedy_dynamic(3)| best of the pool                    | min-max dispatch + greedy packing    | sim   |
-| hydraulis_homo             | optimizer-layout only (ablation)    | min-max dispatch + ILP packing       | sim   |
-| hydraulis_token_balanced   | best of the pool (ablation)         | token-balanced dispatch + ILP        | sim   |
-| hydraulis_static_hetero    | one pool candidate for every step   | min-max dispatch + ILP packing       | sim   |
-| megatron_like              | grid-searched homogeneous (tp,pp,dp)| greedy packing to the context        | sim   |
-| megatron_grid_like         | HotSPa grid rule (dp,tp,pp,mbs) on the calibrated step model | the fork's packing | sim |
-| deepspeed_like             | ZeRO-1/3 + Ulysses SP, grid-searched| greedy packing                       | sim   |
-| hotspa_like                | one homogeneous strategy per bucket | HotSPa packing, hot switching        | sim   |
+"""Hydraulis and its baselines as harness systems (one class, the policy chosen by a knob; the
+policies are the components of :mod:`impl.hydraulis.policies`).
 
 Real mode (policies of the CPU experiment, README "Real mode") lives in :mod:`impl.hydraulis.real.run`; sim in
 :mod:`impl.hydraulis.sim`. Knobs both modes' planner reads are top level; one-mode knobs sit in
@@ -26,13 +12,12 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
+from impl.hydraulis.policies import POLICIES, Policy, in_mode
 from impl.hydraulis.real.config import HydraulisRealKnobs
 from impl.hydraulis.sim_config import HydraulisSimKnobs
 from impl.hydraulis.step_plan import IlpScope
 
-SIM_POLICIES = ("hydraulis", "hydraulis_pad", "hydraulis_equal", "hydraulis_greedy_static",
-                "hydraulis_greedy_dynamic", "hydraulis_homo", "hydraulis_token_balanced",
-                "hydraulis_static_hetero", "megatron_like", "megatron_grid_like", "deepspeed_like", "hotspa_like")
+SIM_POLICIES = in_mode("sim")
 
 
 class Hydraulis(System):
@@ -47,9 +32,9 @@ class Hydraulis(System):
         ilp_time_limit_s: float = 0.5
         mip_rel_gap: float = 0.01  # [R] HiGHS relative gap (README: 0 vs 0.01 on S3)
         dispatch_includes_c: bool = True
-        # Issue 40: besides the seeded shuffles (the authors' stream), two longest-first
-        # orders and a local search (moves/swaps off the critical replica); False = the authors'
-        # dispatch alone. The search stops after dispatch_budget scans (README "Issue 40").
+        # Besides the seeded shuffles (the authors' stream), two longest-first orders and a local
+        # search (moves/swaps off the critical replica); False = the authors' dispatch alone. The
+        # search stops after dispatch_budget scans (README: dispatch never worse than the authors').
         dispatch_refine: bool = True
         dispatch_budget: int = 100
         ilp_scope: IlpScope = IlpScope.critical
@@ -70,25 +55,28 @@ class Hydraulis(System):
         real: HydraulisRealKnobs = field(default_factory=HydraulisRealKnobs)
         sim: HydraulisSimKnobs = field(default_factory=HydraulisSimKnobs)
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        c = cfg
-        for fld, lo in (("shuffles", 1), ("v_window", 1), ("align", 1), ("max_candidates", 0), ("dispatch_budget", 0),
-                        ("generator_step", 0), ("generator_delta_n", 0)):
-            if getattr(c, fld) < lo:
-                raise ConfigError(f"system.{fld}: must be >= {lo}, got {getattr(c, fld)}")
-        if c.ilp_scope not in ("critical", "all"):
-            raise ConfigError(f"system.ilp_scope: unknown {c.ilp_scope!r} (one of: critical, all)")
-        if c.ilp_time_limit_s <= 0:
-            raise ConfigError(f"system.ilp_time_limit_s: must be > 0, got {c.ilp_time_limit_s}")
-        if not 0 <= c.mip_rel_gap < 1:
-            raise ConfigError(f"system.mip_rel_gap: must be in [0, 1), got {c.mip_rel_gap}")
-        if c.opt_layout and (len(c.opt_layout) != 3 or min(c.opt_layout) < 1):
-            raise ConfigError(f"system.opt_layout: need [dp, tp, pp] >= 1 each, got {list(c.opt_layout)}")
+        def __post_init__(self):
+            for fld, lo in (("shuffles", 1), ("v_window", 1), ("align", 1), ("max_candidates", 0),
+                            ("dispatch_budget", 0), ("generator_step", 0), ("generator_delta_n", 0)):
+                if getattr(self, fld) < lo:
+                    raise ConfigError(f"system.{fld}: must be >= {lo}, got {getattr(self, fld)}")
+            if self.ilp_scope not in ("critical", "all"):
+                raise ConfigError(f"system.ilp_scope: unknown {self.ilp_scope!r} (one of: critical, all)")
+            if self.ilp_time_limit_s <= 0:
+                raise ConfigError(f"system.ilp_time_limit_s: must be > 0, got {self.ilp_time_limit_s}")
+            if not 0 <= self.mip_rel_gap < 1:
+                raise ConfigError(f"system.mip_rel_gap: must be in [0, 1), got {self.mip_rel_gap}")
+            if self.opt_layout and (len(self.opt_layout) != 3 or min(self.opt_layout) < 1):
+                raise ConfigError(f"system.opt_layout: need [dp, tp, pp] >= 1 each, got {list(self.opt_layout)}")
+            POLICIES.get(self.policy)
+
+    @property
+    def component(self) -> Policy:
+        return POLICIES.get(self.cfg.policy)
 
     @property
     def modes(self):  # type: ignore[override]
-        return ("sim",) if self.cfg.policy in SIM_POLICIES else ("real",)
+        return self.component.modes
 
     def check(self, mode, wl, hardware, fault) -> None:
         self.require_workload(wl, "varlen")
@@ -99,7 +87,7 @@ class Hydraulis(System):
 
             check_real(self, wl, hardware)
         else:
-            if self.cfg.policy not in SIM_POLICIES:
+            if "sim" not in self.component.modes:
                 raise ConfigError(f"system.policy: {self.cfg.policy!r} is not a sim policy (one of: "
                                   f"{', '.join(SIM_POLICIES)})")
             from impl.hydraulis.sim import check_sim

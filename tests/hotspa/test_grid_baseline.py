@@ -3,8 +3,9 @@
 authors' generator tried, only fitting layouts kept, the winner the fastest of them."""
 from __future__ import annotations
 
+from impl.common.baselines.megatron_grid import GridRule, GridRuleConfig
 from impl.common.varlen.sampling import LengthStream
-from impl.common.megatron.grid import MBS, best_grid, candidates, model_of, step_prices
+from impl.common.megatron.grid import MBS, candidates, model_of, step_prices
 
 from tests.support.inprocess import run_job
 
@@ -27,7 +28,7 @@ def test_best_grid_is_the_fastest_fitting_layout(tmp_path):
     stream = LengthStream(wl.lengths, 1)
     batches = [stream.by_count(wl.global_batch_seqs) for _ in range(2)]
     model = model_of(wl)
-    best, info = best_grid(model, wl, hw, batches)
+    best, info = GridRule(GridRuleConfig(), wl, hw).search(batches)
     times = {}
     for g in candidates(wl.num_gpus, wl.gpus_per_node, model.num_layers, model.heads, 64):
         est = step_prices(model, g, batches, wl.context, hw, wl.gpus_per_node)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from impl.common.api import ConfigError
-from impl.hydraulis.sim import _padded_docs, parse_pool, simulate
+from impl.common.baselines.megatron_grid import padded_docs
+from impl.hydraulis.sim import parse_pool, simulate
 
 from impl.common.hardware import load_hardware as hardware
 from .test_sim import _system, _wl
@@ -31,7 +32,7 @@ def test_s1_uses_the_scripts_six_lists_with_the_first_as_optimizer_layout():
 
 
 def test_grid_rule_megatron_on_the_calibrated_model_and_zero_padding():
-    docs = _padded_docs([5, 6, 7, 8, 9], 4)
+    docs = padded_docs([5, 6, 7, 8, 9], 4)
     assert len(docs) == 8 and sorted(x for x in docs if x) == [5, 6, 7, 8, 9] and docs.count(0) == 3
     wl = _wl("hydraulis_7b_16gpu_cc", steps=1)
     m, info = simulate(_system(policy="megatron_grid_like"), wl, hardware("a800-80g-megatron"), 0)

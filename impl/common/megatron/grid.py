@@ -4,8 +4,8 @@ Megatron-LM step model (:mod:`impl.common.megatron`): every (dp, tp, pp) with dp
 pp | L, tp | heads (tp across nodes allowed), every mbs in ``MBS`` with dp*mbs | gbs, packing as the
 fork packs (a micro-batch's mbs sequences concatenated into one row; the LM head on the
 mbs x context grid), sequence parallelism on, the distributed optimizer, no recompute. Layouts the
-calibrated memory model says do not fit are dropped; the fastest mean step on the planning batches
-wins (ties to the smaller (dp, tp, pp, mbs)).
+calibrated memory model says do not fit are dropped; the search over them (the fastest mean step on
+the planning batches) is the shared baseline :mod:`impl.common.baselines.megatron_grid`.
 """
 from __future__ import annotations
 
@@ -69,23 +69,6 @@ def step_prices(model: MegatronModel, g: GridLayout, batches: Sequence, context:
     lay = layout_of(g, docs.shape[2], context, gpus_per_node)
     est = price(model, lay, hw, pack_work(lay, docs))
     return est
-
-
-def best_grid(model: MegatronModel, wl, hw, batches: Sequence) -> tuple[GridLayout, dict]:
-    gbs = len(batches[0].lengths)
-    cands = candidates(wl.num_gpus, wl.gpus_per_node, model.num_layers, model.heads, gbs)
-    scores, fits = {}, {}
-    for g in cands:
-        est = step_prices(model, g, batches, wl.context, hw, wl.gpus_per_node)
-        fits[g] = est.fits
-        if est.fits:
-            scores[g] = est.iteration_s
-    if not scores:
-        raise ConfigError(f"workload.context: no layout of the grid rule fits {wl.context} tokens on {hw.name} "
-                          f"({len(cands)} tried, tp up to {max(c.tp for c in cands)}, mbs {MBS})")
-    best = min(scores, key=lambda g: (scores[g], g.dp, g.tp, g.pp, g.mbs))
-    return best, {"grid_tried": len(cands), "grid_fit": len(scores),
-                  "grid_top5": {str(g): round(scores[g], 4) for g in sorted(scores, key=scores.get)[:5]}}
 
 
 def model_of(wl, stack: Optional[str] = None) -> MegatronModel:

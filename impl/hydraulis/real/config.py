@@ -44,7 +44,7 @@ class HydraulisRealKnobs:
     # The runs of one job, interleaved (one step each per round on the same batch, the order
     # rotating every round); the first is the system's own (its ``step_time_s``), the others
     # give ``speedup_vs_<name>`` = their median step / the first's. Empty = the policy's own
-    # run alone (impl.hydraulis.real.run.REAL_POLICIES).
+    # run alone (its component in impl.hydraulis.policies).
     runs: List[RealRun] = field(default_factory=list)
     # Fit (a, b, c) per kind from timed micro-batches before the measured steps: single
     # sequences of these lengths (those above the kind's cap are skipped) and packed rows of

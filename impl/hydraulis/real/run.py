@@ -47,15 +47,13 @@ from impl.hydraulis.batches import check_budget, step_batches
 from impl.hydraulis.cost.strategy import ReplicaCost
 from impl.hydraulis.disagg import OptimizerLayout, Strategy, compute_copy
 from impl.hydraulis.dispatch import DEFAULT_BUDGET
+from impl.hydraulis.policies import in_mode
 from impl.hydraulis.real.config import HydraulisRealKnobs, RealRun, ReplicaKind
 from impl.hydraulis.real.fit import fit_kind, fit_rows, profile, row_medians
 from impl.hydraulis.real.plan import PlanAhead, Planner, RunPlan, check_run
 from impl.hydraulis.real.replica import ReplicaModel
 from impl.common.execution import set_torch_threads
 
-# The CPU experiment's runs (README "Real mode") as systems: policy -> (batching, candidate pool of replica kinds).
-REAL_POLICIES = {"hydraulis_h": ("two_stage", [["A", "B"]]), "hydraulis_b0": ("greedy", [["A", "A"]]),
-                 "hydraulis_b1": ("two_stage", [["A", "A"]])}
 
 
 def model_shape(model) -> ModelShape:
@@ -76,15 +74,15 @@ def job_runs(system) -> list[RealRun]:
     rk = system.cfg.real
     if rk.runs:
         return list(rk.runs)
-    batching, pool = REAL_POLICIES[system.cfg.policy]
-    return [RealRun(system.cfg.policy, batching, [list(c) for c in pool])]
+    p = system.component
+    return [RealRun(p.name, p.batching, [list(c) for c in p.pool])]
 
 
 def check_real(system, wl, hardware) -> None:
     """Real-mode limits, one line each naming the field and the numbers."""
     rk: HydraulisRealKnobs = system.cfg.real
-    if system.cfg.policy not in REAL_POLICIES:
-        raise ConfigError(f"system.policy: {system.cfg.policy!r} has no real mode (one of: {', '.join(REAL_POLICIES)})")
+    if "real" not in system.component.modes:
+        raise ConfigError(f"system.policy: {system.cfg.policy!r} has no real mode (one of: {', '.join(in_mode('real'))})")
     if wl.dtype != "fp32":
         raise ConfigError(f"workload.dtype: real mode trains fp32 on CPU, got {wl.dtype!r}")
     if wl.optimizer != "adam":
