@@ -15,7 +15,7 @@ randomized greedy min-max of the authors' planner (Hetu
   consistent with packing): a sequence also carries its share of its micro-batches' constant,
   ``c_r · x / cap_r`` (micro-batches filled to capacity, the v_min packing), and the warm-up
   term prices a full micro-batch ``(cost_r(x) + c_r)·(pp_r − 1)``.
-- ``refine`` (issue 40, README "Issue 40 (item 3)"; default True; False = the authors' dispatch alone): the kept
+- ``refine`` (README "Dispatch never worse than the authors' on their planning cases"; default True; False = the authors' dispatch alone): the kept
   result is the best of a portfolio, all priced by the same greedy estimate
   ``max_r (acc_r + warm_r)``:
   1. the seeded shuffles, drawn as the authors draw them (Python ``random.seed(t);
@@ -28,7 +28,7 @@ randomized greedy min-max of the authors' planner (Hetu
      replica, accepted when that replica's time drops and the other stays below it) from the
      best distinct starts of 1 and 2, in order of their estimate, until ``budget`` scans of the
      critical replica's moves and swaps are spent (the planner's time budget, a count, not a
-     clock; ``DEFAULT_BUDGET`` measured on the authors' planning cases, README "Issue 40") or
+     clock; ``DEFAULT_BUDGET`` measured on the authors' planning cases, README "Dispatch never worse than the authors' on their planning cases") or
      the kept result reaches a lower bound (:func:`_lower_bound`).
   The result is never above the best shuffle's, hence never above the authors' on the same batch
   and seed. The authors' infeasibility rule is kept: the candidate is infeasible as soon as the
@@ -48,7 +48,7 @@ from impl.common.api import ConfigError
 
 from impl.hydraulis.cost.strategy import ReplicaCost
 
-# Local-search scans per dispatch (README "Issue 40": on the authors' planning cases a doubling
+# Local-search scans per dispatch (README "Dispatch never worse than the authors' on their planning cases": on the authors' planning cases a doubling
 # past 100 buys < 0.03 points of the estimate for +40-75% dispatch time; a scan is one search of
 # the critical replica's moves and swaps).
 DEFAULT_BUDGET = 100
@@ -93,7 +93,7 @@ def _times(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray, R: int) -> tuple
 
 def improve(cost: np.ndarray, warm: np.ndarray, rep: np.ndarray,
             max_scans: int = 100000) -> tuple[np.ndarray, int, int]:
-    """Local improvement of the greedy estimate ``max_r (acc_r + warm_r)`` (our addition, issue 40): take the
+    """Local improvement of the greedy estimate ``max_r (acc_r + warm_r)`` (our addition): take the
     critical replica k; among every move of one of its sequences to another replica that
     holds it, and every swap of one of its sequences with one elsewhere, apply the one whose
     ``max(t_k', t_j')`` is smallest, if it is below ``t_k``. Stops when none is, or after

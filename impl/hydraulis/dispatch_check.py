@@ -1,5 +1,5 @@
-"""Our stage 1 dispatch against the authors' planner on their planning cases (issue 40
-item 3; README "Issue 40 (item 3)").
+"""Our stage 1 dispatch against the authors' planner on their planning cases (README
+"Dispatch never worse than the authors' on their planning cases").
 
 - :func:`authors_dispatch` re-states the authors' randomized greedy (Hetu
   ``examples/hydraulis/strategy``, ``process_trial`` of their planner) as they run it, random
@@ -118,7 +118,7 @@ CASES = (
     ("32b@64 train_hetu_tencent", "hydraulis_32b_64gpu_cc", "a800-80g-megatron",
      ["(16,1)x4", "(16,1) + (8,1)x6", "(16,1) + (4,1)x12", "(8,3) + (4,1)x10", "(8,1) + (4,1)x14", "(4,2)x8"]),
     ("13b@32 gh scripts", "hydraulis_13b_32gpu_gh", "a800-80g-megatron", ["(16,1)x2", "(16,1) + (2,2) + (1,4)x3"]),
-    # the 7B lists as measured in issue 40 (then (1,8) had no 80 GB price: its A100 companion list instead)
+    # the 7B lists as measured when the refinement was added (then (1,8) had no 80 GB price: its A100 companion list instead)
     ("7b@16 cc scripts", "hydraulis_7b_16gpu_cc", "a800-80g-megatron", ["(4,2)x2", "(4,2) + (1,4)x2"]),
     ("7b@16 gh scripts", "hydraulis_7b_16gpu_gh", "a800-80g-megatron", ["(4,2)x2", "(4,2) + (1,4)x2"]),
     ("7b@16 A100 test lists", "hydraulis_7b_16gpu_a100_cc", "a100-40g-megatron",
