@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/runs", help="results dir (default %(default)s)")
     p.add_argument("--out", default="report", help="where the site goes (default %(default)s)")
-    p.add_argument("--papers", help="folder of <system>.yaml paper files (default: each system package.s paper.yaml)")
+    p.add_argument("--papers", help="folder of <system>.yaml paper files (default: impl/<system>/paper.yaml)")
     p.add_argument("overrides", nargs="*", metavar="logger=wandb",
                    help="logger=wandb logs the site as a W&B artifact (offline unless logger.mode / WANDB_MODE "
                         "say otherwise); also logger.mode=, logger.project=, logger.dir=")
