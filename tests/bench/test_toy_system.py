@@ -105,7 +105,7 @@ def test_the_app_composes_and_runs_the_toy(tree, toy_run):
     assert records[0]["metrics"]["iteration_time_s"]["value"] == 0.25
     out = _py(tree, "-m", "bench", "--help")
     # the system group's options by paper folder (Hydra's own listing says `system/toy: toy`)
-    assert out.returncode == 0 and re.search(r"^(system/)?toy: toy$", out.stdout, re.M), out.stdout[-2000:]
+    assert out.returncode == 0 and re.search(r"^\s*(system/)?toy: toy$", out.stdout, re.M), out.stdout[-2000:]
 
 
 _SMOKE = """
