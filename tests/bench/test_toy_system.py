@@ -19,6 +19,8 @@ import textwrap
 
 import pytest
 
+from tests.test_layering import _lint
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HARNESS = ("bench", "faults", "impl", "conf", "pyproject.toml")
 
@@ -135,11 +137,6 @@ def test_the_smoke_sweep_and_its_table_pick_up_the_toy(tree):
     assert "toy" in got["systems"] and got["papers"] == got["systems"]
     assert got["table"] == got["swept"] == got["systems"]
     assert got["preflight"] is None
-
-
-def _lint(tree: pathlib.Path) -> subprocess.CompletedProcess:
-    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
-    return _py(tree, "-c", code, "--no-cache", "--config", str(tree / "pyproject.toml"), timeout=120)
 
 
 def test_the_import_contracts_hold_the_toy_to_the_rules(tree):
