@@ -6,7 +6,7 @@ declares the inputs the claim's figure depends on, each with the range that is p
 documented and where that range comes from::
 
     hinges:
-      paper: hotspa                     # bench/data/paper/<paper>.yaml
+      paper: hotspa                     # impl/<paper>/paper.yaml
       claims: [matrix_max_band]         # the entries whose figures the sweep explains
       inputs:
       - name: inter-node bandwidth per NIC
@@ -259,7 +259,7 @@ def analyze(records: list[dict], papers: Optional[dict] = None) -> list[ClaimHin
         decl = typed(max(recs, key=lambda r: str(r.get("created", "")))["config"]["hinges"])
         paper = papers.get(decl.paper)
         if paper is None:
-            raise ConfigError(f"{exp}: hinges.paper: no bench/data/paper/{decl.paper}.yaml")
+            raise ConfigError(f"{exp}: hinges.paper: no impl/{decl.paper}/paper.yaml")
         by_point: dict[int, list[dict]] = {}
         for r in recs:
             by_point.setdefault(int(r["config"]["hinges"]["point"]), []).append(_point0_labels(r, decl))

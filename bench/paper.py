@@ -1,4 +1,4 @@
-"""The papers' numbers as data (``bench/data/paper/<system>.yaml``) and how each finds our value.
+"""The papers' numbers as data (``impl/<system>/paper.yaml``) and how each finds our value.
 
 A paper file holds the system's title, the paper it reproduces (``paper:``, a citation), the
 headline entry and reproduce command, and a list of entries, each one number with its source::
@@ -32,7 +32,6 @@ import fnmatch
 import math
 import pathlib
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
@@ -41,6 +40,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bench.compare import GROUP_FIELDS, ratio
 from bench.record import created_key
 from impl.common.api import ConfigError
+from impl.common.systems import paper_file, systems
 
 KINDS = ("paper", "target")
 FORMS = ("value", "ratio", "reduction")
@@ -105,10 +105,6 @@ class PaperFile:
 
 def _num(x: float) -> str:
     return f"{x:.4g}"
-
-
-def paper_dir() -> pathlib.Path:
-    return pathlib.Path(str(resources.files("bench").joinpath("data", "paper")))
 
 
 def load_paper(path: pathlib.Path | str) -> PaperFile:
@@ -177,13 +173,16 @@ def _check(paper: PaperFile, path: pathlib.Path) -> None:
 
 
 def load_papers(directory: pathlib.Path | str | None = None) -> dict[str, PaperFile]:
-    """Every ``<system>.yaml`` under ``directory`` (default: the package's bench/data/paper)."""
-    directory = pathlib.Path(directory) if directory else paper_dir()
+    """Every system's ``impl/<system>/paper.yaml``, or every ``<system>.yaml`` under ``directory``."""
+    if directory:
+        files = [(path.stem, path) for path in sorted(pathlib.Path(directory).glob("*.yaml"))]
+    else:
+        files = [(name, paper_file(name)) for name in systems() if paper_file(name).is_file()]
     out = {}
-    for path in sorted(directory.glob("*.yaml")):
+    for name, path in files:
         paper = load_paper(path)
-        if paper.system != path.stem:
-            raise ConfigError(f"{path}: system: {paper.system!r} differs from the file name {path.stem!r}")
+        if paper.system != name:
+            raise ConfigError(f"{path}: system: {paper.system!r} differs from its system {name!r}")
         out[paper.system] = paper
     return out
 

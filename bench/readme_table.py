@@ -18,7 +18,7 @@ from the records of the cross presets in the reference set).
 
 What the table says comes from three places, none of them hand-written numbers:
 ``bench/data/readme_systems.yaml`` (each system's name, ``system=`` list, mechanism, which paper
-entries get a row, a short label per row, the reference presets), ``bench/data/paper/<system>.yaml``
+entries get a row, a short label per row, the reference presets), ``impl/<system>/paper.yaml``
 (the paper's number or band, via :mod:`bench.paper`) and the records, matched to each entry by
 :func:`bench.paper.find_ours`, once restricted to sim records and once to real ones. The state
 (in band / below / above / no run / not in the reference set) is computed.
@@ -94,7 +94,7 @@ def _entries(spec: dict, papers: dict[str, PaperFile]) -> list[tuple[dict, Table
     for sys_ in spec["systems"]:
         paper = papers.get(sys_["paper"])
         if paper is None:
-            raise SystemExit(f"{PROG}: {SPEC_PATH.name}: no bench/data/paper/{sys_['paper']}.yaml")
+            raise SystemExit(f"{PROG}: {SPEC_PATH.name}: no impl/{sys_['paper']}/paper.yaml")
         for row in sys_["rows"]:
             try:
                 out.append((sys_, row, paper.entry(row.entry)))
@@ -388,7 +388,7 @@ def render_table(records: list[dict], spec: Optional[dict] = None,
     dates = sorted(str(r.get("created", ""))[:10] for r in records if r.get("created"))
     span = (dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}") if dates else "no dates"
     lines += ["", f"Written by `mlsys-bench-readme` from {source or 'the records given'} ({len(records)} records, "
-              f"{span}, commit {', '.join(commits) or '-'}) and `bench/data/paper/*.yaml`; do not edit between the "
+              f"{span}, commit {', '.join(commits) or '-'}) and `impl/*/paper.yaml`; do not edit between the "
               f"markers. A band is the paper's (or our reconstructed target [R]); a single number counts as in band "
               f"within ±{100 * tol:.0f}%, a floor (>=) at or above it. Ours is the newest ok record of the same setting; failed and invalid "
               f"runs are never compared. Refresh: `mlsys-bench-readme --refresh` (runs the reference presets)."]

@@ -11,10 +11,12 @@ import pathlib
 import re
 import sys
 
+from impl.common.systems import systems
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCANNED = ("impl", "bench", "faults", "conf", "containers", "tests", "README.md", ".ci")
 SUFFIXES = {".py", ".yaml", ".yml", ".md", ".sh", ".toml", ".txt", ".cfg"}
-_DOCS = r"(adaptra|malleus|caraserve|ckpt_recovery|fisedit|hotspa|hydraulis|lobra|swiftdiffusion|harness)"
+_DOCS = rf"({'|'.join((*systems(), 'harness'))})"  # the design notes were named after the systems
 PATTERNS = [
     re.compile(r"\bspec([ -](§|\d)|§)", re.I),             # spec 2.2, spec §5, spec-6
     re.compile(rf"\bspecs? {_DOCS}\b", re.I),                # spec hydraulis 9

@@ -71,7 +71,8 @@ def test_every_experiment_and_its_sweep_types(composer, experiment):
     for key, values in params.items():
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        ov = OverridesParser.create().parse_overrides([f"{key}={values}"])[0]
+        parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())  # glob(*) sweeps
+        ov = parser.parse_overrides([f"{key}={values}"])[0]
         vals = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [str(values)]
         axes.append([f"{key}={v}" for v in vals])
     combos = list(itertools.product(*axes)) or [()]

@@ -79,16 +79,29 @@ def test_system_importing_another_breaks_it(tree_copy):
     (tree_copy / "impl" / "malleus" / "planted.py").write_text("from impl.caraserve import system\n")
     out = _lint(tree_copy)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "no system imports another BROKEN" in out.stdout
+    assert "no system imports another, impl.common imports no system BROKEN" in out.stdout
     assert "impl.malleus.planted -> impl.caraserve.system" in out.stdout
 
 
-def test_undeclared_system_package_breaks_it(tree_copy):
-    (tree_copy / "impl" / "newsys").mkdir()
-    (tree_copy / "impl" / "newsys" / "__init__.py").write_text("")
+def test_new_system_package_is_covered_without_being_declared(tree_copy):
+    # no contract lists the systems: a new package under impl/ may use impl.common and faults
+    # and is held to the same rules as the others the moment it exists
+    new = tree_copy / "impl" / "newsys"
+    new.mkdir()
+    (new / "__init__.py").write_text("from impl.common import api\nimport faults.spec\n")
+    assert _lint(tree_copy).returncode == 0
+    (new / "planted.py").write_text("from impl.caraserve import system\n")
     out = _lint(tree_copy)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "- impl.newsys" in out.stdout
+    assert "impl.newsys.planted -> impl.caraserve.system" in out.stdout
+
+
+def test_faults_importing_a_system_breaks_it(tree_copy):
+    (tree_copy / "faults" / "planted.py").write_text("from impl.hotspa import system\n")
+    out = _lint(tree_copy)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "faults imports no system BROKEN" in out.stdout
+    assert "faults.planted -> impl.hotspa.system" in out.stdout
 
 
 _CYCLES = """

@@ -1,5 +1,5 @@
 """The top-level README's systems table is what `mlsys-bench-readme` writes from the kept
-reference records (bench/data/reference_records.jsonl.gz) and bench/data/paper/*.yaml."""
+reference records (bench/data/reference_records.jsonl.gz) and impl/*/paper.yaml."""
 from __future__ import annotations
 
 import copy

@@ -3,7 +3,7 @@
     mlsys-bench-report --results results/runs --out report/
     mlsys-bench-report --results results/runs --out report/ logger=wandb   # + a W&B artifact
 
-The papers' numbers are ``bench/data/paper/<system>.yaml`` (format: :mod:`bench.paper`); the site is
+The papers' numbers are ``impl/<system>/paper.yaml`` (format: :mod:`bench.paper`); the site is
 built by :mod:`bench.report.build`. Bad input (torn or foreign JSON, an unknown schema version)
 is skipped, named on the index page and on stderr; the exit status stays 0 for it.
 """
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/runs", help="results dir (default %(default)s)")
     p.add_argument("--out", default="report", help="where the site goes (default %(default)s)")
-    p.add_argument("--papers", help="folder of <system>.yaml paper files (default: the package's bench/data/paper)")
+    p.add_argument("--papers", help="folder of <system>.yaml paper files (default: impl/<system>/paper.yaml)")
     p.add_argument("overrides", nargs="*", metavar="logger=wandb",
                    help="logger=wandb logs the site as a W&B artifact (offline unless logger.mode / WANDB_MODE "
                         "say otherwise); also logger.mode=, logger.project=, logger.dir=")

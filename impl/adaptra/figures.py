@@ -88,7 +88,7 @@ def multi_link(records, out_dir):
 
 # ---- S5-S7 ------------------------------------------------------------------------------------
 # Paper numbers drawn as black markers next to ours (the paper's evaluation; also in
-# bench/data/paper/adaptra.yaml).
+# impl/adaptra/paper.yaml).
 PAPER_DP_LINK = {  # s/iteration at 10/20/30 ms
     "zb": (1.87, 2.79, 3.94), "falcon": (0.64, 0.86, 1.10), "adaptra_cpu": (0.54, 0.63, 0.71),
     "adaptra": (0.53, 0.55, 0.56)}

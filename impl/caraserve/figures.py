@@ -14,7 +14,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from impl.common.plots.records import plottable  # noqa: E402
-from impl.common.papers import PAPER_DIR  # noqa: E402
 from impl.common.plots.save import save_png  # noqa: E402
 
 PAPER_BAND = (1.3, 1.7)  # our S1 target [R] (README "Reconstructed choices"): 1.3-1.7x below S-LoRA at lambda >= 7
@@ -105,8 +104,8 @@ def slo_vs_rate(records, out_dir) -> list[pathlib.Path]:
     return [path]
 
 
-# ---- the paper's own figures beside ours (v1 and Toppings; values in bench/data/paper/caraserve.yaml)
-PAPER_FILE = PAPER_DIR / "caraserve.yaml"
+# ---- the paper's own figures beside ours (v1 and Toppings; values in this package's paper.yaml)
+PAPER_FILE = pathlib.Path(__file__).with_name("paper.yaml")
 
 
 def paper_values(path: pathlib.Path = PAPER_FILE) -> dict:
@@ -190,7 +189,7 @@ def s1_vs_paper(records, out_dir, paper: dict | None = None) -> list[pathlib.Pat
     ax.set_ylabel("mean latency over CACHED (%)")
     bx.set_ylabel("S-LoRA / CaraServe mean latency (x)")
     bx.axhline(1.0, color="k", lw=0.6)
-    fig.suptitle("simulated (solid) vs paper (hatched; arXiv 2401.11240 v1, bench/data/paper/caraserve.yaml)"
+    fig.suptitle("simulated (solid) vs paper (hatched; arXiv 2401.11240 v1, impl/caraserve/paper.yaml)"
                  "   !: a run flagged invalid (TTFT order CACHED <= CaraServe <= ONDMD)", fontsize=8)
     name = "s1_maf_vs_paper.png" if all(s.startswith("maf") for s in settings) else "s1_synthetic_vs_paper.png"
     return [save_png(fig, pathlib.Path(out_dir) / name)]

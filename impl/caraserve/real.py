@@ -278,7 +278,7 @@ def run_real(system, job: JobContext) -> RunResult:
 def add_cold_start_metrics(metrics: dict, runs: dict, policies: list, me: str, load_by_rank: dict,
                            emulated: bool) -> None:
     """The cold-start comparison as the paper states it (v1 Fig. 11 and its
-    latency over CACHED), for bench/data/paper/caraserve.yaml's ``gpu_7b_*`` rows: per interleaved policy
+    latency over CACHED), for impl/caraserve/paper.yaml's ``gpu_7b_*`` rows: per interleaved policy
     ``{p}_ttft_over_cached`` / ``{p}_latency_over_cached`` (mean over all rounds' records, minus
     1, as the paper's "+22%"), ``{p}_prefill_iter_mean_s`` (mean prefill iteration wall), and
     ``load_s_r{r}`` (median adapter copy per rank; measured only on a device, else emulated)."""

@@ -280,7 +280,7 @@ def band(e: dict) -> str:
 
 def figure(records: list, out_dir) -> list:
     """The gpu/ckpt_recovery preset's hook: per system stall / drain / load, and ours' ratios
-    against DCP beside our reconstructed targets [R] (bench/data/paper/ckpt_recovery.yaml); also as markdown."""
+    against DCP beside our reconstructed targets [R] (impl/ckpt_recovery/paper.yaml); also as markdown."""
     import pathlib
 
     by = {r["system"]: r for r in records if r.get("status") in ("ok", "invalid")}

@@ -1,21 +1,17 @@
-"""The papers' numbers as the harness ships them (``bench/data/paper/<system>.yaml``, format:
-:mod:`bench.paper`), read by a system's own reports. Read from the file beside the installed
-packages, so no system imports the harness."""
+"""The papers' numbers as each system's package ships them (``impl/<system>/paper.yaml``, format:
+:mod:`bench.paper`), read by a system's own reports without importing the harness."""
 from __future__ import annotations
 
-import pathlib
+from omegaconf import OmegaConf
 
-PAPER_DIR = pathlib.Path(__file__).resolve().parents[2] / "bench" / "data" / "paper"
+from impl.common.errors import ConfigError
+from impl.common.systems import paper_file
 
 
 def paper_entries(system: str) -> dict:
-    """``bench/data/paper/<system>.yaml``'s entries by name."""
-    from omegaconf import OmegaConf
-
-    from impl.common.api import ConfigError
-
-    path = PAPER_DIR / f"{system}.yaml"
+    """``impl/<system>/paper.yaml``'s entries by name."""
+    path = paper_file(system)
     if not path.is_file():
-        raise ConfigError(f"paper: no {path} (bench/data/paper/<system>.yaml)")
+        raise ConfigError(f"paper: no {path} (impl/<system>/paper.yaml)")
     raw = OmegaConf.to_container(OmegaConf.load(str(path)))
     return {e["name"]: e for e in raw.get("entries", [])}

@@ -1,5 +1,5 @@
 """The gpu/swiftdiffusion_sd15 preset's figure hook: ours beside the paper's figures
-(``bench/data/paper/swiftdiffusion.yaml``, entries named ``gpu_sd15_*``), printed and kept as markdown."""
+(``impl/swiftdiffusion/paper.yaml``, entries named ``gpu_sd15_*``), printed and kept as markdown."""
 from __future__ import annotations
 
 import pathlib

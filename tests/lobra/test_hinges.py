@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from bench.config import compose_config
 from bench.hinges import points, typed
-from bench.paper import load_paper, paper_dir
+from bench.paper import load_paper
+from impl.common.systems import paper_file
 from bench.validate import typed_job
 from tests.support.hinge_points import changed_keys, check_points, flat_config
 
@@ -27,7 +28,7 @@ def test_settings_are_the_claims_presets():
     """Each swept setting wraps the README preset its claim matches, under an experiment of its own."""
     hinges = OmegaConf.to_container(OmegaConf.load(CONF / "hinges.yaml"))
     swept = str(hinges["hydra"]["sweeper"]["params"][SETTING_AXIS]).split(",")
-    paper = load_paper(paper_dir() / "lobra.yaml")
+    paper = load_paper(paper_file("lobra"))
     assert sorted(swept) == ["e2e_32b", "e2e_7b"]
     names = set()
     for name in swept:

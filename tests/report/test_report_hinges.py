@@ -9,7 +9,8 @@ import html.parser
 import pytest
 
 from bench.hinges import Display, HingeInput, Swing, analyze, value_text
-from bench.paper import load_paper, paper_dir
+from bench.paper import load_paper
+from impl.common.systems import paper_file
 from bench.record import write_record
 from bench.report.build import build_report, fmt
 from bench.report.hinge_section import HingeRow
@@ -57,7 +58,7 @@ def table(text: str, table_id: str) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def hotspa():
-    return {"hotspa": load_paper(paper_dir() / "hotspa.yaml")}  # the one paper the records name
+    return {"hotspa": load_paper(paper_file("hotspa"))}  # the one paper the records name
 
 
 @pytest.fixture(scope="module")
