@@ -15,7 +15,7 @@ from impl.hydraulis.system import SIM_POLICIES, Hydraulis
 
 from .conftest import hardware
 from impl.common.megatron.derive import step_knobs
-from impl.common.conf_files import load_group_file
+from impl.common.conf_files import load_group_file, system_identity
 
 
 def _wl(name: str, **kw) -> VarlenWorkload:
@@ -86,7 +86,8 @@ def test_sim_is_deterministic_apart_from_planner_wall_time(runs):
 
 def test_every_policy_has_a_system_config():
     for p in SIM_POLICIES:
-        d = load_group_file(pathlib.Path(f"conf/system/{p}.yaml"))
+        d = system_identity(load_group_file(pathlib.Path(f"conf/system/hydraulis/{p}.yaml"),
+                                            root=pathlib.Path("conf/system")), p)
         assert d.policy == p and d._target_ == "impl.hydraulis.system.Hydraulis"
         Hydraulis(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Hydraulis.Config),
                                                       {k: v for k, v in d.items() if k not in ("_target_", "name")})), p)
