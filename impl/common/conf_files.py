@@ -7,10 +7,10 @@ Also the one rule that gives a system node the identity its path implies
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import pathlib
 from typing import Optional
 
-from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from impl.common.errors import ConfigError
@@ -66,8 +66,9 @@ def _unset(node: DictConfig, key: str) -> bool:
 def _has_policy_knob(target: Optional[str]) -> bool:
     if not target:
         return False
+    module, _, name = str(target).rpartition(".")
     try:
-        cls = get_class(str(target))
+        cls = getattr(importlib.import_module(module), name)
     except Exception:  # a bad _target_ is reported, with its field, when the system is typed
         return False
     config = getattr(cls, "Config", None)
