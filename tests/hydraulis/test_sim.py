@@ -97,7 +97,7 @@ def test_presets_exist_with_sweeps():
     for s in ("s1", "s2", "s3", "s4", "s5", "s6"):
         d = OmegaConf.load(pathlib.Path("conf/experiment/hydraulis") / f"{s}.yaml")
         assert d.experiment_name == f"hydraulis/{s}" and d.mode == "sim"
-        assert "hydraulis" in str(d.hydra.sweeper.params.system).split(",")
+        assert "hydraulis/hydraulis" in str(d.hydra.sweeper.params.system).split(",")
 
 
 def test_sim_strategies_are_the_step_models_time_and_memory(runs):
