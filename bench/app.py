@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from bench.config import register
+from bench.system_choice import apply_choice, apply_hydra_choice, flat_choice_error, identity_overrides
 
 register()
 
@@ -123,7 +124,8 @@ def preflight(argv: list[str]) -> Optional[str]:
         with initialize_config_module(config_module="conf", version_base="1.3"):
             for combo in combos:
                 try:
-                    cfg = compose(config_name=CONFIG_NAME, overrides=combo, return_hydra_config=True)
+                    cfg = apply_hydra_choice(compose(config_name=CONFIG_NAME, overrides=combo,
+                                                     return_hydra_config=True))
                     apply_point(cfg)
                     typed_job(cfg)
                 except NotApplicable as exc:
@@ -148,6 +150,7 @@ def _hydra_job(cfg: DictConfig) -> Optional[float]:
     from impl.common.runtime.launch import is_primary
 
     hc = HydraConfig.get()
+    apply_choice(cfg, hc.runtime.choices.get("system"))
     overrides = list(hc.overrides.task)
     sweep = str(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
     if str(cfg.launcher.value if hasattr(cfg.launcher, "value") else cfg.launcher) == "docker":
@@ -211,7 +214,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         from bench.default_plan import run_default_plan
 
         sys.exit(run_default_plan())
-    error = preflight(argv)
+    argv = identity_overrides(argv)
+    error = flat_choice_error(argv) or preflight(argv)
     if error:
         print(f"mlsys-bench: error: {error}", file=sys.stderr)
         sys.exit(2)

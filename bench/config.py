@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import open_dict
 
 from bench.hinges import HingesConfig
+from bench.system_choice import apply_hydra_choice, flat_choice_error, identity_overrides
+from impl.common.errors import ConfigError
 from impl.common.execution import ExecutionConfig
 
 
@@ -88,14 +91,25 @@ def register() -> None:
 
 def compose_config(overrides, *, return_hydra_config: bool = False):
     """The job config the CLI would build from ``overrides`` (Hydra's compose API, this
-    project's ``conf`` package), without running Hydra's app: for in-process jobs and tests."""
+    project's ``conf`` package), without running Hydra's app: for in-process jobs and tests.
+    The system node gets its name and policy from the chosen yaml, as in the app."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
+    overrides = identity_overrides(overrides)
+    flat = flat_choice_error(overrides)
+    if flat:
+        raise ConfigError(flat)
     register()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="conf", version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+            # The hydra node holds the choice (system=<paper>/<stem>), so it is composed always.
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
     finally:
         GlobalHydra.instance().clear()
+    apply_hydra_choice(cfg)
+    if not return_hydra_config:
+        with open_dict(cfg):
+            del cfg["hydra"]
+    return cfg

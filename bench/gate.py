@@ -23,7 +23,7 @@ A suite is ``bench/data/gates/<suite>.yaml``::
         #   differences against the bounds, e.g. a mean speedup over several scenarios
         # aggregate: mean   # mean | min | max | each (every case must meet every bound)
 
-Every job runs as ``python -m bench <overrides> system=<x> mode=<mode> results_dir=<dir>``; the
+Every job runs as ``python -m bench <overrides> system=<paper>/<x> mode=<mode> results_dir=<dir>``; the
 record it writes is the one the gate reads. Exit codes: 0 all pass, 1 a gate fell short, 2 a
 configuration error (one line naming the file and field).
 """
@@ -46,6 +46,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bench.compare import ratio as times_better
 from bench.record import RecordError, load_records
+from bench.system_choice import choice_of
 
 PROG = "mlsys-bench-gate"
 DEFAULT_REPEATS = 5
@@ -243,7 +244,7 @@ def inprocess_runner(cmd: List[str], results_dir: pathlib.Path) -> tuple[int, st
 def job_command(gate: Gate, system: str, results_dir: pathlib.Path,
                 prefix: Sequence[str], overrides: Optional[Sequence[str]] = None) -> list[str]:
     overrides = gate.overrides if overrides is None else overrides
-    return [*prefix, *overrides, f"system={system}", f"mode={gate.mode.value}",
+    return [*prefix, *overrides, f"system={choice_of(system)}", f"mode={gate.mode.value}",
             f"results_dir={results_dir}"]
 
 

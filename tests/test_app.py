@@ -105,12 +105,12 @@ def test_planted_secret_appears_nowhere(tmp_path):
 
 
 def test_working_directory_conf_adds_profiles_without_shadowing_ours(tmp_path):
-    # A user's ./conf (e.g. hardware/local.yaml written by system=calibrate) is searched after
+    # A user's ./conf (e.g. hardware/local.yaml written by system=harness/calibrate) is searched after
     # the package's configs and never hides them, even though `python -m` puts cwd first.
     (tmp_path / "conf" / "hardware").mkdir(parents=True)
     (tmp_path / "conf" / "hardware" / "mybox.yaml").write_text(
         "name: mybox\nsource: test\npeak_flops: {fp32: 1.0e12}\nmemory_bytes: 1.0e9\n")
-    proc = run_bench(["system=zb", "hardware=mybox", "system.timeline=false", f"results_dir={tmp_path / 'r'}"],
+    proc = run_bench(["system=adaptra/zb", "hardware=mybox", "system.timeline=false", f"results_dir={tmp_path / 'r'}"],
                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     (rec,) = load_records(tmp_path / "r")

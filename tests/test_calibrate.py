@@ -1,4 +1,4 @@
-"""system=calibrate at toy sizes: it writes a valid HardwareProfile, atomically, and a plot."""
+"""system=harness/calibrate at toy sizes: it writes a valid HardwareProfile, atomically, and a plot."""
 from __future__ import annotations
 
 import math
@@ -46,7 +46,7 @@ def test_profile_written_and_valid(calibrated):
     assert result.info["output"] == str(target)
     hw = load_profile(target)
     assert hw.name == "local" and hw.measured is True
-    assert hw.source.startswith("measured by system=calibrate on ")
+    assert hw.source.startswith("measured by system=harness/calibrate on ")
     assert hw.mfu == 1.0 and hw.comm_efficiency == 1.0
     assert set(hw.peak_flops) == {"fp32", "bf16"}
     assert set(hw.diffusion.conv_flops) == {"fp32", "bf16"} and all(v > 0 for v in hw.diffusion.conv_flops.values())
@@ -120,8 +120,8 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(tmp_path, monkeypatch):
 
 
 def test_system_yaml_validates_against_config():
-    node = OmegaConf.load(REPO / "conf" / "system" / "calibrate.yaml")
-    assert node._target_ == "bench.calibrate.system.Calibrate" and node.name == "calibrate"
+    node = OmegaConf.load(REPO / "conf" / "system" / "harness" / "calibrate.yaml")
+    assert node._target_ == "bench.calibrate.system.Calibrate" and "name" not in node  # the stem names it
     data = {k: v for k, v in OmegaConf.to_container(node).items() if k not in ("_target_", "name")}
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Calibrate.Config), data))
     assert cfg == CalibrateConfig()  # the yaml states the defaults

@@ -62,8 +62,8 @@ def test_torchrun_rendezvous_comes_from_slurm_environment(monkeypatch):
     assert (rdzv.nnodes, rdzv.node_rank, rdzv.nproc_per_node) == (2, 1, 4)
     assert rdzv.endpoint == "gpu007:29500" and rdzv.run_id == "slurm-4242"
     monkeypatch.setenv("MLSYS_RDZV_PORT", "31000")
-    cmd = torchrun_command(["system=adaptra", "mode=real"])
-    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-4:] == ["-m", "bench", "system=adaptra", "mode=real"]
+    cmd = torchrun_command(["system=adaptra/adaptra", "mode=real"])
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-4:] == ["-m", "bench", "system=adaptra/adaptra", "mode=real"]
     args = dict(zip(cmd[3:-4:2], cmd[4:-4:2]))
     assert args == {"--nnodes": "2", "--nproc-per-node": "4", "--rdzv-backend": "c10d",
                     "--rdzv-endpoint": "gpu007:31000", "--rdzv-id": "slurm-4242", "--max-restarts": "0"}

@@ -10,10 +10,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
 
 from bench.app import preflight
 from bench.config import register
 from bench.default_plan import load_plan
+from bench.system_choice import apply_hydra_choice
 from bench.validate import typed_fault, typed_job, typed_system
 from impl.common.api import NotApplicable
 
@@ -40,16 +42,23 @@ def pathlib_walk(root, prefix=""):
 def composer():
     register()
     GlobalHydra.instance().clear()
+    def compose_job(overrides, hydra=False):
+        # as bench.config.compose_config, in one Hydra context for the whole module
+        cfg = apply_hydra_choice(compose(config_name="config", overrides=overrides, return_hydra_config=True))
+        if not hydra:
+            with open_dict(cfg):
+                del cfg["hydra"]
+        return cfg
+
     with initialize_config_module(config_module="conf", version_base="1.3"):
-        yield lambda overrides, hydra=False: compose(config_name="config", overrides=overrides,
-                                                      return_hydra_config=hydra)
+        yield compose_job
     GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize("system", [n for n in _names("system")])
 def test_every_system_types(composer, system):
     sys_obj, name = typed_system(composer([f"system={system}"]).system)
-    assert name == system and set(sys_obj.modes) <= {"sim", "real"}
+    assert name == system.split("/")[-1] and set(sys_obj.modes) <= {"sim", "real"}
 
 
 @pytest.mark.parametrize("fault", _names("fault"))
@@ -60,7 +69,7 @@ def test_every_fault_types(composer, fault):
 
 @pytest.mark.parametrize("hardware", [n for n in _names("hardware") if n != "local"])
 def test_every_hardware_types(composer, hardware):
-    assert typed_job(composer([f"hardware={hardware}", "system=zb"])).hardware.peak_flops
+    assert typed_job(composer([f"hardware={hardware}", "system=adaptra/zb"])).hardware.peak_flops
 
 
 @pytest.mark.parametrize("experiment", _names("experiment"))
@@ -129,27 +138,29 @@ def test_every_system_variant_inherits_its_papers_base():
 
     root = pathlib.Path(str(CONF)) / "system"
     bases = collections.defaultdict(list)
-    for path in sorted(root.glob("*.yaml")):
+    for path in sorted(root.glob("*/*.yaml")):
         raw = yaml.safe_load(path.read_text()) or {}
-        target = composer([f"system={path.stem}"]).system.get("_target_")
+        choice = f"{path.parent.name}/{path.stem}"
+        target = composer([f"system={choice}"]).system.get("_target_")
         if "defaults" not in raw:
             bases[target].append(path.stem)
             continue
-        base = raw["defaults"][0]
+        base = raw["defaults"][0].removesuffix("@_here_")
+        assert base.split("/")[0] == path.parent.name, f"{choice}: its base {base} is another paper's"
         base_raw = yaml.safe_load((root / f"{base}.yaml").read_text())
-        assert "defaults" not in base_raw, f"{path.stem}: its base {base} inherits too"
-        assert composer([f"system={base}"]).system.get("_target_") == target, path.stem
+        assert "defaults" not in base_raw, f"{choice}: its base {base} inherits too"
+        assert composer([f"system={base}"]).system.get("_target_") == target, choice
     several = {t: b for t, b in bases.items() if len(b) > 1}
     assert not several, f"configs of one system class that do not inherit: {several}"
 
 
 @pytest.mark.parametrize("override,choices", [
-    ("system=lobra system.planner=x", "prune, group, balance"),
-    ("system=lobra system.dispatch=x", "balanced, length, even"),
-    ("system=hydraulis system.ilp_scope=x", "critical, all"),
-    ("system=fisedit system.schedule=x", "supplied, online"),
-    ("system=swiftdiffusion system.aggregation=x", "sum, katz_mean"),
-    ("system=ckpt_recovery +system.real.scenario=x", "recovery, one_gpu"),
+    ("system=lobra/lobra system.planner=x", "prune, group, balance"),
+    ("system=lobra/lobra system.dispatch=x", "balanced, length, even"),
+    ("system=hydraulis/hydraulis system.ilp_scope=x", "critical, all"),
+    ("system=fisedit/fisedit system.schedule=x", "supplied, online"),
+    ("system=swiftdiffusion/swiftdiffusion system.aggregation=x", "sum, katz_mean"),
+    ("system=ckpt_recovery/ckpt_recovery +system.real.scenario=x", "recovery, one_gpu"),
 ])
 def test_a_choice_outside_its_enum_is_one_line_naming_the_field(override, choices):
     # choices are typed (enum.StrEnum) in the structured configs, so a typo fails when

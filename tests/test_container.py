@@ -26,7 +26,7 @@ BASE_IMAGE = "mlsys-bench-base:bookworm"
 
 # calibrate with tiny problems: ~10-25 s on 2 busy cores, real mode, two gloo processes.
 CHEAP_JOB = [
-    "system=calibrate", "mode=real", "progress=false",
+    "system=harness/calibrate", "mode=real", "progress=false",
     "system.matmul_sizes=[64,128]", "system.dtypes=[fp32]", "system.warmup=1", "system.repeats=3",
     "system.min_repeats=2", "system.mem_bw_bytes=1048576",
     "system.p2p_sizes_bytes=[8,65536]", "system.allreduce_sizes_bytes=[8]",
@@ -39,20 +39,20 @@ CHEAP_JOB = [
 # ---- launcher logic (no engine needed) ---------------------------------------------------
 
 def test_inner_overrides_drop_launcher_keys():
-    got = launcher.inner_overrides(["system=zb", "results_dir=/x", "launcher=docker",
+    got = launcher.inner_overrides(["system=adaptra/zb", "results_dir=/x", "launcher=docker",
                                     "container_image=foo:1", "++results_dir=/y", "seed=3"])
-    assert got == ["system=zb", "seed=3", "results_dir=/results"]
+    assert got == ["system=adaptra/zb", "seed=3", "results_dir=/results"]
 
 
 def test_unreachable_engine_is_one_clear_line(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(launcher.EngineUnavailable) as err:
-        launcher.run_in_container(["system=calibrate"], "/tmp/unused")
+        launcher.run_in_container(["system=harness/calibrate"], "/tmp/unused")
     msg = str(err.value)
     assert msg.startswith("docker engine not reachable at unix:///nonexistent/docker.sock: start dockerd")
     assert "\n" not in msg
     assert launcher.engine_unavailable_reason() == msg
-    assert launcher.main(["system=calibrate", "results_dir=/tmp/unused"]) == 2
+    assert launcher.main(["system=harness/calibrate", "results_dir=/tmp/unused"]) == 2
 
 
 def test_prepare_results_dir_makes_shared_places_group_writable(tmp_path):
@@ -95,7 +95,7 @@ def image_id(engine) -> str:
 @pytest.mark.container
 def test_missing_image_is_one_clear_line(engine):
     with pytest.raises(launcher.ImageMissing) as err:
-        launcher.run_in_container(["system=calibrate"], "/tmp/unused", image="mlsys-bench:no-such-tag")
+        launcher.run_in_container(["system=harness/calibrate"], "/tmp/unused", image="mlsys-bench:no-such-tag")
     assert str(err.value) == "image mlsys-bench:no-such-tag not found: build it with containers/build_image.sh"
 
 

@@ -30,7 +30,7 @@ def _fixture_profile(tmp_path):
     return path
 
 
-SIM_PIPELINE = ["system=zb", "mode=sim", "workload=pipeline_s4", "workload.num_microbatches=4",
+SIM_PIPELINE = ["system=adaptra/zb", "mode=sim", "workload=pipeline_s4", "workload.num_microbatches=4",
                 "workload.iterations=2", "workload.warmup_iterations=0", "system.timeline=false"]
 
 
@@ -65,7 +65,7 @@ def test_sim_record_provenance_names_family_fidelity_null_then_measured(tmp_path
 
 
 def test_real_records_carry_no_family_fidelity(tmp_path):
-    rec = _run(["system=calibrate", "mode=real", f"system.output={tmp_path / 'hw.yaml'}",
+    rec = _run(["system=harness/calibrate", "mode=real", f"system.output={tmp_path / 'hw.yaml'}",
                 "system.p2p_sizes_bytes=[8,1024]", "system.allreduce_sizes_bytes=[8]", "system.repeats=3",
                 "system.matmul_sizes=[64]", "system.mem_bw_bytes=1048576", "system.max_seconds_per_measurement=0.05",
                 "validity.max_foreign_cpu_frac=null"], tmp_path / "runs")
@@ -73,7 +73,7 @@ def test_real_records_carry_no_family_fidelity(tmp_path):
 
 
 def test_wrong_family_for_the_workload_is_one_line(tmp_path):
-    rc, last = inprocess_runner([sys.executable, "-m", "bench", "system=fidelity", "mode=real",
+    rc, last = inprocess_runner([sys.executable, "-m", "bench", "system=harness/fidelity", "mode=real",
                                  "workload=pipeline_s4", "system.family=serving",
                                  f"results_dir={tmp_path}"], tmp_path)
     assert rc == 1 and "system.family: 'serving' does not price workload kind 'pipeline'" in last

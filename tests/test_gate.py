@@ -186,8 +186,8 @@ def test_subprocess_runner_reports_a_crashing_job(tmp_path, capsys):
 
 
 @pytest.mark.real
-@pytest.mark.skipif(not (REPO / "conf/system/calibrate.yaml").exists(),
-                    reason="conf/system/calibrate.yaml not there yet: no system to run")
+@pytest.mark.skipif(not (REPO / "conf/system/harness/calibrate.yaml").exists(),
+                    reason="conf/system/harness/calibrate.yaml not there yet: no system to run")
 def test_real_subprocess_run_of_the_calibrate_system(tmp_path):
     # One real `python -m bench` job (~10 s on 2 busy cores with these small sizes); the
     # output override keeps calibration from rewriting conf/hardware/local.yaml.

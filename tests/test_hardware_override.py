@@ -16,7 +16,7 @@ from impl.common.megatron.model import MegatronLayout, MegatronModel
 
 
 def _hardware(*overrides: str):
-    cfg = compose_config(["experiment=hydraulis/s2", "system=hydraulis", "hardware=a800-80g", *overrides])
+    cfg = compose_config(["experiment=hydraulis/s2", "system=hydraulis/hydraulis", "hardware=a800-80g", *overrides])
     return typed_hardware(cfg.hardware)
 
 
@@ -39,7 +39,7 @@ def test_one_knob_moves_on_top_of_the_carried_knobs(form):
 def test_no_override_keeps_null_knobs_and_a_full_node_is_taken_whole():
     assert _hardware().megatron.knobs is None
     fitted = load_hardware("h100-megatron").megatron.knobs
-    cfg = compose_config(["experiment=hydraulis/s2", "system=hydraulis", "hardware=h100-megatron",
+    cfg = compose_config(["experiment=hydraulis/s2", "system=hydraulis/hydraulis", "hardware=h100-megatron",
                           "hardware.megatron.knobs.gemm_time_factor=1.1"])
     assert typed_hardware(cfg.hardware).megatron.knobs == dataclasses.replace(fitted, gemm_time_factor=1.1)
 

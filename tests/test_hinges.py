@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 from bench import hinges as hg
 from bench.config import compose_config
 from bench.paper import load_papers
+from bench.system_choice import choice_of
 from bench.validate import typed_job
 from impl.common.api import ConfigError
 
@@ -41,7 +42,7 @@ def test_bad_declarations_fail_in_one_line_naming_the_field(bad, field):
 
 
 def _job(point: int, system: str = "megatron_static"):
-    return compose_config(["experiment=hotspa/hinges", "workload=hotspa_32b_32gpu_cc", f"system={system}",
+    return compose_config(["experiment=hotspa/hinges", "workload=hotspa_32b_32gpu_cc", f"system={choice_of(system)}",
                            f"hinges.point={point}"])
 
 
@@ -98,7 +99,7 @@ def test_a_key_the_job_lacks_is_refused_naming_it():
 def test_preflight_refuses_a_point_past_the_declaration():
     from bench.app import preflight
 
-    err = preflight(["experiment=hotspa/hinges", "hinges.point=99", "workload=hotspa_7b_8gpu_cc", "system=hotspa"])
+    err = preflight(["experiment=hotspa/hinges", "hinges.point=99", "workload=hotspa_7b_8gpu_cc", "system=hotspa/hotspa"])
     assert err and err.startswith("hinges.point") and "99" in err
 
 

@@ -1,4 +1,4 @@
-"""Point-to-point and all-reduce timings between ranks over gloo (``system=calibrate``).
+"""Point-to-point and all-reduce timings between ranks over gloo (``system=harness/calibrate``).
 
 Ping-pong between ranks 0 and 1 (one-way time = round trip / 2) and ``all_reduce`` (sum)
 over every rank, through :func:`impl.common.runtime.launch.launch`: local processes bound to

@@ -1,4 +1,4 @@
-"""``system=calibrate``: measure this machine and write ``conf/hardware/local.yaml``.
+"""``system=harness/calibrate``: measure this machine and write ``conf/hardware/local.yaml``.
 
 What is measured, and how each figure is defined (units in every name):
 
@@ -505,7 +505,7 @@ def median_profile(paths: List[pathlib.Path], out: pathlib.Path) -> None:
     merged["source"] = f"median of {len(paths)} calibrations ({nodes[0].get('source', '')} ...)"
     profile = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(HardwareProfile), merged))
     header = ("# Written by median_profile (bench/calibrate/system.py); regenerate, do not edit.\n"
-              f"# Every number: the median over {len(paths)} fresh system=calibrate runs:\n"
+              f"# Every number: the median over {len(paths)} fresh system=harness/calibrate runs:\n"
               + "".join(f"#   {p}\n" for p in paths))
     write_profile_atomic(profile, out, header)
 
@@ -532,7 +532,7 @@ def plot_comm(comm: Dict[str, Dict[int, List[float]]], nprocs: int, path: pathli
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("time (s), median; bars: min-max")
-    ax.set_title("gloo between local processes (system=calibrate)")
+    ax.set_title("gloo between local processes (system=harness/calibrate)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -709,7 +709,7 @@ class Calibrate(System):
 
             profile = HardwareProfile(
                 name=out_path.stem if out_path.stem.startswith("local") else "local",
-                source=f"measured by system=calibrate on {host} at {when}",
+                source=f"measured by system=harness/calibrate on {host} at {when}",
                 measured=True,
                 peak_flops={d: r4(v) for d, v in peak.items()},
                 diffusion=DiffusionRates(
@@ -742,7 +742,7 @@ class Calibrate(System):
             )
             dev_name = torch.cuda.get_device_name(0) if use_cuda else (platform.processor() or platform.machine())
             header = (
-                "# Written by system=calibrate (bench/calibrate/system.py); regenerate, do not edit.\n"
+                "# Written by system=harness/calibrate (bench/calibrate/system.py); regenerate, do not edit.\n"
                 f"# Host {host}, device {kind} ({dev_name}), torch {torch.__version__}, {when}.\n"
                 f"# Load average (1/5/15 min) {load} on {os.cpu_count()} CPUs: a busy host measures low.\n"
                 f"# Matmul and memory measured with {info['threads']} torch thread(s) (system.threads).\n"

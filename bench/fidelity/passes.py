@@ -47,7 +47,7 @@ def _run_family(family: str, pass_dir: pathlib.Path, extra: Sequence[str]) -> in
 
 
 def _calibrate_median(pass_dir: pathlib.Path, rounds: int) -> None:
-    """``rounds`` fresh ``system=calibrate`` processes per profile, then their per-field median
+    """``rounds`` fresh ``system=harness/calibrate`` processes per profile, then their per-field median
     as the pass's ``conf/hardware/<name>.yaml`` (the presets then find it and calibrate nothing)."""
     from bench.calibrate.system import median_profile
 
@@ -56,7 +56,7 @@ def _calibrate_median(pass_dir: pathlib.Path, rounds: int) -> None:
         paths = []
         for j in range(rounds):
             path = pass_dir / "calibrations" / f"{name}-{j + 1}.yaml"
-            cmd = [sys.executable, "-m", "bench", "system=calibrate", "mode=real", f"system.output={path}",
+            cmd = [sys.executable, "-m", "bench", "system=harness/calibrate", "mode=real", f"system.output={path}",
                    f"results_dir={pass_dir / 'calibrations' / 'results'}"] + ([f"system.threads={threads}"] if threads else [])
             with open(pass_dir / "calibrate.log", "a") as out:
                 out.write("$ " + " ".join(cmd) + "\n")

@@ -1,10 +1,10 @@
-"""``system=fidelity``: run a system for real, then its simulator on exactly that workload.
+"""``system=harness/fidelity``: run a system for real, then its simulator on exactly that workload.
 
-The job (mode real) builds the named system from ``conf/system/<real_system>.yaml``, runs it
+The job (mode real) builds the named system from ``conf/system/<paper>/<real_system>.yaml``, runs it
 on this job's workload and fault, takes from it only the family's per-op profile
 (:mod:`bench.fidelity.families`), and runs ``sim_system`` in sim mode on the same workload with
 that profile and the calibrated hardware profile (``sim_hardware``, default ``local``; measured
-first with ``system=calibrate`` when missing). The real run gets the same profile for any
+first with ``system=harness/calibrate`` when missing). The real run gets the same profile for any
 piece it emulates (CaraServe's host-to-device copy), so both price one machine.
 
 The record's metrics hold, per headline metric ``m``: ``real__m``, ``sim__m``,
@@ -25,18 +25,21 @@ from omegaconf import OmegaConf
 
 from bench.fidelity.families import get_family
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
-from impl.common.conf_files import load_group_file
+from bench.system_choice import choice_of
+from impl.common.conf_files import load_group_file, system_identity
 
 PACKAGE_CONF = pathlib.Path(__file__).resolve().parents[2] / "conf"
 
 
 def _conf_file(group: str, name: str) -> pathlib.Path:
-    """``./conf/<group>/<name>.yaml`` (where calibration writes) before the package's own."""
+    """``./conf/<group>/<name>.yaml`` (where calibration writes) before the package's own; a
+    system by its name, in its paper folder."""
+    option = choice_of(name) if group == "system" else name
     for root in (pathlib.Path.cwd() / "conf", PACKAGE_CONF):
-        path = root / group / f"{name}.yaml"
+        path = root / group / f"{option}.yaml"
         if path.is_file():
             return path
-    raise ConfigError(f"{group}={name}: no conf/{group}/{name}.yaml")
+    raise ConfigError(f"{group}={option}: no conf/{group}/{option}.yaml")
 
 
 def _local_threads(name: str) -> int:
@@ -48,7 +51,9 @@ def _local_threads(name: str) -> int:
 def build_system(name: str, knobs: dict) -> System:
     from bench.validate import typed_system
 
-    node = OmegaConf.merge(load_group_file(_conf_file("system", name)), knobs or {})
+    path = _conf_file("system", name)
+    node = OmegaConf.merge(load_group_file(path, root=path.parent.parent), knobs or {})
+    system_identity(node, path.stem)
     system, _ = typed_system(node)
     return system
 

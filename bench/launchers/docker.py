@@ -1,7 +1,7 @@
 """Run one mlsys-bench job inside the container image (``containers/``).
 
-``run_in_container(["system=calibrate", "mode=real"], "results/runs")`` runs
-``mlsys-bench system=calibrate mode=real results_dir=/results`` in ``mlsys-bench:cpu`` with:
+``run_in_container(["system=harness/calibrate", "mode=real"], "results/runs")`` runs
+``mlsys-bench system=harness/calibrate mode=real results_dir=/results`` in ``mlsys-bench:cpu`` with:
 
 - the host ``results_dir`` bind-mounted read-write at ``/results``: records land in the same
   ``<results_dir>/<run_id>/record.json`` + ``records.jsonl`` as a local run;

@@ -11,7 +11,7 @@ from typing import Optional
 
 HARNESS = "harness"  # records of no paper's package (the calibration job)
 MODE_WORD = {"sim": "simulated", "real": "measured"}
-# Fidelity records (system=fidelity, bench/fidelity) carry per headline metric m the metrics
+# Fidelity records (system=harness/fidelity, bench/fidelity) carry per headline metric m the metrics
 # real__m, sim__m, sim_over_real__m and error_pct__m, and the rows in info.fidelity.
 FIDELITY_METRIC = re.compile(r"^error_pct__")
 

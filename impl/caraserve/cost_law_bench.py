@@ -1,4 +1,4 @@
-"""``system=caraserve_cost_law`` (the cost-law job of impl/caraserve/README.md, real mode only):
+"""``system=caraserve/caraserve_cost_law`` (the cost-law job of impl/caraserve/README.md, real mode only):
 does a real decode step follow the rank-aware cost law of :mod:`impl.caraserve.cost`?
 
 Times decode steps (one new token per request, ``context_len`` tokens of KV cache each) of the

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from omegaconf import OmegaConf
 
 from impl.common.api import JobContext
-from impl.common.conf_files import load_group_file
+from impl.common.conf_files import load_group_file, system_identity
 from impl.common.workloads.hybrid import HybridWorkload
 
 from impl.ckpt_recovery.real import REAL_POLICIES, check_real, run_real
@@ -37,8 +37,10 @@ SYSTEMS = tuple(REAL_POLICIES) + ("ckpt_recovery_peer",)  # the preset's sweep
 
 
 def system_config(name: str, storage: str) -> SimpleNamespace:
-    """``conf/system/<name>.yaml``'s policy and real knobs (the preset's storage and save interval)."""
-    node = load_group_file(ROOT / "conf" / "system" / f"{name}.yaml")
+    """``conf/system/ckpt_recovery/<name>.yaml``'s policy and real knobs (the preset's storage and
+    save interval)."""
+    group = ROOT / "conf" / "system"
+    node = system_identity(load_group_file(group / "ckpt_recovery" / f"{name}.yaml", root=group), name)
     real = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CkptRealKnobs), node.get("real") or {},
                                                {"storage": storage, "ckpt_every": 3}))
     return SimpleNamespace(policy=str(node.policy), real=real)

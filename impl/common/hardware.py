@@ -1,6 +1,6 @@
 """Hardware profile: datasheet figures plus efficiency factors, every field with its unit.
 
-Profiles live in ``conf/hardware/*.yaml``; ``local.yaml`` is written by ``system=calibrate``.
+Profiles live in ``conf/hardware/*.yaml``; ``local.yaml`` is written by ``system=harness/calibrate``.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class MegatronSection:
 @dataclass
 class DiffusionRates:
     """Measured rates of the diffusion engines' kernels (``hardware.diffusion``), per dtype, written by
-    ``system=calibrate`` on the host that runs the real UNet. Not on any datasheet: a profile without
+    ``system=harness/calibrate`` on the host that runs the real UNet. Not on any datasheet: a profile without
     them prices each op at its fallback (the matmul peak x ``mfu``, or ``memory_bw_bytes_per_s``), as
     each field says. Read by :mod:`impl.common.diffusion.cost` and :mod:`impl.fisedit.cost` only."""
 
@@ -155,7 +155,7 @@ class HardwareProfile:
     (``megatron``: knobs, kernel tables) and the diffusion engines' measured rates (``diffusion``)."""
 
     name: str = "???"
-    # Where the numbers come from (datasheet URL/title, or "measured by system=calibrate").
+    # Where the numbers come from (datasheet URL/title, or "measured by system=harness/calibrate").
     source: str = "???"
     measured: bool = False
     # Peak dense FLOP/s per dtype (keys: fp32, tf32, fp16, bf16, fp8 as applicable).
@@ -271,7 +271,7 @@ def refuse_flat_diffusion_keys(node: Any, prefix: str = "") -> None:
     stale = [f.name for f in fields(DiffusionRates) if f.name in keys]
     if stale:
         raise ConfigError(f"{prefix}hardware.{stale[0]}: moved to hardware.diffusion.{stale[0]} (nest the diffusion rates "
-                          f"under 'diffusion:', or re-run system=calibrate)")
+                          f"under 'diffusion:', or re-run system=harness/calibrate)")
 
 
 # Knob names a profile written before the collectives module may still carry -> their replacement.

@@ -7,7 +7,7 @@
 | task_sequential  | per task, its best homogeneous      | fixed 7        | even            | sim, real |
 
 The ablation ladder (the authors' ablations) is ``lobra`` with ``deployment``, ``dispatch`` and ``bucketing``
-changed (conf/system/lobra_*.yaml). Real mode: :mod:`impl.lobra.real`; sim: :mod:`impl.lobra.sim`.
+changed (conf/system/lobra/*.yaml). Real mode: :mod:`impl.lobra.real`; sim: :mod:`impl.lobra.sim`.
 """
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ class SwiftDiffusionSystem(System):
                 raise ConfigError(f"system.variant: distrifusion is modelled for E1 only (its GPU count is not in "
                                   f"the sources), got workload.sim.scenario={workload.sim.scenario}")
             if workload.sim.scenario == "e3" and self.cfg.variant != "katz":
-                raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion), got {self.cfg.variant!r}")
+                raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion/swiftdiffusion), got {self.cfg.variant!r}")
             if self.cfg.nirvana_k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.nirvana_k (steps skipped) must be < system.profile.steps = "
                                   f"{self.cfg.profile.steps}, got {self.cfg.nirvana_k}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.record import load_records
+from bench.system_choice import choice_of
 from tests.conftest import run_bench
 from tests.support.inprocess import run_job
 
@@ -16,7 +17,7 @@ SMALL = ["mode=real", "workload=pipeline_s4", "workload.num_microbatches=6", "wo
 
 
 def test_every_variant_trains_the_same_model(tmp_path):
-    results = {s: run_job([f"system={s}", *SMALL], tmp_path / s) for s in ("1f1b", "zb", "zb_uncapped", "adaptra_cpu", "adaptra")}
+    results = {s: run_job([f"system={choice_of(s)}", *SMALL], tmp_path / s) for s in ("1f1b", "zb", "zb_uncapped", "adaptra_cpu", "adaptra")}
     digests = {s: r.info["params_sha256"] for s, r in results.items()}
     assert len(set(digests.values())) == 1, digests  # bitwise-equal final parameters
     losses = {s: r.info["losses_last_iteration"] for s, r in results.items()}
@@ -30,7 +31,7 @@ def test_every_variant_trains_the_same_model(tmp_path):
 
 
 def test_rank_kill_leaves_failed_record(tmp_path):
-    proc = run_bench(["system=zb", *SMALL[:-3], "fault=rank_kill", "fault.rank=2", "fault.at_iter=1",
+    proc = run_bench(["system=adaptra/zb", *SMALL[:-3], "fault=rank_kill", "fault.rank=2", "fault.at_iter=1",
                       f"results_dir={tmp_path}"])
     assert proc.returncode == 1, proc.stderr
     (rec,) = load_records(tmp_path)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from bench.system_choice import choice_of
 from faults.spec import VaryingLinkDelay
 from faults.varying_delay import DelayTimeline
 from impl.adaptra.detect import detect_changes
@@ -25,7 +26,7 @@ S5 = ["workload=gpt7b_dp2_pp4", "hardware=h800", "fault=dp_link_delay", "fault.s
 @pytest.fixture(scope="module")
 def s5(tmp_path_factory):
     out = tmp_path_factory.mktemp("s5")
-    return {s: run_job([f"system={s}", *S5], out) for s in ("zb", "falcon", "adaptra_cpu", "adaptra")}
+    return {s: run_job([f"system={choice_of(s)}", *S5], out) for s in ("zb", "falcon", "adaptra_cpu", "adaptra")}
 
 
 def test_s5_ordering_at_30ms(s5):
@@ -116,13 +117,13 @@ def test_delay_timeline_is_deterministic_per_seed():
 
 
 def test_s6_reproducible_and_ordered(tmp_path):
-    a = run_job(["system=adaptra", *S6], tmp_path)
-    b = run_job(["system=adaptra", *S6], tmp_path)
+    a = run_job(["system=adaptra/adaptra", *S6], tmp_path)
+    b = run_job(["system=adaptra/adaptra", *S6], tmp_path)
     assert a.info["iteration_times_s"] == b.info["iteration_times_s"]
-    c = run_job(["system=adaptra", *S6, "fault.seed=7"], tmp_path)
+    c = run_job(["system=adaptra/adaptra", *S6, "fault.seed=7"], tmp_path)
     assert c.info["iteration_times_s"] != a.info["iteration_times_s"]
     assert a.info["distinct_plans"] > 1  # re-planned at iteration boundaries as delays changed
-    t = {s: run_job([f"system={s}", *S6], tmp_path).metrics["mean_iteration_time_s"].value
+    t = {s: run_job([f"system={choice_of(s)}", *S6], tmp_path).metrics["mean_iteration_time_s"].value
          for s in ("zb", "adaptra_cpu")}
     assert a.metrics["mean_iteration_time_s"].value < t["adaptra_cpu"] < t["zb"], t
 
@@ -133,7 +134,7 @@ S7 = ["workload=gpt140b_pp8", "hardware=h800", "fault=trace_140b", "workload.ite
 
 
 def test_s7_total_time_ratio_and_restart_cost(tmp_path):
-    r = {s: run_job([f"system={s}", *S7], tmp_path) for s in ("1f1b", "zb", "adaptra")}
+    r = {s: run_job([f"system={choice_of(s)}", *S7], tmp_path) for s in ("1f1b", "zb", "adaptra")}
     total = {s: x.metrics["total_time_min"].value for s, x in r.items()}
     # Paper: 1.41x over ZB and 1.37x over 1F1B. Ours (measured): 1.18x and 1.41x since every
     # iteration pays the step model's per-iteration terms (1.36x / 1.72x before; README "One pricing
@@ -153,10 +154,10 @@ def test_s7_total_time_ratio_and_restart_cost(tmp_path):
 def test_rnic_restart_cost_is_a_parameter_charged_once(tmp_path):
     base = ["workload=pipeline_s4", "fault=link_delay", "fault.delay_s=0.0", "+fault.rnic_failure_iters=[3]", NO_PNG,
             "workload.iterations=6", "workload.warmup_iterations=0"]
-    zb = run_job(["system=zb", *base, "system.restart_cost_s=42"], tmp_path)
+    zb = run_job(["system=adaptra/zb", *base, "system.restart_cost_s=42"], tmp_path)
     assert zb.metrics["one_time_costs_s"].value == 42.0
     assert zb.metrics["total_time_s"].value == pytest.approx(sum(zb.info["iteration_times_s"]) + 42.0)
-    ad = run_job(["system=adaptra", *base], tmp_path)
+    ad = run_job(["system=adaptra/adaptra", *base], tmp_path)
     assert ad.metrics["one_time_costs_s"].value == 0.0
     # After the failover the delegates carry the traffic for the rest of the run.
     assert [p["comm"] for p in ad.info["plans"]] == ["in_stream"] * 3 + ["delegated"] * 3
@@ -181,10 +182,10 @@ def test_rnic_restart_cost_is_a_parameter_charged_once(tmp_path):
 ])
 def test_bad_scenario_input_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as err:
-        run_job(["system=adaptra", *overrides, NO_PNG], tmp_path)
+        run_job(["system=adaptra/adaptra", *overrides, NO_PNG], tmp_path)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_falcon_rejects_pipeline_link_faults(tmp_path):
     with pytest.raises(ConfigError, match="does not support fault 'link_delay'"):
-        run_job(["system=falcon", "workload=pipeline_s4", "fault=link_delay", NO_PNG], tmp_path)
+        run_job(["system=adaptra/falcon", "workload=pipeline_s4", "fault=link_delay", NO_PNG], tmp_path)

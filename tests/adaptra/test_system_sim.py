@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from bench.system_choice import choice_of
 from impl.common.api import ConfigError
 from tests.support.inprocess import run_job
 
@@ -13,14 +14,14 @@ REF = ["workload=pipeline_s4_n24", "fault=link_delay_60ms", "system.timeline=fal
 
 
 def it_time(system, extra, tmp_path):
-    return run_job([f"system={system}", *extra], tmp_path).metrics["iteration_time_s"].value
+    return run_job([f"system={choice_of(system)}", *extra], tmp_path).metrics["iteration_time_s"].value
 
 
 def test_spec_reference_zb_and_adaptra(tmp_path):
     # Simulator reference [R] (impl/adaptra/README.md): S=4, N=24, t=10 ms, 60 ms on link 0-1 (no HOL): ZB 1440 ms, Adaptra 810 ms.
     zb = it_time("zb", [*REF, "system.comm=latency"], tmp_path)
     assert zb == pytest.approx(1.440, abs=1e-9)
-    res = run_job(["system=adaptra", *REF], tmp_path)
+    res = run_job(["system=adaptra/adaptra", *REF], tmp_path)
     assert res.metrics["slowdown_vs_no_delay"].value <= 1.10
     assert res.metrics["iteration_time_s"].value == pytest.approx(0.810, abs=1e-9)
 
@@ -62,13 +63,13 @@ def test_s3_adaptra_beats_both_baselines(tmp_path, workload, link, delay):
 
 
 def test_sim_is_bit_reproducible(tmp_path):
-    a = run_job(["system=adaptra", *REF], tmp_path)
-    b = run_job(["system=adaptra", *REF], tmp_path)
+    a = run_job(["system=adaptra/adaptra", *REF], tmp_path)
+    b = run_job(["system=adaptra/adaptra", *REF], tmp_path)
     assert {k: m.to_dict() for k, m in a.metrics.items()} == {k: m.to_dict() for k, m in b.metrics.items()}
 
 
 def test_timeline_artifacts_written(tmp_path):
-    res = run_job(["system=zb", "workload=pipeline_s4", "fault=link_delay_60ms"], tmp_path)
+    res = run_job(["system=adaptra/zb", "workload=pipeline_s4", "fault=link_delay_60ms"], tmp_path)
     assert set(res.artifacts) == {"timeline.trace.json", "timeline.png"}
     trace = json.loads((tmp_path / "timeline.trace.json").read_text())
     assert trace["traceEvents"]
@@ -76,7 +77,7 @@ def test_timeline_artifacts_written(tmp_path):
 
 
 def test_time_varying_trace_switches_plans_at_iteration_boundaries(tmp_path):
-    res = run_job(["system=adaptra", "workload=pipeline_s4", "fault=link_delay", "system.timeline=false",
+    res = run_job(["system=adaptra/adaptra", "workload=pipeline_s4", "fault=link_delay", "system.timeline=false",
                    "workload.iterations=6", "workload.warmup_iterations=0",
                    "+fault.trace=[{start_iter: 0, links: [[0,1]], delay_s: 0.0},"
                    "{start_iter: 2, links: [[0,1]], delay_s: 0.06},{start_iter: 4, links: [[2,3]], delay_s: 0.03}]"],
@@ -107,5 +108,5 @@ def test_schedule_order_holds_a_send_behind_a_receive(tmp_path):
 ])
 def test_bad_input_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as err:
-        run_job(["system=adaptra", "workload=pipeline_s4", *overrides], tmp_path)
+        run_job(["system=adaptra/adaptra", "workload=pipeline_s4", *overrides], tmp_path)
     assert message in str(err.value) and "\n" not in str(err.value)

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.real, pytest.mark.timeout(300)]
 
 # Equality of the two launches is the point here, not the host's quiet: the validity rule that
 # counts the other node's ranks as this job is tested in tests/test_host_load.py.
-JOB = ["system=adaptra", *SMALL, "validity.max_foreign_cpu_frac=null"]
+JOB = ["system=adaptra/adaptra", *SMALL, "validity.max_foreign_cpu_frac=null"]
 
 
 def _free_port() -> int:

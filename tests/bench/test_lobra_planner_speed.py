@@ -1,4 +1,4 @@
-"""LobRA deployment planner speed: the plan() call of experiment=lobra/e2e_7b (system=lobra,
+"""LobRA deployment planner speed: the plan() call of experiment=lobra/e2e_7b (system=lobra/lobra,
 recorded in data/), timed by pytest-benchmark (``--benchmark-enable``); without it, one run
 checked for a deployment that fits the GPUs and holds the longest sequence."""
 from __future__ import annotations

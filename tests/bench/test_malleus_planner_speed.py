@@ -61,7 +61,7 @@ def _config(c: dict) -> PlannerConfig:
 
 
 def test_planner_s1_s7_plans_unchanged(benchmark):
-    """Every plan() call of the Malleus S1-S7 presets (system=malleus, recorded), replayed from
+    """Every plan() call of the Malleus S1-S7 presets (system=malleus/malleus, recorded), replayed from
     empty solver caches: the plans and candidates equal those of the planner before the ILP-A
     value search and the caches (data/malleus_s1_s7_calls.json)."""
     calls = json.loads((DATA / "malleus_s1_s7_calls.json").read_text())["calls"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 
 from bench.app import preflight
+from bench.config import compose_config
 from bench.validate import typed_job
 from impl.caraserve.system import ServingSystem
 from impl.common.servesim.cost import ServingCost, ServingCostConfig
 from tests.conftest import run_bench
 
-S1 = ["system=caraserve", "workload=serving_s1_7b_a10", "hardware=a10", "mode=sim"]
+S1 = ["system=caraserve/caraserve", "workload=serving_s1_7b_a10", "hardware=a10", "mode=sim"]
 
 
 def test_cost_knobs_have_one_name_and_one_default():
@@ -31,11 +30,7 @@ def test_nested_override_reaches_the_sim_cost():
     from impl.caraserve.sim import build_cost
     from impl.common.api import JobContext
 
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*S1, "+system.cost.mbgmv_efficiency=0.25",
-                                                         "+system.cost.cpu_cores=8"])
-    GlobalHydra.instance().clear()
+    cfg = compose_config([*S1, "+system.cost.mbgmv_efficiency=0.25", "+system.cost.cpu_cores=8"])
     job = typed_job(cfg)
     ctx = JobContext(mode="sim", seed=0, experiment="t", workload=job.workload, workload_name="s1",
                      hardware=job.hardware, hardware_name="a10", fault=job.fault, fault_name="none",
@@ -59,7 +54,7 @@ def test_refused_at_preflight(overrides, expected):
 
 
 def test_sweep_with_a_wrong_workload_kind_fails_before_its_first_job(tmp_path):
-    proc = run_bench(["--multirun", "system=caraserve,ondmd", "workload=pipeline_s4", "hardware=a10", "mode=sim",
+    proc = run_bench(["--multirun", "system=caraserve/caraserve,caraserve/ondmd", "workload=pipeline_s4", "hardware=a10", "mode=sim",
                       f"results_dir={tmp_path}"])
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

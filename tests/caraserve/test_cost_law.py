@@ -1,4 +1,4 @@
-"""The cost-law job (system=caraserve_cost_law; impl/caraserve/README.md): the fit picks the law that generated the
+"""The cost-law job (system=caraserve/caraserve_cost_law; impl/caraserve/README.md): the fit picks the law that generated the
 data; a tiny real run through the harness records finite fits; sim mode is refused."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from impl.common.api import ConfigError
 from impl.common.workloads.serving import ServingWorkload
 from tests.support.inprocess import run_job
 
-TINY = ["system=caraserve_cost_law", "workload=serving_tiny", "mode=real", "system.batch_sizes=[1,2,4]",
+TINY = ["system=caraserve/caraserve_cost_law", "workload=serving_tiny", "mode=real", "system.batch_sizes=[1,2,4]",
         "system.repeats=1", "system.warmup=0", "system.random_mixes=0"]
 
 

@@ -135,7 +135,7 @@ def test_host_adapters_in_the_device_path_fail_in_one_line(tiny):
 def test_real_job_runs_where_the_execution_says(tmp_path):
     """run_real on a CPU job: the device and dtype come from JobContext.execution (CPU, fp32),
     the three policies interleave, and the record has the metrics the gpu_7b paper rows read."""
-    res = run_job(["system=caraserve", "workload=serving_tiny", "mode=real", "workload.trace.num_requests=4",
+    res = run_job(["system=caraserve/caraserve", "workload=serving_tiny", "mode=real", "workload.trace.num_requests=4",
                    "system.interleave=[caraserve,ondmd,cached]", "+system.cpu_workers=0", "+system.plots=false",
                    "+workload.slo_reference=isolated"], tmp_path)
     info = res.info
@@ -163,7 +163,7 @@ def test_gpu_preset_settings_run_on_a_cpu_job_in_bf16(tmp_path):
     from impl.common.api import JobContext
     from impl.common.execution import Execution
 
-    cfg = compose_config(["system=caraserve", "workload=serving_tiny", "mode=real", "workload.trace.num_requests=4",
+    cfg = compose_config(["system=caraserve/caraserve", "workload=serving_tiny", "mode=real", "workload.trace.num_requests=4",
                           "system.interleave=[caraserve,ondmd,cached]", "+system.adapter_source=random",
                           "+system.plots=false", "+system.load_groups=2", "+workload.slo_reference=isolated"])
     job = typed_job(cfg)

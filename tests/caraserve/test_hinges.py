@@ -4,7 +4,7 @@ from tests.support.hinge_points import check_points
 
 
 def test_every_s3_hinge_point_types_and_moves_only_its_key():
-    assert check_points("caraserve/hinges", ["system=mostidle"]) == 8
+    assert check_points("caraserve/hinges", ["system=caraserve/mostidle"]) == 8
 
 
 def test_every_stall_share_hinge_point_types_and_moves_only_its_key():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bench.config import compose_config
+from bench.system_choice import choice_of
 from bench.validate import typed_job
 from impl.ckpt_recovery import one_gpu
 from impl.ckpt_recovery.real_config import CkptRealKnobs
@@ -65,7 +66,7 @@ def test_the_reload_check_sees_a_changed_byte():
 
 def test_preset_composes_per_system():
     for system in ("ckpt_recovery", "dcp_sync", "dcp_async"):
-        job = typed_job(compose_config(PRESET + ["execution=cpu", f"system={system}"]))
+        job = typed_job(compose_config(PRESET + ["execution=cpu", f"system={choice_of(system)}"]))
         assert job.system.cfg.real.scenario == "one_gpu" and job.system.cfg.policy == system
         assert job.workload.num_gpus == 1 and job.execution.device == "cpu"
     # ~1 B parameters, ~10 B each
@@ -85,7 +86,7 @@ def test_preset_is_refused_without_cuda_in_one_line():
 
 
 @pytest.mark.parametrize("override,msg", [
-    (["system=restart_all"], r"policy: 'restart_all' does not run real.scenario=one_gpu"),
+    (["system=ckpt_recovery/restart_all"], r"policy: 'restart_all' does not run real.scenario=one_gpu"),
     (["workload.tp=2", "workload.num_gpus=2"], r"real.scenario=one_gpu runs one process"),
     (["system.real.ckpt_every=9"], r"real.ckpt_every: 9 must be in 1..workload.iterations \(2\)"),
     (["system.real.scenario=x"], r"real.scenario: Invalid value 'x', expected one of \[recovery, one_gpu\]"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.config import compose_config
+from bench.system_choice import choice_of
 from bench.validate import typed_job
 from impl.ckpt_recovery.system import POLICIES, CkptRecovery
 from impl.common.api import ConfigError
@@ -26,7 +27,7 @@ def test_presets_compose_and_pass_preflight(preset):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_has_a_system_yaml(policy):
-    job = _job(S1 + [f"system={policy}"])
+    job = _job(S1 + [f"system={choice_of(policy)}"])
     assert job.system.cfg.policy == policy and job.system_name == policy
     assert "sim" in job.system.modes
 
@@ -38,7 +39,7 @@ def test_unknown_policy():
 
 def test_baselines_without_real_mode_say_so():
     with pytest.raises(ConfigError, match="does not run in mode 'real'"):
-        _job(S1 + ["system=gemini_like", "mode=real"])
+        _job(S1 + ["system=ckpt_recovery/gemini_like", "mode=real"])
 
 
 @pytest.mark.parametrize("override,msg", [

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from bench.config import compose_config
+from bench.system_choice import choice_of
 from bench.validate import typed_job
 from impl.common.api import JobContext
 from impl.common.hardware import GemmSeries, HardwareProfile
@@ -38,7 +39,7 @@ def _gemm_scaled(hw: HardwareProfile, scale: float) -> HardwareProfile:
 
 
 def _price(preset: str, system: str, extra: list[str], metric: str, scale: float, tmp_path) -> float:
-    cfg = compose_config([f"experiment={preset}", f"system={system}", *extra])
+    cfg = compose_config([f"experiment={preset}", f"system={choice_of(system)}", *extra])
     job = typed_job(cfg)
     hw = _gemm_scaled(job.hardware, scale) if scale != 1.0 else step_profile(job.hardware)
     ctx = JobContext(mode="sim", seed=0, experiment=preset, workload=job.workload, workload_name="w",

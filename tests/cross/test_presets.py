@@ -102,13 +102,13 @@ def _sim(overrides):
 
 
 def test_pipeline_systems_price_a_static_slow_gpu_on_the_shared_hybrid_workload(tmp_path):
-    base = ["experiment=cross/stragglers", "system=zb", "workload.iterations=1", "workload.warmup_iterations=0",
+    base = ["experiment=cross/stragglers", "system=adaptra/zb", "workload.iterations=1", "workload.warmup_iterations=0",
             f"results_dir={tmp_path}", "progress=false"]
     free, slow = _sim(base + ["fault=none"]), _sim(base + ["fault=slowdown_s1"])
     assert free["status"] == slow["status"] == "ok", (free["error"], slow["error"])
     t0, t1 = (r["metrics"]["iteration_time_s"]["value"] for r in (free, slow))
     assert t0 < t1 < 2.0 * t0  # stage 0 at 2x: slower, but not every stage
     # A slowdown trace is refused in one line (not applicable): ADAPTRA prices a static slow GPU only.
-    cfg = compose_config(["experiment=cross/stragglers", "system=adaptra", "fault=slowdown_b"])
+    cfg = compose_config(["experiment=cross/stragglers", "system=adaptra/adaptra", "fault=slowdown_b"])
     with pytest.raises(NotApplicable, match="static slow GPU only"):
         typed_job(cfg)

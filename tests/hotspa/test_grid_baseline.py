@@ -22,7 +22,7 @@ def test_best_grid_is_the_fastest_fitting_layout(tmp_path):
     from bench.config import compose_config as cc
     from bench.validate import typed_job
 
-    job = typed_job(cc(["system=megatron_grid", "workload=hotspa_7b_8gpu_cc", "hardware=a800-80g-megatron",
+    job = typed_job(cc(["system=hotspa/megatron_grid", "workload=hotspa_7b_8gpu_cc", "hardware=a800-80g-megatron",
                         "mode=sim", "workload.context=8192", "workload.global_batch_seqs=64"]))
     wl, hw = job.workload, job.hardware
     stream = LengthStream(wl.lengths, 1)
@@ -38,7 +38,7 @@ def test_best_grid_is_the_fastest_fitting_layout(tmp_path):
 
 
 def test_megatron_grid_job_is_priced_by_the_step_model(tmp_path):
-    res = run_job(["system=megatron_grid", "workload=hotspa_7b_8gpu_cc", "hardware=a800-80g-megatron", "mode=sim",
+    res = run_job(["system=hotspa/megatron_grid", "workload=hotspa_7b_8gpu_cc", "hardware=a800-80g-megatron", "mode=sim",
                    "workload.context=4096", "workload.steps=2"], tmp_path)
     assert res.info["megatron_step_model"] is True and res.metrics["step_time_s"].value > 0
     assert res.info["strategies"][0].endswith(tuple(f"mbs {m}" for m in MBS))

@@ -19,13 +19,13 @@ SETTING_AXIS = "experiment/hydraulis/hinge_settings@_global_"
 def test_every_point_types_and_changes_only_its_key():
     # an input restricted to the baseline runs on it (tests/support/hinge_points.py)
     assert typed(compose_config([f"experiment={EXP}"]).hinges).claims == ["headline_band", "scenario_band"]
-    assert check_points(EXP, ["system=hydraulis"]) == len(points(typed(compose_config([f"experiment={EXP}"]).hinges)))
+    assert check_points(EXP, ["system=hydraulis/hydraulis"]) == len(points(typed(compose_config([f"experiment={EXP}"]).hinges)))
 
 
 def test_the_point_override_composes():
     h = typed(compose_config([f"experiment={EXP}"]).hinges)
     n = len(points(h))
-    cfg = compose_config([f"experiment={EXP}", f"hinges.point={n}", "system=megatron_like", f"{SETTING_AXIS}=s4"])
+    cfg = compose_config([f"experiment={EXP}", f"hinges.point={n}", "system=hydraulis/megatron_like", f"{SETTING_AXIS}=s4"])
     assert apply_point(cfg, []) == [f"{h.inputs[-1].key}={h.inputs[-1].values[-1]}"]
     assert typed_job(cfg).hardware.name == "a100-40g-megatron"
 

@@ -15,7 +15,7 @@ from impl.hydraulis.system import SIM_POLICIES, Hydraulis
 
 from .conftest import hardware
 from impl.common.megatron.derive import step_knobs
-from impl.common.conf_files import load_group_file
+from impl.common.conf_files import load_group_file, system_identity
 
 
 def _wl(name: str, **kw) -> VarlenWorkload:
@@ -86,7 +86,8 @@ def test_sim_is_deterministic_apart_from_planner_wall_time(runs):
 
 def test_every_policy_has_a_system_config():
     for p in SIM_POLICIES:
-        d = load_group_file(pathlib.Path(f"conf/system/{p}.yaml"))
+        d = system_identity(load_group_file(pathlib.Path(f"conf/system/hydraulis/{p}.yaml"),
+                                            root=pathlib.Path("conf/system")), p)
         assert d.policy == p and d._target_ == "impl.hydraulis.system.Hydraulis"
         Hydraulis(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Hydraulis.Config),
                                                       {k: v for k, v in d.items() if k not in ("_target_", "name")})), p)
@@ -96,7 +97,7 @@ def test_presets_exist_with_sweeps():
     for s in ("s1", "s2", "s3", "s4", "s5", "s6"):
         d = OmegaConf.load(pathlib.Path("conf/experiment/hydraulis") / f"{s}.yaml")
         assert d.experiment_name == f"hydraulis/{s}" and d.mode == "sim"
-        assert "hydraulis" in str(d.hydra.sweeper.params.system).split(",")
+        assert "hydraulis/hydraulis" in str(d.hydra.sweeper.params.system).split(",")
 
 
 def test_sim_strategies_are_the_step_models_time_and_memory(runs):

@@ -21,7 +21,7 @@ SETTING_AXIS = "experiment/lobra/hinge_settings@_global_"
 
 def test_every_point_types_and_changes_only_its_key():
     # an input restricted to the baseline runs on it (tests/support/hinge_points.py)
-    assert check_points(EXP, ["system=lobra"]) == len(points(typed(compose_config([f"experiment={EXP}"]).hinges)))
+    assert check_points(EXP, ["system=lobra/lobra"]) == len(points(typed(compose_config([f"experiment={EXP}"]).hinges)))
 
 
 def test_settings_are_the_claims_presets():
@@ -43,8 +43,8 @@ def test_settings_are_the_claims_presets():
 
 
 def test_the_32b_setting_is_the_readme_preset():
-    cfg = compose_config([f"experiment={EXP}", f"{SETTING_AXIS}=e2e_32b", "system=task_fused", "hinges.point=0"])
-    preset = compose_config(["experiment=lobra/e2e_32b", "system=task_fused"])
+    cfg = compose_config([f"experiment={EXP}", f"{SETTING_AXIS}=e2e_32b", "system=lobra/task_fused", "hinges.point=0"])
+    preset = compose_config(["experiment=lobra/e2e_32b", "system=lobra/task_fused"])
     assert cfg.experiment_name == "lobra/hinges/e2e_32b"
     assert list(cfg.hinges.claims) == ["e2e_32b_vs_task_fused"]
     # The same job as the README preset's but for its name, its figure hook and the declaration.

@@ -5,4 +5,4 @@ from tests.support.hinge_points import check_points
 
 def test_every_hinge_point_types_and_moves_only_its_key():
     assert check_points("malleus/hinges", ["experiment/malleus/hinge_settings@_global_=s5_70b",
-                                           "hardware=h100-sxm", "system=uniform"]) == 10
+                                           "hardware=h100-sxm", "system=malleus/uniform"]) == 10

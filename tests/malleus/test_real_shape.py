@@ -14,7 +14,7 @@ README_SHAPE = dict(name="gpt-tiny", num_layers=8, hidden=64, heads=4, ffn_mult=
 
 
 def _workload(name: str):
-    cfg = compose_config([f"workload={name}", "system=malleus", "mode=real"])
+    cfg = compose_config([f"workload={name}", "system=malleus/malleus", "mode=real"])
     return typed_workload(cfg.workload)
 
 

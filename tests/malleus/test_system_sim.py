@@ -31,8 +31,8 @@ def _per_iteration_s() -> float:
 
 
 def test_s2_malleus_near_straggler_free_and_beats_uniform(tmp_path):
-    m = run_job(BASE + ["system=malleus", "fault=slowdown_s2"], tmp_path / "m")
-    u = run_job(BASE + ["system=uniform", "fault=slowdown_s2"], tmp_path / "u")
+    m = run_job(BASE + ["system=malleus/malleus", "fault=slowdown_s2"], tmp_path / "m")
+    u = run_job(BASE + ["system=malleus/uniform", "fault=slowdown_s2"], tmp_path / "u")
     assert m.metrics["slowdown_vs_straggler_free"].value <= 1.35
     assert 4.0 <= _t(u) / _t(m) <= 5.3
     # The uniform plan runs at the straggler's pace (5x): every term the straggler computes scales,
@@ -45,8 +45,8 @@ def test_s2_malleus_near_straggler_free_and_beats_uniform(tmp_path):
 
 
 def test_sim_is_deterministic(tmp_path):
-    a = run_job(BASE + ["system=malleus", "fault=slowdown_s1"], tmp_path / "a")
-    b = run_job(BASE + ["system=malleus", "fault=slowdown_s1"], tmp_path / "b")
+    a = run_job(BASE + ["system=malleus/malleus", "fault=slowdown_s1"], tmp_path / "a")
+    b = run_job(BASE + ["system=malleus/malleus", "fault=slowdown_s1"], tmp_path / "b")
     assert {k: v.to_dict() for k, v in a.metrics.items()} == {k: v.to_dict() for k, v in b.metrics.items()}
 
 
@@ -56,34 +56,34 @@ def test_sim_is_deterministic(tmp_path):
 ])
 def test_bad_input_is_one_line(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match) as e:
-        run_job(BASE + ["system=malleus"] + overrides, tmp_path)
+        run_job(BASE + ["system=malleus/malleus"] + overrides, tmp_path)
     assert "\n" not in str(e.value)
 
 
 def test_two_stragglers_in_a_tp2_node_run(tmp_path):
     """GPUs 8 and 9 share a TP2 group: no longer refused; Malleus re-plans and beats uniform."""
-    m = run_job(BASE + ["system=malleus", "fault=slowdown_s1", "fault.gpus=[8,9]"], tmp_path / "m")
-    u = run_job(BASE + ["system=uniform", "fault=slowdown_s1", "fault.gpus=[8,9]"], tmp_path / "u")
+    m = run_job(BASE + ["system=malleus/malleus", "fault=slowdown_s1", "fault.gpus=[8,9]"], tmp_path / "m")
+    u = run_job(BASE + ["system=malleus/uniform", "fault=slowdown_s1", "fault.gpus=[8,9]"], tmp_path / "u")
     assert m.metrics["replans"].value >= 1
     assert _t(u) / _t(m) > 1.2
 
 
-SIM70 = ["system=malleus", "mode=sim", "workload=hybrid_70b_dp2tp8pp4", "hardware=a800-80g", "fault=slowdown_s1"]
+SIM70 = ["system=malleus/malleus", "mode=sim", "workload=hybrid_70b_dp2tp8pp4", "hardware=a800-80g", "fault=slowdown_s1"]
 
 
 @pytest.mark.parametrize("overrides, expected", [
     # whole-job checks run at preflight, before any job of the sweep starts
-    (BASE + ["system=malleus", "fault=slowdown_s1", "fault.gpus=[40]"], "fault.gpus: GPU 40 does not exist"),
-    (BASE + ["system=malleus", "fault=slowdown_s1", "workload.memory.headroom_mb=30000"],
+    (BASE + ["system=malleus/malleus", "fault=slowdown_s1", "fault.gpus=[40]"], "fault.gpus: GPU 40 does not exist"),
+    (BASE + ["system=malleus/malleus", "fault=slowdown_s1", "workload.memory.headroom_mb=30000"],
      "workload.memory: the nominal layout does not fit"),
-    (BASE + ["system=malleus", "fault=none", "workload=pipeline_s4"], "workload.kind: system 'malleus' needs a 'hybrid'"),
+    (BASE + ["system=malleus/malleus", "fault=none", "workload=pipeline_s4"], "workload.kind: system 'malleus' needs a 'hybrid'"),
     # a 12.53x GPU splits node 0 into 4+2+1 groups: 10 stages in all, but M = 8
     (SIM70 + ["fault.factor=12.53", "workload.global_batch_size=8"],
      "planner: 10 TP groups need >= 10 micro-batches (m_i >= stages of pipeline i), num_microbatches is 8 "
      "(shrunk groups: node 0: 4+2+1)"),
     (SIM70 + ["system.shrink_penalty=[1.0,2.0]"], "system.shrink_penalty: tp=8 needs 4 entries (k = 0..3), got [1.0, 2.0]"),
     (SIM70 + ["system.shrink_penalty=[2.0,2.0,2.0,2.0]"], "system.shrink_penalty: level 0 (a full group) must be 1.0"),
-    (["system=malleus", "mode=real", "workload=malleus_cpu_dp2pp2", "fault=slowdown_a", "workload.tp=2",
+    (["system=malleus/malleus", "mode=real", "workload=malleus_cpu_dp2pp2", "fault=slowdown_a", "workload.tp=2",
       "workload.dp=1"], "workload.tp: real mode runs DP x PP only"),
 ])
 def test_whole_job_checks_fail_at_preflight(overrides, expected):
@@ -93,5 +93,5 @@ def test_whole_job_checks_fail_at_preflight(overrides, expected):
 
 
 def test_preflight_sweep_fails_before_its_first_job():
-    err = preflight(["--multirun"] + BASE + ["system=uniform,malleus", "fault=slowdown_s1", "fault.gpus=[40]"])
+    err = preflight(["--multirun"] + BASE + ["system=malleus/uniform,malleus/malleus", "fault=slowdown_s1", "fault.gpus=[40]"])
     assert err is not None and "fault.gpus: GPU 40 does not exist" in err

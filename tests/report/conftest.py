@@ -12,10 +12,11 @@ from bench.config import compose_config
 from bench.hinges import points
 from bench.record import write_record
 from bench.runner import execute
+from bench.system_choice import choice_of
 
 
 def run_sim(results, experiment: str, system: str) -> dict:
-    overrides = [f"experiment={experiment}", f"system={system}", f"results_dir={results}", "progress=false"]
+    overrides = [f"experiment={experiment}", f"system={choice_of(system)}", f"results_dir={results}", "progress=false"]
     cfg = compose_config(overrides)
     return execute(cfg, overrides, choices={"system": system, "workload": "gpt7b_pp4", "hardware": "h800",
                                             "fault": "link_delay_60ms", "experiment": experiment})
@@ -71,7 +72,7 @@ def report_results(tmp_path_factory):
     # The cross-paper page: one question's jobs, one of them refused in preflight (not applicable).
     cross = {}
     for system in ("zb", "malleus"):
-        overrides = ["experiment=cross/stragglers", f"system={system}", "fault=link_delay_60ms",
+        overrides = ["experiment=cross/stragglers", f"system={choice_of(system)}", "fault=link_delay_60ms",
                      "workload.iterations=2", "workload.warmup_iterations=0", f"results_dir={results}", "progress=false"]
         cross[system] = execute(compose_config(overrides), overrides,
                                 choices={"system": system, "workload": "llama7b_dp4_pp8", "hardware": "h100-megatron",

@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from bench.config import compose_config
 from bench.hinges import apply_point, points, typed
+from bench.system_choice import choice_of
 from bench.validate import typed_job
 
 _MISSING = object()
@@ -57,7 +58,7 @@ def check_points(experiment: str, setting: list[str], system_key: str = "system"
     for k, (i, j) in enumerate(flat, start=1):
         inp = decl.inputs[i]
         system = inp.systems[0] if inp.systems else None
-        pick = [f"{system_key}={system}"] if system else []
+        pick = [f"{system_key}={choice_of(system) if system_key == 'system' else system}"] if system else []
         mine = [o for o in setting if not (system and o.startswith(f"{system_key}="))]
         if system not in bases:
             bases[system] = _config([f"experiment={experiment}", *mine, *pick, "hinges.point=0"])[0]

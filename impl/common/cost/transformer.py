@@ -169,7 +169,7 @@ def stage_costs(model: ModelShape, stages: int, micro_batch_size: int, dtype: st
     if dtype in ("bf16", "fp16"):
         compute_s, ar_s = _step_layer_s(model, micro_batch_size, tp, hw)
     elif hw.measured:
-        # A measured host (system=calibrate, e.g. the CPU fidelity runs in fp32): its peak is the
+        # A measured host (system=harness/calibrate, e.g. the CPU fidelity runs in fp32): its peak is the
         # matmul rate it achieved; the GPU step model's tables are bf16 kernels.
         if dtype not in hw.peak_flops:
             raise ConfigError(f"hardware {hw.name}: no measured {dtype} FLOP/s (has {', '.join(sorted(hw.peak_flops))})")
@@ -177,7 +177,7 @@ def stage_costs(model: ModelShape, stages: int, micro_batch_size: int, dtype: st
         ar_s = tp_allreduce_time_s(micro_batch_size, model.seq_len, model.hidden, dtype, tp, hw)
     else:
         raise ConfigError(f"workload.dtype: {dtype} on datasheet profile {hw.name}: the Megatron step model prices "
-                          f"bf16/fp16 steps (fp32 needs a measured profile, hardware=local from system=calibrate)")
+                          f"bf16/fp16 steps (fp32 needs a measured profile, hardware=local from system=harness/calibrate)")
     tf = tuple(n * (compute_s + 2 * ar_s) for n in layers)
     tb = tf  # same FLOPs and the same two all-reduces
     tw = tuple(n * compute_s for n in layers)

@@ -5,7 +5,7 @@ A block-sparse conv (FISEdit's engine: its authors' code, branch
 blocks, gathers for each active block the input window with its halo
 (``win = (bo - 1) * stride + k``) from the explicitly padded input, runs every window as one
 batched unpadded conv, and scatters the ``bo x bo`` results onto the output. The gather and
-scatter live here, not in the engine, so that ``system=calibrate`` times exactly the engine's
+scatter live here, not in the engine, so that ``system=harness/calibrate`` times exactly the engine's
 kernels (advanced indexing over an ``unfold`` view): on a CPU they move a window's short rows
 at a small fraction of a streaming copy's bandwidth, and the conv on tiny spatial tiles runs
 well below the dense conv's FLOP rate.

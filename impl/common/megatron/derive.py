@@ -19,7 +19,7 @@ fitted knobs and kernel tables as it is; a datasheet profile (``measured: false`
 and tables of its ``megatron.carried_from`` profile (default ``h100-megatron``, the fit to measured H100
 launches) carried by the rules above, the same rule that wrote the shipped ``*-megatron`` profiles,
 so ``hardware=a800-80g`` and ``hardware=a800-80g-megatron`` price a step alike; a measured host
-profile (``system=calibrate``: its peaks are achieved rates) with flat kernel tables at its
+profile (``system=harness/calibrate``: its peaks are achieved rates) with flat kernel tables at its
 measured matmul rate and its measured links; a profile with probed tables and no fit yet, with
 those tables and factors of 1 (the fit's starting point).
 """

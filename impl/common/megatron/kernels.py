@@ -174,7 +174,7 @@ def carried(tables: KernelTables, base_peak: float, base_bw: float, target: Hard
 
 
 def flat_tables(hw: HardwareProfile, dtype: str = "bf16") -> KernelTables:
-    """Tables of a measured host profile (``system=calibrate``: its peak is the matmul rate it
+    """Tables of a measured host profile (``system=harness/calibrate``: its peak is the matmul rate it
     achieved): that rate at every shape."""
     rate = (hw.peak_flops or {}).get(dtype)
     if not rate:

@@ -2,7 +2,7 @@
 node, and each agent's rendezvous comes from Slurm's environment (:func:`rendezvous`), so the
 batch script names no host and no port::
 
-    srun --ntasks-per-node=1 python -m impl.common.runtime.slurm -- system=adaptra mode=real
+    srun --ntasks-per-node=1 python -m impl.common.runtime.slurm -- system=adaptra/adaptra mode=real
 
 runs ``python -m torch.distributed.run --nnodes N --nproc-per-node P --rdzv-backend c10d
 --rdzv-endpoint FIRST_HOST:PORT --rdzv-id SLURM_JOB_ID --max-restarts 0 -m bench <overrides>``
