@@ -1,4 +1,4 @@
-"""CaraServe's cold start with the model on a device apart from the host adapters (issue 37).
+"""CaraServe's cold start with the model on a device apart from the host adapters.
 
 The bug seen on an H200: the pinned host adapters met activations on cuda in the device path.
 These tests keep the model's "device" genuinely apart from the host adapters, so any host tensor

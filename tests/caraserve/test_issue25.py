@@ -1,4 +1,4 @@
-"""Issue 25: the paper's SLO (1.5x the base model's per-token latency under the same load), the
+"""The paper's SLO (1.5x the base model's per-token latency under the same load), the
 MAF popularity stand-in, the Toppings kernel-latency law on our kernels, and CaraServe never
 priced below CACHED."""
 from __future__ import annotations

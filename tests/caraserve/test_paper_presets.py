@@ -1,4 +1,4 @@
-"""Issue 16, the paper's own setups: the kernel a server runs is a knob (S3 reports Punica's and
+"""The paper's own setups: the kernel a server runs is a knob (S3 reports Punica's and
 S-LoRA's), iterations are timed by kind (v1 Fig. 11), and the S2 / S3 / S4 figures put ours
 beside the paper's."""
 from __future__ import annotations

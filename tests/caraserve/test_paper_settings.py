@@ -1,4 +1,4 @@
-"""Issue 16: measured load profile by bytes, S-LoRA's eviction and copy path, stall accounting
+"""Measured load profile by bytes, S-LoRA's eviction and copy path, stall accounting
 as the paper counts it, HF-PEFT and its SLO reference, per-request adapters, paper figures."""
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def test_calibrated_lora_cost_is_the_step_model_with_two_thirds_gemms(hw_cal):
         assert full.f(3, 2048) * per == pytest.approx(3 * 2048 * sc.b + 3 * 2048 ** 2 * sc.a + sc.c, rel=1e-12)
         # LoRA drops a third of the GEMM work and nothing else: cheaper; the per-micro-batch
         # constant moves only by the GEMMs' share of the chord's intercept (the step model's table
-        # GEMMs are not affine in the rows, issue 39)
+        # GEMMs are not affine in the rows)
         assert lora.f(3, 2048) < full.f(3, 2048)
         assert lora.c[0] == pytest.approx(full.c[0], rel=0.01)
     # TP 16 spans two nodes: its collectives go over the fitted inter-node bus, so doubling TP8
