@@ -113,6 +113,8 @@ def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float],
                    policy: str = "bandwidth_greedy") -> tuple[list[Transfer], dict]:
     """Transfers taking ``old``'s state to where ``new`` needs it, plus a summary. ``policy``
     picks the sender of each piece (module doc); the default is the bandwidth-aware greedy."""
+    if policy not in SENDERS:
+        raise ValueError(f"switch policy: unknown {policy!r} (one of: {', '.join(POLICIES)})")
     pick = SENDERS.get(policy)()
     have = held_units(old)
     need = held_units(new)
