@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from impl.adaptra.detect import HAZARD, MIN_REL_CHANGE, THRESHOLD, ChangeDetector
 from impl.adaptra.mitigate import DpMitigation
@@ -96,7 +96,6 @@ class Falcon(PipelineTraining):
 
     modes = ("sim",)
     SUPPORTED_FAULTS = ("none", "dp_link_delay")
-    DP_POLICIES = ("ladder",)
 
     @dataclass
     class Config(PipelineTraining.Config):
@@ -108,15 +107,18 @@ class Falcon(PipelineTraining):
         min_rel_change: float = MIN_REL_CHANGE
         # One-time cost of moving micro-batches between replicas [R]: a data-loader change.
         rebalance_cost_s: float = 1.0
+        # its mitigation is the ladder (Falcon._mitigation)
+        DP_POLICIES: ClassVar[tuple[str, ...]] = ("ladder",)
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        if cfg.comm == "delegated":
-            raise ConfigError("system.comm: falcon runs ZB on GPU-direct P2P (in_stream, inline or latency), not 'delegated'")
-        if not 0 < cfg.hazard < 1:
-            raise ConfigError(f"system.hazard must be in (0, 1), got {cfg.hazard}")
-        if not 0 < cfg.cp_threshold <= 1:
-            raise ConfigError(f"system.cp_threshold must be in (0, 1], got {cfg.cp_threshold}")
+        def __post_init__(self):
+            super().__post_init__()
+            if self.comm == "delegated":
+                raise ConfigError("system.comm: falcon runs ZB on GPU-direct P2P (in_stream, inline or latency), "
+                                  "not 'delegated'")
+            if not 0 < self.hazard < 1:
+                raise ConfigError(f"system.hazard must be in (0, 1), got {self.hazard}")
+            if not 0 < self.cp_threshold <= 1:
+                raise ConfigError(f"system.cp_threshold must be in (0, 1], got {self.cp_threshold}")
 
     def _mitigation(self, job) -> DpMitigation:
         c = self.cfg

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from impl.adaptra.detect import ChangeDetector
 from impl.common.cost.comm import dp_allreduce_time_s
+from impl.common.registry import Registry
 
 
 def bucketed_allreduce_s(grad_bytes: float, dp: int, hw, ranks_per_node: int,
@@ -100,3 +101,10 @@ class RemapOnDetect(DpMitigation):
         if self.detector:
             out["changes"] = [c.__dict__ for c in self.detector.changes]
         return out
+
+
+# What a system does about a slow data-parallel link (``system.dp_link_policy``): its mitigation
+# for one job, from the system's config and the job.
+DP_LINK_POLICIES: Registry = Registry("value", "system.dp_link_policy")
+DP_LINK_POLICIES.add("ignore", lambda cfg, job: DpMitigation())
+DP_LINK_POLICIES.add("remap", lambda cfg, job: RemapOnDetect(getattr(job.fault, "detection", "oracle"), cfg.remap_cost_s))

@@ -32,11 +32,12 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 from faults.dp_link import dp_link_delays_at, validate_dp_link_delay
 from faults.link_delay import link_delays_at, validate_link_delay
 from faults.varying_delay import DelayTimeline, validate_varying_link_delay
+from impl.adaptra.mitigate import DP_LINK_POLICIES
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.schedule.comm import insert_comm
 from impl.common.schedule.generators import generate
@@ -55,7 +56,6 @@ SIM_ONLY_FAULTS = ("dp_link_delay", "varying_link_delay")
 
 class PipelineTraining(System):
     SUPPORTED_FAULTS = ("none", "link_delay", "dp_link_delay", "varying_link_delay", "rank_kill", "compute_slowdown")
-    DP_POLICIES = ("ignore", "remap")
 
     @dataclass
     class Config:
@@ -92,26 +92,27 @@ class PipelineTraining(System):
         # states) [R], and of a checkpoint-restart (default 5 min [R]; impl/adaptra/README.md).
         remap_cost_s: float = 10.0
         restart_cost_s: float = 300.0
+        # the dp_link_policy values this system runs (a subclass with its own mitigation overrides it)
+        DP_POLICIES: ClassVar[tuple[str, ...]] = DP_LINK_POLICIES.names()
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        for field, allowed in (("schedule", SCHEDULES), ("comm", COMMS), ("delegate_when", DELEGATE_WHEN),
-                               ("adapt_formula", ("paper", "artifact")), ("p2p_order", P2P_ORDERS)):
-            value = getattr(cfg, field)
-            if value not in allowed:
-                raise ConfigError(f"system.{field}: unknown value {value!r} (one of: {', '.join(allowed)})")
-        if cfg.queue_depth < 1:
-            raise ConfigError(f"system.queue_depth must be >= 1, got {cfg.queue_depth}")
-        if cfg.num_delegates < 0:
-            raise ConfigError(f"system.num_delegates must be >= 0 (0 = automatic), got {cfg.num_delegates}")
-        if cfg.dp_link_policy not in self.DP_POLICIES:
-            raise ConfigError(f"system.dp_link_policy: unknown value {cfg.dp_link_policy!r} "
-                              f"(one of: {', '.join(self.DP_POLICIES)})")
-        if not cfg.bucket_bytes > 0:
-            raise ConfigError(f"system.bucket_bytes must be > 0, got {cfg.bucket_bytes}")
-        for field in ("remap_cost_s", "restart_cost_s"):
-            if not getattr(cfg, field) >= 0:
-                raise ConfigError(f"system.{field} must be >= 0 seconds, got {getattr(cfg, field)}")
+        def __post_init__(self):
+            for field, allowed in (("schedule", SCHEDULES), ("comm", COMMS), ("delegate_when", DELEGATE_WHEN),
+                                   ("adapt_formula", ("paper", "artifact")), ("p2p_order", P2P_ORDERS)):
+                value = getattr(self, field)
+                if value not in allowed:
+                    raise ConfigError(f"system.{field}: unknown value {value!r} (one of: {', '.join(allowed)})")
+            if self.queue_depth < 1:
+                raise ConfigError(f"system.queue_depth must be >= 1, got {self.queue_depth}")
+            if self.num_delegates < 0:
+                raise ConfigError(f"system.num_delegates must be >= 0 (0 = automatic), got {self.num_delegates}")
+            if self.dp_link_policy not in self.DP_POLICIES:
+                raise ConfigError(f"system.dp_link_policy: unknown value {self.dp_link_policy!r} "
+                                  f"(one of: {', '.join(self.DP_POLICIES)})")
+            if not self.bucket_bytes > 0:
+                raise ConfigError(f"system.bucket_bytes must be > 0, got {self.bucket_bytes}")
+            for field in ("remap_cost_s", "restart_cost_s"):
+                if not getattr(self, field) >= 0:
+                    raise ConfigError(f"system.{field} must be >= 0 seconds, got {getattr(self, field)}")
 
     # ---- shared by both modes -------------------------------------------------------------
     def _delegates(self, job: JobContext, max_delay_s: float) -> int:
@@ -247,11 +248,7 @@ class PipelineTraining(System):
         return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth, batch_p2p=self._batch_p2p)
 
     def _mitigation(self, job: JobContext):
-        from impl.adaptra.mitigate import DpMitigation, RemapOnDetect
-
-        if self.cfg.dp_link_policy == "remap":
-            return RemapOnDetect(getattr(job.fault, "detection", "oracle"), self.cfg.remap_cost_s)
-        return DpMitigation()
+        return DP_LINK_POLICIES.get(self.cfg.dp_link_policy)(self.cfg, job)
 
     def _dp_allreduce(self, job: JobContext):
         """``(grad bytes per stage, hardware, ranks per node)`` of the stage gradient all-reduce,

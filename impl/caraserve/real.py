@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from impl.caraserve.policies import serving
 from impl.common.api import ConfigError, JobContext, Metric, RunResult
 from impl.common.llm.serving_engine import EngineRequest, ServingEngine, time_decode_batches
 from impl.common.llm.lora import AdapterSpec, adapters_from_peft, load_peft_model, make_peft_model, save_adapters
@@ -150,7 +151,7 @@ def run_real(system, job: JobContext) -> RunResult:
         q.slo_tpot_s = slo
     policies = [c.policy] + [p for p in c.interleave if p != c.policy]
     worker = None
-    if "caraserve" in policies and c.cpu_workers > 0:
+    if any(serving(p).cpu_assisted_prefill for p in policies) and c.cpu_workers > 0:
         from impl.caraserve.cpu_prefill import CPULoRAWorker
 
         worker = CPULoRAWorker(adapters, job.out_dir, max_rows=max(len(p) for p in prompts) + 8)
@@ -187,7 +188,7 @@ def run_real(system, job: JobContext) -> RunResult:
                 k = rnd % len(policies)
                 for pol in policies[k:] + policies[:k]:
                     eng = ServingEngine(base, adapters, system.sched_config(pol), seconds_for=seconds_for,
-                                        cpu=worker if pol == "caraserve" else None, device=device)
+                                        cpu=worker if serving(pol).cpu_assisted_prefill else None, device=device)
                     try:
                         runs[pol].append(eng.serve(reqs, progress=bar))
                     finally:

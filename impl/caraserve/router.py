@@ -5,44 +5,73 @@ a seed."""
 from __future__ import annotations
 
 import bisect
-import random as _random
+import random
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from impl.common.api import ConfigError
+from impl.common.registry import Registry
 
-ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
+@dataclass(frozen=True)
+class Router:
+    """``build(model, slo_of, max_batch, seed, penalty_s)`` makes the route function."""
+
+    build: Callable
+    # routes by a cost model fitted before the run (built only when there is more than one server)
+    needs_model: bool = False
+
+
+def _least_active(servers) -> int:
+    return min(range(len(servers)), key=lambda i: (servers[i].active(), i))
+
+
+def _mostidle(model, slo_of, max_batch, seed, penalty_s):
+    return lambda q, servers, now: _least_active(servers)
+
+
+def _random_pick(model, slo_of, max_batch, seed, penalty_s):
+    rng = random.Random(seed)
+    return lambda q, servers, now: rng.randrange(len(servers))
+
+
+def _firstfit(model, slo_of, max_batch, seed, penalty_s):
+    def firstfit(q, servers, now):
+        for i, s in enumerate(servers):
+            if s.active() < max_batch:
+                return i
+        return _least_active(servers)
+    return firstfit
+
+
+def _punica(model, slo_of, max_batch, seed, penalty_s):
+    def punica(q, servers, now):
+        room = [i for i, s in enumerate(servers) if s.active() < max_batch]
+        if not room:
+            return _least_active(servers)
+        return max(room, key=lambda i: (servers[i].active(), -i))
+    return punica
+
+
+def _rank_aware(model, slo_of, max_batch, seed, penalty_s):
+    if model is None:
+        raise ConfigError("system.router: rank_aware routing needs a fitted cost model")
+    model.check()
+    return RankAwareRouter(model, slo_of, penalty_s)
+
+
+ROUTERS: Registry[Router] = Registry("router", "system.router")
+ROUTERS.add("rank_aware", Router(_rank_aware, needs_model=True))
+ROUTERS.add("mostidle", Router(_mostidle))
+ROUTERS.add("random", Router(_random_pick))
+ROUTERS.add("firstfit", Router(_firstfit))
+ROUTERS.add("punica", Router(_punica))
 
 
 def make_router(kind: str, model=None, slo_of: Callable = None, max_batch: int = 32, seed: int = 0,
                 penalty_s: float = 1.0):
-    if kind not in ROUTERS:
-        raise ConfigError(f"system.router: unknown router {kind!r} (one of: {', '.join(ROUTERS)})")
-    if kind == "mostidle":
-        return lambda q, servers, now: min(range(len(servers)), key=lambda i: (servers[i].active(), i))
-    if kind == "random":
-        rng = _random.Random(seed)
-        return lambda q, servers, now: rng.randrange(len(servers))
-    if kind == "firstfit":
-        def firstfit(q, servers, now):
-            for i, s in enumerate(servers):
-                if s.active() < max_batch:
-                    return i
-            return min(range(len(servers)), key=lambda i: (servers[i].active(), i))
-        return firstfit
-    if kind == "punica":
-        def punica(q, servers, now):
-            room = [i for i, s in enumerate(servers) if s.active() < max_batch]
-            if not room:
-                return min(range(len(servers)), key=lambda i: (servers[i].active(), i))
-            return max(room, key=lambda i: (servers[i].active(), -i))
-        return punica
-    if model is None:
-        raise ConfigError("system.router: rank_aware routing needs a fitted cost model")
-    model.check()
-
-    return RankAwareRouter(model, slo_of, penalty_s)
+    return ROUTERS.get(kind).build(model, slo_of, max_batch, seed, penalty_s)
 
 
 class RankAwareRouter:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from impl.caraserve.cost import fit_with_law, profile_grid
 from impl.caraserve.kernel_law import fit_sim_law
-from impl.caraserve.router import make_router
+from impl.caraserve.policies import serving
+from impl.caraserve.router import ROUTERS, make_router
 from impl.common.api import JobContext, Metric, RunResult
 from impl.common.llm.metrics import check_conservation, serving_metrics
 from impl.common.llm.scheduler import SReq, kernels_of
@@ -78,9 +79,9 @@ def simulate_policy(system, job, trace, cost, policy: str, router: str, progress
     if not lora:
         scfg.evict_on_finish = False
     kernel = "mbgmv" if kernels_of(scfg)[1] == "mbgmv" else "bgmv"  # the cost law's family
-    lora_cost = lora and policy != "hf_peft"  # merged weights / base only: no LoRA compute
+    lora_cost = lora and scfg.policy.lora_compute  # merged weights / base only: no LoRA compute
     preload = []
-    if policy == "cached":
+    if scfg.policy.preload_all:
         preload = sorted(trace.adapters)
         scfg.pool_slots = max(scfg.pool_slots, len(preload))
 
@@ -94,7 +95,7 @@ def simulate_policy(system, job, trace, cost, policy: str, router: str, progress
                 + (r.output_len - 1) * cost.decode_s([r.prompt_len], [r.rank], kernel, lora=lora_cost))
 
     model = law = None
-    if router == "rank_aware" and wl.num_servers > 1:
+    if ROUTERS.get(router).needs_model and wl.num_servers > 1:
         model, law = router_model(system, job, cost, kernel)
     route = (lambda q, servers, now: 0) if wl.num_servers == 1 else make_router(
         router, model=model, slo_of=slo_of, max_batch=c.max_batch, seed=job.seed, penalty_s=c.penalty_s)
@@ -129,7 +130,7 @@ def run_sim(system, job: JobContext) -> RunResult:
         "lora_kernels": list(kernels_of(system.sched_config(sim=True))),
         "iteration_mean_s": res.iteration_mean_s,
         "cost": {"load_model": cost.load_model_used, "load_s_r64": cost.load_s(64),
-                 "load_s_r64_this_policy": cost.load_s(64, 2.0 if c.policy == "slora" and cost.slora_copies_ab_twice else 1.0),
+                 "load_s_r64_this_policy": cost.load_s(64, 2.0 if serving(c.policy).loads_ab_twice and cost.slora_copies_ab_twice else 1.0),
                  "weight_bytes": cost.weight_bytes,
                  "prefill_s_median": cost.prefill_s([int(wl.trace.prompt_median)], [32]),
                  "decode_s_b1": cost.decode_s([int(wl.trace.prompt_median)], [32])}})
@@ -148,7 +149,7 @@ def run_sim(system, job: JobContext) -> RunResult:
     short = [r.rid for r in res.records if r.latency_s < r.isolated_s * (1 - 1e-9)]
     if short:
         result.mark_invalid(f"{len(short)} requests finished faster than their isolated service time (first: {short[0]})")
-    if c.policy == "caraserve" and wl.num_servers == 1:
+    if serving(c.policy).cpu_assisted_prefill and wl.num_servers == 1:
         # TTFT order [R]: CACHED <= CaraServe <= ONDMD in mean TTFT on every seed, or the run is flagged.
         # Each comparison is paired by request over the same trace: the runs' trajectories part
         # at the first iteration priced differently, and from there a mean over a few thousand

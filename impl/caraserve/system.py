@@ -32,12 +32,14 @@ import numpy as np
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.llm.kernels import PUNICA_RANKS
 from impl.common.llm.metrics import check_conservation, serving_metrics
-from impl.common.llm.scheduler import POLICIES, SchedulerConfig, SReq
+from impl.common.llm.scheduler import SchedulerConfig, SReq
 from impl.common.llm.model import check_llama_shape
 from impl.common.servesim.cost import ServingCost, ServingCostConfig
 from impl.common.traces import Trace, TraceSpec, generate_trace, load_trace
 
-ROUTERS = ("rank_aware", "mostidle", "random", "firstfit", "punica")
+from .policies import POLICIES
+from .router import ROUTERS
+
 EVICTIONS = ("auto", "lru", "on_finish")
 SLO_REFERENCES = ("base", "isolated", "hf_peft")
 ADAPTER_SOURCES = ("peft", "random")
@@ -85,7 +87,7 @@ class ServingSystem(System):
         # CACHED never evicts.
         adapter_eviction: str = "auto"
         evict_on_finish_policies: List[str] = field(default_factory=lambda: ["slora"])
-        # LoRA kernels: "auto" = the policy's own (impl/common/llm/scheduler.py KERNELS),
+        # LoRA kernels: "auto" = the policy's own (impl/caraserve/policies.py),
         # "punica" = SGMV prefill + BGMV decode (pads to the batch's max rank), "slora" = MBGMM /
         # MBGMV (no padding, ~ sum r). The paper's S3 (v1) runs its router on both.
         lora_kernels: str = "auto"
@@ -94,29 +96,31 @@ class ServingSystem(System):
         # (a 7B-shaped base: PEFT's copy-save-load round trip would take minutes and 2x the model).
         adapter_source: str = "peft"
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        if cfg.policy not in POLICIES:
-            raise ConfigError(f"system.policy: unknown policy {cfg.policy!r} (one of: {', '.join(POLICIES)})")
-        if cfg.router not in ROUTERS:
-            raise ConfigError(f"system.router: unknown router {cfg.router!r} (one of: {', '.join(ROUTERS)})")
-        for p in list(cfg.interleave) + list(cfg.evict_on_finish_policies):
-            if p not in POLICIES:
-                raise ConfigError(f"system.interleave / system.evict_on_finish_policies: unknown policy {p!r} "
-                                  f"(one of: {', '.join(POLICIES)})")
-        if cfg.max_batch < 1 or cfg.pool_slots < 1 or cfg.load_groups < 1:
-            raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
-                              f"(got {cfg.max_batch}, {cfg.pool_slots}, {cfg.load_groups})")
-        if cfg.adapter_source not in ADAPTER_SOURCES:
-            raise ConfigError(f"system.adapter_source: unknown {cfg.adapter_source!r} (one of: {', '.join(ADAPTER_SOURCES)})")
-        if cfg.adapter_eviction not in EVICTIONS:
-            raise ConfigError(f"system.adapter_eviction: unknown {cfg.adapter_eviction!r} (one of: {', '.join(EVICTIONS)})")
-        self.sched_config()  # its own checks, at preflight rather than mid-run
-        if cfg.cpu_workers not in (0, 1):
-            # One worker process serves every CPU-path request; more are not implemented, and a
-            # larger value must not be silently treated as 1.
-            raise ConfigError(f"system.cpu_workers must be 0 (in-process CPU path) or 1 (a worker process), "
-                              f"got {cfg.cpu_workers}")
+        def __post_init__(self):
+            names = POLICIES.names()
+            if self.policy not in POLICIES:
+                raise ConfigError(f"system.policy: unknown policy {self.policy!r} (one of: {', '.join(names)})")
+            if self.router not in ROUTERS:
+                raise ConfigError(f"system.router: unknown router {self.router!r} (one of: {', '.join(ROUTERS.names())})")
+            for p in list(self.interleave) + list(self.evict_on_finish_policies):
+                if p not in POLICIES:
+                    raise ConfigError(f"system.interleave / system.evict_on_finish_policies: unknown policy {p!r} "
+                                      f"(one of: {', '.join(names)})")
+            if self.max_batch < 1 or self.pool_slots < 1 or self.load_groups < 1:
+                raise ConfigError("system.max_batch, system.pool_slots and system.load_groups must be >= 1 "
+                                  f"(got {self.max_batch}, {self.pool_slots}, {self.load_groups})")
+            if self.adapter_source not in ADAPTER_SOURCES:
+                raise ConfigError(f"system.adapter_source: unknown {self.adapter_source!r} "
+                                  f"(one of: {', '.join(ADAPTER_SOURCES)})")
+            if self.adapter_eviction not in EVICTIONS:
+                raise ConfigError(f"system.adapter_eviction: unknown {self.adapter_eviction!r} "
+                                  f"(one of: {', '.join(EVICTIONS)})")
+            scheduler_config(self)  # its own checks, at load rather than mid-run
+            if self.cpu_workers not in (0, 1):
+                # One worker process serves every CPU-path request; more are not implemented, and a
+                # larger value must not be silently treated as 1.
+                raise ConfigError(f"system.cpu_workers must be 0 (in-process CPU path) or 1 (a worker process), "
+                                  f"got {self.cpu_workers}")
 
     # ---- shared --------------------------------------------------------------------------
     def trace(self, job: JobContext) -> Trace:
@@ -139,7 +143,7 @@ class ServingSystem(System):
                              popularity=a.popularity, lognormal_sigma=a.lognormal_sigma,
                              popularity_groups=self.popularity_groups(wl))
             trace = generate_trace(spec, job.seed)
-        if self.cfg.policy == "punica":
+        if POLICIES.get(self.cfg.policy).punica_ranks:
             if self.cfg.pad_ranks_to_supported:
                 for a, r in trace.adapters.items():
                     if r > max(PUNICA_RANKS):
@@ -191,8 +195,9 @@ class ServingSystem(System):
                                   f"{hardware.memory_bw_bytes_per_s})")
             ServingCost.from_profile(workload.paper_model, hardware, self.cfg.cost, tp=workload.tp)  # its checks
         else:
-            if self.cfg.policy == "hf_peft" or "hf_peft" in self.cfg.interleave:
-                raise ConfigError("system.policy: hf_peft is sim only (mode=sim)")
+            for p in [self.cfg.policy, *self.cfg.interleave]:
+                if POLICIES.get(p).sim_only:
+                    raise ConfigError(f"system.policy: {p} is sim only (mode=sim)")
             check_llama_shape(workload.model)
 
     def run(self, job: JobContext) -> RunResult:
@@ -205,17 +210,26 @@ class ServingSystem(System):
         return run_real(self, job)
 
     def sched_config(self, policy: str | None = None, sim: bool = False) -> SchedulerConfig:
-        c = self.cfg
-        return SchedulerConfig(policy=policy or c.policy, max_batch=c.max_batch, max_prefill_tokens=c.max_prefill_tokens,
-                               pool_slots=c.sim_pool_slots if sim else c.pool_slots, load_groups=c.load_groups,
-                               dlora_merge_share=c.dlora_merge_share, dlora_merge_min=c.dlora_merge_min,
-                               dlora_migrate=c.dlora_migrate, dlora_migrate_interval_s=c.dlora_migrate_interval_s,
-                               dlora_migrate_threshold=c.dlora_migrate_threshold,
-                               evict_on_finish=self.evict_on_finish(policy or c.policy),
-                               lora_kernels=c.lora_kernels)
+        return scheduler_config(self.cfg, policy, sim)
 
     def evict_on_finish(self, policy: str) -> bool:
-        e = self.cfg.adapter_eviction
-        if policy == "cached":
-            return False
-        return policy in self.cfg.evict_on_finish_policies if e == "auto" else e == "on_finish"
+        return evict_on_finish(self.cfg, policy)
+
+
+def scheduler_config(c: ServingSystem.Config, policy: str | None = None, sim: bool = False) -> SchedulerConfig:
+    """The scheduler of ``policy`` (default: the system's) with the system's knobs."""
+    name = policy or c.policy
+    return SchedulerConfig(policy=POLICIES.get(name).serving, max_batch=c.max_batch,
+                           max_prefill_tokens=c.max_prefill_tokens,
+                           pool_slots=c.sim_pool_slots if sim else c.pool_slots, load_groups=c.load_groups,
+                           dlora_merge_share=c.dlora_merge_share, dlora_merge_min=c.dlora_merge_min,
+                           dlora_migrate=c.dlora_migrate, dlora_migrate_interval_s=c.dlora_migrate_interval_s,
+                           dlora_migrate_threshold=c.dlora_migrate_threshold,
+                           evict_on_finish=evict_on_finish(c, name), lora_kernels=c.lora_kernels)
+
+
+def evict_on_finish(c: ServingSystem.Config, policy: str) -> bool:
+    if POLICIES.get(policy).serving.preload_all:
+        return False
+    e = c.adapter_eviction
+    return policy in c.evict_on_finish_policies if e == "auto" else e == "on_finish"

@@ -32,11 +32,14 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from impl.common.api import ConfigError, Metric, RunResult
+from impl.common.registry import Registry
 from impl.common.checkpoint.layout import StagePlan, TensorMeta, check_layout, pipeline_layout
 from impl.common.checkpoint.model_state import state_metas
 from impl.common.models.varlen_gpt import VarlenGPT
@@ -110,32 +113,41 @@ def _set_step(state: dict, step: int) -> None:
 
 def _save_loop(policy: str, state: dict, metas, layout, root: str, prof: StorageProfile, k, steps: int,
                device: torch.device, dtype: torch.dtype, group) -> dict:
-    extra = {"consumed_samples": 0, "scheduler": {"last_epoch": 0}}
-    storage = Storage(prof)
-    stalls: list[float] = []
     out: dict = {"saves": 0, "skipped": 0}
-    t_start = time.perf_counter()
-    if policy == "ckpt_recovery":
-        from impl.common.checkpoint.async_save import AsyncCheckpointer
+    out["stall_s"] = ONE_GPU.get(policy).save(out, state, metas, layout, root, prof, k, steps, device, dtype, group)
+    return out
 
-        ck = AsyncCheckpointer(root, 0, 1, metas, layout, k.splits, state, prof=prof, keep=k.keep,
-                               min_interval_s=0.0, group=group)
-        ck.wait_ready()
-        out["t_saver_start_s"] = time.perf_counter() - t_start
-        for s in range(1, steps + 1):
-            synthetic_step(k.step_s, device, dtype)
-            _set_step(state, s)
-            _sync(device)
-            ck.step(s, state, dict(extra, consumed_samples=s), due=s % k.ckpt_every == 0)
-        t0 = time.perf_counter()
-        log = ck.finish()
-        out["t_drain_s"] = time.perf_counter() - t0
-        stalls = list(ck.log.stall_s)
-        out.update(saves=log["saves"], skipped=log["skipped_saves"], committed=log["committed_steps"], io=log["io"])
-        out["step"] = log["committed_steps"][-1] if log["committed_steps"] else None
-    else:
+
+def _save_elastor(out: dict, state: dict, metas, layout, root: str, prof: StorageProfile, k, steps: int,
+                  device: torch.device, dtype: torch.dtype, group) -> list[float]:
+    from impl.common.checkpoint.async_save import AsyncCheckpointer
+
+    extra = {"consumed_samples": 0, "scheduler": {"last_epoch": 0}}
+    t_start = time.perf_counter()
+    ck = AsyncCheckpointer(root, 0, 1, metas, layout, k.splits, state, prof=prof, keep=k.keep,
+                           min_interval_s=0.0, group=group)
+    ck.wait_ready()
+    out["t_saver_start_s"] = time.perf_counter() - t_start
+    for s in range(1, steps + 1):
+        synthetic_step(k.step_s, device, dtype)
+        _set_step(state, s)
+        _sync(device)
+        ck.step(s, state, dict(extra, consumed_samples=s), due=s % k.ckpt_every == 0)
+    t0 = time.perf_counter()
+    log = ck.finish()
+    out["t_drain_s"] = time.perf_counter() - t0
+    out.update(saves=log["saves"], skipped=log["skipped_saves"], committed=log["committed_steps"], io=log["io"])
+    out["step"] = log["committed_steps"][-1] if log["committed_steps"] else None
+    return list(ck.log.stall_s)
+
+
+def _save_dcp(sync: bool):
+    def save(out: dict, state: dict, metas, layout, root: str, prof: StorageProfile, k, steps: int,
+             device: torch.device, dtype: torch.dtype, group) -> list[float]:
         from impl.ckpt_recovery import dcp_baseline as D
 
+        storage = Storage(prof)
+        stalls: list[float] = []
         fut, last = None, None
         for s in range(1, steps + 1):
             synthetic_step(k.step_s, device, dtype)
@@ -145,7 +157,7 @@ def _save_loop(policy: str, state: dict, metas, layout, root: str, prof: Storage
                 continue
             path = os.path.join(root, f"step{s:08d}")
             t0 = time.perf_counter()
-            if policy == "dcp_sync":
+            if sync:
                 D.save_sync(state, path, storage)
             else:
                 if fut is not None:
@@ -159,8 +171,8 @@ def _save_loop(policy: str, state: dict, metas, layout, root: str, prof: Storage
             fut.result()
         out["t_drain_s"] = time.perf_counter() - t0
         out.update(step=last, io=storage.stats.to_dict())
-    out["stall_s"] = stalls
-    return out
+        return stalls
+    return save
 
 
 def _load(policy: str, state: dict, metas, layout, root: str, prof: StorageProfile, step: int,
@@ -168,28 +180,50 @@ def _load(policy: str, state: dict, metas, layout, root: str, prof: StorageProfi
     storage = Storage(prof)
     _sync(device)
     t0 = time.perf_counter()
-    if policy == "ckpt_recovery":
-        from impl.common.checkpoint.reshard import load_rank
-        from impl.common.checkpoint.store import CheckpointStore
-
-        ck = CheckpointStore(root, storage).open(step)
-        host, st = load_rank(ck, layout, 0, storage, metas=metas)
-        loaded = {k: v.to(device) for k, v in host.items()}
-        info = st.to_dict()
-    else:
-        from impl.ckpt_recovery import dcp_baseline as D
-
-        loaded = {k: torch.empty_like(v) for k, v in state.items()}
-        D.load(loaded, os.path.join(root, f"step{step:08d}"), storage)
-        needed = sum(t.numel() * t.element_size() for t in loaded.values())
-        info = {"read_calls": storage.stats.read_calls, "bytes_read": storage.stats.read_bytes,
-                "bytes_needed": needed, "read_amplification": storage.stats.read_bytes / needed}
+    loaded, info = ONE_GPU.get(policy).load(state, metas, layout, root, storage, step, device)
     _sync(device)
     info["t_load_s"] = time.perf_counter() - t0
     info["bit_exact"] = set(loaded) == set(state) and all(
         loaded[k].dtype == v.dtype and loaded[k].device == v.device and torch.equal(loaded[k], v)
         for k, v in state.items())
     return info
+
+
+def _load_elastor(state: dict, metas, layout, root: str, storage: Storage, step: int,
+                  device: torch.device) -> tuple[dict, dict]:
+    from impl.common.checkpoint.reshard import load_rank
+    from impl.common.checkpoint.store import CheckpointStore
+
+    ck = CheckpointStore(root, storage).open(step)
+    host, st = load_rank(ck, layout, 0, storage, metas=metas)
+    return {k: v.to(device) for k, v in host.items()}, st.to_dict()
+
+
+def _load_dcp(state: dict, metas, layout, root: str, storage: Storage, step: int,
+              device: torch.device) -> tuple[dict, dict]:
+    from impl.ckpt_recovery import dcp_baseline as D
+
+    loaded = {k: torch.empty_like(v) for k, v in state.items()}
+    D.load(loaded, os.path.join(root, f"step{step:08d}"), storage)
+    needed = sum(t.numel() * t.element_size() for t in loaded.values())
+    return loaded, {"read_calls": storage.stats.read_calls, "bytes_read": storage.stats.read_bytes,
+                    "bytes_needed": needed, "read_amplification": storage.stats.read_bytes / needed}
+
+
+@dataclass(frozen=True)
+class OneGpuBackend:
+    save: Callable  # the save loop: fills the record's save facts, returns the stalls
+    load: Callable  # (loaded tensors, load facts)
+    stall_note: str  # what its stall is
+
+
+# The policies the one_gpu scenario runs (no re-layout: one process saves and reloads).
+ONE_GPU: Registry[OneGpuBackend] = Registry("policy", "policy")
+ONE_GPU.add("ckpt_recovery", OneGpuBackend(_save_elastor, _load_elastor,
+                                           "copy into preallocated host shared memory (device to host)"))
+ONE_GPU.add("dcp_sync", OneGpuBackend(_save_dcp(sync=True), _load_dcp, "the whole dcp.save"))
+ONE_GPU.add("dcp_async", OneGpuBackend(_save_dcp(sync=False), _load_dcp,
+                                       "dcp.async_save staging to host memory, plus waiting for the previous save"))
 
 
 def run(policy: str, wl, k, seed: int, execution, prof: StorageProfile) -> dict:
@@ -238,9 +272,7 @@ def result(o: dict, policy: str, prof: StorageProfile, execution, k) -> RunResul
             "params": o["params"], "tensors": o["tensors"], "storage": prof.label(), "checkpoint_dir": o["root"],
             "loaded_step": s["step"], "bit_exact": ld["bit_exact"], "save_io": s.get("io"),
             "training_step": f"synthetic: {k.step_s} s of matmuls on the device per step",
-            "stall_note": {"ckpt_recovery": "copy into preallocated host shared memory (device to host)",
-                           "dcp_sync": "the whole dcp.save", "dcp_async": "dcp.async_save staging to host memory, "
-                           "plus waiting for the previous save"}[policy]}
+            "stall_note": ONE_GPU.get(policy).stall_note}
     if "t_saver_start_s" in s:
         info["t_saver_start_s"] = s["t_saver_start_s"]
         info["committed_steps"] = s.get("committed")
@@ -253,10 +285,8 @@ def result(o: dict, policy: str, prof: StorageProfile, execution, k) -> RunResul
 def check(wl, k, policy: str, fault) -> None:
     """The one_gpu scenario's preflight: one process, no fault, a policy it runs, S splits that
     fit the model (one line each)."""
-    from impl.ckpt_recovery.real_config import ONE_GPU_POLICIES
-
-    if policy not in ONE_GPU_POLICIES:
-        raise ConfigError(f"policy: {policy!r} does not run real.scenario=one_gpu (one of: {', '.join(ONE_GPU_POLICIES)})")
+    if policy not in ONE_GPU:
+        raise ConfigError(f"policy: {policy!r} does not run real.scenario=one_gpu (one of: {', '.join(ONE_GPU.names())})")
     if (wl.num_gpus, wl.tp, wl.pp, wl.dp) != (1, 1, 1, 1):
         raise ConfigError(f"workload: real.scenario=one_gpu runs one process (num_gpus=tp=pp=dp=1), got num_gpus="
                           f"{wl.num_gpus}, tp={wl.tp}, pp={wl.pp}, dp={wl.dp}")

@@ -30,7 +30,8 @@ from impl.common.checkpoint.layout import check_layout, pipeline_layout
 from impl.common.parallel.tensor_parallel import check_tp_shape
 from impl.common.storage.emulator import profile
 
-from impl.ckpt_recovery.real_config import REAL_POLICIES, RELAYOUTS, SCENARIOS, STORAGES, CkptRealKnobs
+from impl.ckpt_recovery.policies import REAL_POLICIES
+from impl.ckpt_recovery.real_config import RELAYOUTS, SCENARIOS, STORAGES, CkptRealKnobs
 from impl.ckpt_recovery.recovery import replan as R
 from impl.ckpt_recovery.recovery.supervisor import run, timeline
 from impl.ckpt_recovery.recovery.trainer import KillAt, PeerSpec, TrainSpec, full_metas

@@ -31,14 +31,6 @@ class CkptScenario(enum.StrEnum):
 
 
 STORAGES, RELAYOUTS, SCENARIOS = tuple(CkptStorage), tuple(RelayoutChoice), tuple(CkptScenario)
-# The policies the one_gpu scenario runs (no re-layout: one process saves and reloads).
-ONE_GPU_POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async")
-# The policies real mode runs: policy -> (checkpoint backend, layout after a loss).
-REAL_POLICIES = {"ckpt_recovery": ("elastor", "replan"), "dcp_sync": ("dcp_sync", "homogeneous"),
-                 "dcp_async": ("dcp_async", "homogeneous"),
-                 "dcp_async_process": ("dcp_async_process", "homogeneous"), "restart_all": ("elastor", "homogeneous")}
-
-
 @dataclass
 class CkptRealKnobs:
     scenario: CkptScenario = CkptScenario.recovery

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from impl.ckpt_recovery.real_config import REAL_POLICIES, CkptRealKnobs
+from impl.ckpt_recovery.policies import POLICIES as POLICY_REGISTRY
+from impl.ckpt_recovery.real_config import CkptRealKnobs
 from impl.ckpt_recovery.sim.config import CkptSimKnobs
 
-POLICIES = ("ckpt_recovery", "dcp_sync", "dcp_async", "dcp_async_process", "restart_all", "ucp_like", "gemini_like")
+POLICIES = POLICY_REGISTRY.names()
 
 
 class CkptRecovery(System):
@@ -36,14 +37,13 @@ class CkptRecovery(System):
         real: CkptRealKnobs = field(default_factory=CkptRealKnobs)
         sim: CkptSimKnobs = field(default_factory=CkptSimKnobs)
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        if cfg.policy not in POLICIES:
-            raise ConfigError(f"system.policy: unknown value {cfg.policy!r} (one of: {', '.join(POLICIES)})")
+        def __post_init__(self):
+            if self.policy not in POLICIES:
+                raise ConfigError(f"system.policy: unknown value {self.policy!r} (one of: {', '.join(POLICIES)})")
 
     @property
     def modes(self):  # type: ignore[override]
-        return ("sim", "real") if self.cfg.policy in REAL_POLICIES else ("sim",)
+        return ("sim", "real") if POLICY_REGISTRY.get(self.cfg.policy).real is not None else ("sim",)
 
     def check(self, mode, wl, hardware, fault) -> None:
         self.require_workload(wl, "hybrid")

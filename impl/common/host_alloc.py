@@ -19,8 +19,10 @@ import ctypes
 import ctypes.util
 import functools
 import platform
+from typing import Callable
 
-HOST_MALLOC = ("retain", "default")
+from impl.common.registry import Registry
+
 # mallopt parameters (glibc malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -63,20 +65,23 @@ def retained() -> bool:
     return _retained
 
 
+# What each ``host_malloc`` policy does to the process; both say whether the retain setting is
+# in force afterwards.
+HOST_MALLOC: Registry[Callable[[], bool]] = Registry("value", "workload.host_malloc")
+HOST_MALLOC.add("retain", retain_freed_host_memory)
+HOST_MALLOC.add("default", retained)
+
+
 def check_host_malloc(policy: str, field: str = "workload.host_malloc") -> None:
     """An unknown policy is a one-line error naming ``field``."""
-    if policy not in HOST_MALLOC:
-        from impl.common.api import ConfigError
-
-        raise ConfigError(f"{field}: unknown value {policy!r} (one of: {', '.join(HOST_MALLOC)})")
+    HOST_MALLOC.get(policy, field)
 
 
 def apply_host_malloc(policy: str, field: str = "workload.host_malloc") -> bool:
     """``retain``: :func:`retain_freed_host_memory`; ``default``: leave the allocator alone.
     Returns whether the retain setting is in force (:func:`retained`: also after an earlier
     ``retain`` in this process)."""
-    check_host_malloc(policy, field)
-    return retain_freed_host_memory() if policy == "retain" else retained()
+    return HOST_MALLOC.get(policy, field)()
 
 
 def host_malloc_in_force(policy: str, field: str = "workload.host_malloc") -> str:

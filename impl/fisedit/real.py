@@ -14,6 +14,7 @@ from impl.common.diffusion.cost import trace_unet_ops
 from impl.common.diffusion.pipelines import build_components, build_scheduler, sd_pipeline
 from impl.common.diffusion.quality import psnr, ssim
 from impl.common.host_alloc import host_malloc_in_force
+from impl.common.registry import Registry
 
 from impl.fisedit.cost import Thresholds, step_cost
 from impl.fisedit.sparse_modules import CachedConv2d, uninstall, install, wrappers
@@ -184,20 +185,26 @@ def run_real(system, job: JobContext) -> RunResult:
     N = wl.num_steps
     k = system.mask_steps(N)
     budget = cfg.cache_budget_bytes or math.inf
-    if cfg.variant == "diffusers_dense":
-        times = [diffusers_dense_run(pipe, job, wl.edited_prompt) for _ in range(wl.repeats)]
-        return RunResult(metrics={"e2e_time_s": Metric.from_samples(times, "s", "lower"),
-                                  "step_time_s": Metric.from_samples([t / N for t in times], "s", "lower")},
-                         info={"variant": "diffusers_dense", "device": str(device), "num_steps": N,
-                               "host_malloc": malloc, **launch_info(pipe)})
-    if cfg.variant == "dense_edit":
-        runs = [pipe.dense(wl.edited_prompt, seed=job.seed, num_steps=N) for _ in range(wl.repeats)]
-        steps = [t for r in runs for t in r.step_times_s]
-        return RunResult(metrics={"e2e_time_s": Metric.from_samples([r.total_s for r in runs], "s", "lower"),
-                                  "step_time_s": Metric.from_samples(steps, "s", "lower")},
-                         info={"variant": "dense_edit", "device": str(device), "num_steps": N,
-                               "host_malloc": malloc, **launch_info(pipe)})
-    return _run_fisedit(system, job, pipe, device, N, k, budget, malloc)
+    return REAL_RUNS.get(cfg.variant)(system, job, pipe, device, N, k, budget, malloc)
+
+
+def _run_diffusers_dense(system, job: JobContext, pipe, device, N: int, k: int, budget: float, malloc) -> RunResult:
+    wl = job.workload
+    times = [diffusers_dense_run(pipe, job, wl.edited_prompt) for _ in range(wl.repeats)]
+    return RunResult(metrics={"e2e_time_s": Metric.from_samples(times, "s", "lower"),
+                              "step_time_s": Metric.from_samples([t / N for t in times], "s", "lower")},
+                     info={"variant": "diffusers_dense", "device": str(device), "num_steps": N,
+                           "host_malloc": malloc, **launch_info(pipe)})
+
+
+def _run_dense_edit(system, job: JobContext, pipe, device, N: int, k: int, budget: float, malloc) -> RunResult:
+    wl = job.workload
+    runs = [pipe.dense(wl.edited_prompt, seed=job.seed, num_steps=N) for _ in range(wl.repeats)]
+    steps = [t for r in runs for t in r.step_times_s]
+    return RunResult(metrics={"e2e_time_s": Metric.from_samples([r.total_s for r in runs], "s", "lower"),
+                              "step_time_s": Metric.from_samples(steps, "s", "lower")},
+                     info={"variant": "dense_edit", "device": str(device), "num_steps": N,
+                           "host_malloc": malloc, **launch_info(pipe)})
 
 
 def _run_fisedit(system, job, pipe, device, N, k, budget, malloc) -> RunResult:
@@ -382,3 +389,10 @@ def _print_table(name, f, m):
           f"e2e vs dense_edit={g('e2e_speedup_vs_dense_edit')}x vs diffusers_dense={g('e2e_speedup_vs_diffusers_dense')}x "
           f"(cap {g('e2e_speedup_cap')}x; spec formula {g('e2e_speedup_cap_spec_formula')}x)  "
           f"psnr_outside={g('psnr_outside_db', '{:.1f}')} dB  best block={g('best_block_size', '{:.0f}')}", flush=True)
+
+
+# Each variant's real run once the pipeline is set up: FISEdit's sparse edit, or a dense baseline.
+REAL_RUNS: Registry = Registry("value", "system.variant")
+REAL_RUNS.add("fisedit", _run_fisedit)
+REAL_RUNS.add("diffusers_dense", _run_diffusers_dense)
+REAL_RUNS.add("dense_edit", _run_dense_edit)

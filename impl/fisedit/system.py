@@ -93,30 +93,29 @@ class FISEditSystem(System):
         # and each sparse conv's pad/clone over the full map), the engine the fidelity job measures
         sim_engine: str = "fused"
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        if cfg.variant not in VARIANTS:
-            raise ConfigError(f"system.variant: unknown value {cfg.variant!r} (one of: {', '.join(VARIANTS)})")
-        if cfg.schedule not in SCHEDULES:
-            raise ConfigError(f"system.schedule: unknown value {cfg.schedule!r} (one of: {', '.join(SCHEDULES)})")
-        if cfg.mask_method not in ("otsu", "offline"):
-            raise ConfigError(f"system.mask_method: unknown value {cfg.mask_method!r} (one of: otsu, offline)")
-        if cfg.sim_engine not in SIM_ENGINES:
-            raise ConfigError(f"system.sim_engine: unknown value {cfg.sim_engine!r} (one of: {', '.join(SIM_ENGINES)})")
-        if cfg.block < 1:
-            raise ConfigError(f"system.block must be >= 1, got {cfg.block}")
-        if not 0.0 < cfg.dense_fallback_ratio <= 1.0:
-            raise ConfigError(f"system.dense_fallback_ratio must be in (0, 1], got {cfg.dense_fallback_ratio}")
-        if cfg.engine not in ENGINES:
-            raise ConfigError(f"system.engine: unknown value {cfg.engine!r} (one of: {', '.join(ENGINES)})")
-        if cfg.cache_device not in CACHE_DEVICES:
-            raise ConfigError(f"system.cache_device: unknown value {cfg.cache_device!r} (one of: {', '.join(CACHE_DEVICES)})")
-        if cfg.cuda_graph not in CUDA_GRAPH:
-            raise ConfigError(f"system.cuda_graph: unknown value {cfg.cuda_graph!r} (one of: {', '.join(CUDA_GRAPH)})")
-        if not 0.0 < cfg.dense_tile_fraction <= 1.0:
-            raise ConfigError(f"system.dense_tile_fraction must be in (0, 1], got {cfg.dense_tile_fraction}")
-        if cfg.cache_dtype not in ("auto", "fp32", "fp16", "bf16"):
-            raise ConfigError(f"system.cache_dtype: unknown value {cfg.cache_dtype!r} (one of: auto, fp32, fp16, bf16)")
+        def __post_init__(self):
+            if self.variant not in VARIANTS:
+                raise ConfigError(f"system.variant: unknown value {self.variant!r} (one of: {', '.join(VARIANTS)})")
+            if self.schedule not in SCHEDULES:
+                raise ConfigError(f"system.schedule: unknown value {self.schedule!r} (one of: {', '.join(SCHEDULES)})")
+            if self.mask_method not in ("otsu", "offline"):
+                raise ConfigError(f"system.mask_method: unknown value {self.mask_method!r} (one of: otsu, offline)")
+            if self.sim_engine not in SIM_ENGINES:
+                raise ConfigError(f"system.sim_engine: unknown value {self.sim_engine!r} (one of: {', '.join(SIM_ENGINES)})")
+            if self.block < 1:
+                raise ConfigError(f"system.block must be >= 1, got {self.block}")
+            if not 0.0 < self.dense_fallback_ratio <= 1.0:
+                raise ConfigError(f"system.dense_fallback_ratio must be in (0, 1], got {self.dense_fallback_ratio}")
+            if self.engine not in ENGINES:
+                raise ConfigError(f"system.engine: unknown value {self.engine!r} (one of: {', '.join(ENGINES)})")
+            if self.cache_device not in CACHE_DEVICES:
+                raise ConfigError(f"system.cache_device: unknown value {self.cache_device!r} (one of: {', '.join(CACHE_DEVICES)})")
+            if self.cuda_graph not in CUDA_GRAPH:
+                raise ConfigError(f"system.cuda_graph: unknown value {self.cuda_graph!r} (one of: {', '.join(CUDA_GRAPH)})")
+            if not 0.0 < self.dense_tile_fraction <= 1.0:
+                raise ConfigError(f"system.dense_tile_fraction must be in (0, 1], got {self.dense_tile_fraction}")
+            if self.cache_dtype not in ("auto", "fp32", "fp16", "bf16"):
+                raise ConfigError(f"system.cache_dtype: unknown value {self.cache_dtype!r} (one of: auto, fp32, fp16, bf16)")
 
     def mask_steps(self, num_steps: int) -> int:
         k = self.cfg.mask_steps or max(1, round(num_steps / 5))

@@ -46,6 +46,7 @@ from impl.lobra.cost.replica import Scheme, TpCost, fit_tp_cost, replica_time
 from impl.lobra.dispatch import ReplicaGroup
 from impl.lobra.joint_step import TaskStreams, plan_bucketed
 from impl.common.execution import set_torch_threads
+from impl.common.registry import Registry
 
 KINDS = ("R_L", "R_S")
 PROFILE_TASK_ID0 = 1 << 40  # profile sequences' ids: far from any task stream's
@@ -186,6 +187,31 @@ def schemes_of(job: LobRARealJob, fits: dict) -> dict[str, Scheme]:
     return out
 
 
+# Each policy's joint step on the two-rank proxy: ``one(groups, samples, bucketing, dispatcher, tasks)``
+# plans one phase of it.
+REAL_STEPS: Registry = Registry("policy", "system.real.interleave")
+
+
+@REAL_STEPS.register("lobra")
+def _lobra_step(one, job: LobRARealJob, samples: list, schemes: dict, fits: dict) -> None:
+    refused = [k for k in KINDS if "c" not in fits[k]]
+    dispatcher = "length" if refused and job.dispatch == "balanced" else job.dispatch
+    one([ReplicaGroup(schemes["R_L"], 1), ReplicaGroup(schemes["R_S"], 1)], samples, "dynamic", dispatcher,
+        job.task_names)
+
+
+@REAL_STEPS.register("task_fused")
+def _task_fused_step(one, job: LobRARealJob, samples: list, schemes: dict, fits: dict) -> None:
+    one([ReplicaGroup(schemes["R_L"], 2)], samples, "fixed", "even", job.task_names)
+
+
+@REAL_STEPS.register("task_sequential")
+def _task_sequential_step(one, job: LobRARealJob, samples: list, schemes: dict, fits: dict) -> None:
+    for t in job.tasks:
+        kind = "R_S" if t.lengths.max_len <= job.max_tokens["R_S"] else "R_L"
+        one([ReplicaGroup(schemes[kind], 2)], [s for s in samples if s.task == t.name], "fixed", "even", [t.name])
+
+
 def phases_of(job: LobRARealJob, policy: str, samples: list, schemes: dict, fits: dict) -> tuple[list, dict]:
     """Rank 0's plan of one joint step: ``[(tasks, kinds per rank, micro-batches per rank)]`` and
     facts (planner seconds, padding, dispatch status)."""
@@ -211,16 +237,7 @@ def phases_of(job: LobRARealJob, policy: str, samples: list, schemes: dict, fits
         cuts.append(sp.info.get("bucket_cuts", []))
         phases.append((tasks, kinds, per_rank))
 
-    if policy == "lobra":
-        refused = [k for k in KINDS if "c" not in fits[k]]
-        dispatcher = "length" if refused and job.dispatch == "balanced" else job.dispatch
-        one([ReplicaGroup(schemes["R_L"], 1), ReplicaGroup(schemes["R_S"], 1)], samples, "dynamic", dispatcher, names)
-    elif policy == "task_fused":
-        one([ReplicaGroup(schemes["R_L"], 2)], samples, "fixed", "even", names)
-    else:
-        for t in job.tasks:
-            kind = "R_S" if t.lengths.max_len <= job.max_tokens["R_S"] else "R_L"
-            one([ReplicaGroup(schemes[kind], 2)], [s for s in samples if s.task == t.name], "fixed", "even", [t.name])
+    REAL_STEPS.get(policy)(one, job, samples, schemes, fits)
     info = {"planner_s": time.perf_counter() - t0, "real_tokens": real, "padded_tokens": padded, "status": status,
             "predicted_s": predicted, "bucket_cuts": cuts}
     return phases, info

@@ -31,6 +31,7 @@ from impl.lobra.cost.replica import Scheme, pow2_ceil, replica_time
 from impl.lobra.dispatch import ReplicaGroup
 from impl.lobra.joint_step import TaskStreams, boundaries_for, plan_bucketed, plan_step
 from impl.lobra.plan import plan
+from impl.lobra.policies import POLICIES
 from impl.lobra.cost.step_model import SimCostKnobs, lora_params_per_layer, sim_schemes, table3_check
 
 
@@ -174,7 +175,8 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
     overhead = step_overhead_s(system, hw, wl)
     info["step_overhead_s"] = overhead
     from_table = cfg.sim.max_tokens_from == "table"
-    if cfg.policy == "task_sequential":
+    policy = POLICIES.get(cfg.policy)
+    if policy.per_task:
         per_task = {}
         t0 = time.perf_counter()
         for t in wl.tasks:
@@ -216,7 +218,7 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
             steps.append(total)
             pads.append((padded - real) / padded)
     else:
-        kind = "homogeneous" if cfg.policy == "task_fused" else deployment_of(cfg, wl)
+        kind = policy.deployment or deployment_of(cfg, wl)
         info["deployment_kind"] = kind
         if kind == "homogeneous":
             groups = [homogeneous(schemes, wl.num_gpus, cfg.sim.homogeneous, pow2_ceil(wl.max_len),
@@ -234,8 +236,8 @@ def simulate(system, wl, hw, seed: int) -> tuple[dict, dict]:
             groups, planner_s = p.groups, p.planner_s
             info.update(deployment=p.describe(), planner_candidates=p.candidates, planner_kept=p.kept,
                         planner_info=p.info, expected_step_s=p.expected_step_s)
-        dispatcher = "even" if cfg.policy == "task_fused" else cfg.dispatch
-        bucketing_kind = "fixed" if cfg.policy == "task_fused" else cfg.bucketing
+        dispatcher = policy.dispatcher(cfg)
+        bucketing_kind = policy.bucketing_kind(cfg)
         sync = sync_time_s(wl, hw, groups, len(wl.tasks))
         for _ in range(wl.steps):
             samples = streams.step()

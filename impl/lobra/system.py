@@ -21,8 +21,7 @@ from impl.lobra.dispatch import DISPATCHERS, Dispatcher
 from impl.lobra.joint_step import BUCKET_CUTS, BUCKETINGS, BucketCuts, Bucketing
 from impl.lobra.plan import PLANNERS, DeploymentPlanner
 from impl.lobra.cost.step_model import LORA_MATRIX_FACTOR, PROFILE_LENGTHS
-
-POLICIES = ("lobra", "task_fused", "task_sequential")
+from impl.lobra.policies import POLICIES
 DEPLOYMENTS = ("auto", "planned", "homogeneous", "table")
 MAX_TOKENS_FROM = ("rule", "table")
 
@@ -65,6 +64,27 @@ class LobRASimKnobs:
     # gradient of the frozen base = 2/3 of the three GEMMs (a sensitivity input).
     lora_matrix_factor: float = LORA_MATRIX_FACTOR
 
+    def __post_init__(self):
+        if self.max_tokens_from not in MAX_TOKENS_FROM:
+            raise ConfigError(f"system.sim.max_tokens_from: unknown value {self.max_tokens_from!r} "
+                              f"(one of: {', '.join(MAX_TOKENS_FROM)})")
+        if not 0 < self.lora_matrix_factor <= 1:
+            raise ConfigError(f"system.sim.lora_matrix_factor: must be in (0, 1], got {self.lora_matrix_factor}")
+        if not self.profile_lengths or min(self.profile_lengths) < 1:
+            raise ConfigError(f"system.sim.profile_lengths: need lengths >= 1, got {list(self.profile_lengths)}")
+        for i, row in enumerate(self.replica_table):
+            if row.gpus < 1 or row.tasks < 0 or not row.replicas:
+                raise ConfigError(f"system.sim.replica_table[{i}]: need gpus >= 1, tasks >= 0 and replicas")
+            for r in row.replicas:
+                if len(r) != 4 or min(r) < 1:
+                    raise ConfigError(f"system.sim.replica_table[{i}].replicas: {list(r)} is not [dp, tp, pp, "
+                                      f"max_tokens] >= 1")
+            if sum(r[0] * r[1] * r[2] for r in row.replicas) != row.gpus:
+                raise ConfigError(f"system.sim.replica_table[{i}]: replicas use "
+                                  f"{sum(r[0] * r[1] * r[2] for r in row.replicas)} GPUs, the row says {row.gpus}")
+        if len(self.homogeneous) != 2 or min(self.homogeneous) < 1:
+            raise ConfigError(f"system.sim.homogeneous: must be [tp, pp] >= 1, got {self.homogeneous}")
+
 
 @dataclass
 class LobRARealKnobs:
@@ -86,6 +106,11 @@ class LobRARealKnobs:
     # Run these policies interleaved in one job (one step each per round); empty = this one.
     interleave: List[str] = field(default_factory=list)
     timeout_s: float = 3000.0
+
+    def __post_init__(self):
+        for p in self.interleave:
+            if p not in POLICIES:
+                raise ConfigError(f"system.real.interleave: unknown policy {p!r} (one of: {', '.join(POLICIES.names())})")
 
 
 class LobRA(System):
@@ -114,42 +139,19 @@ class LobRA(System):
         sim: LobRASimKnobs = field(default_factory=LobRASimKnobs)
         real: LobRARealKnobs = field(default_factory=LobRARealKnobs)
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        for fld, allowed in (("policy", POLICIES), ("deployment", DEPLOYMENTS), ("planner", PLANNERS),
-                             ("dispatch", DISPATCHERS), ("bucketing", BUCKETINGS), ("exec_mode", EXEC_MODES),
-                             ("bucket_cuts", BUCKET_CUTS)):
-            if getattr(cfg, fld) not in allowed:
-                raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
-        if cfg.num_buckets < 1:
-            raise ConfigError(f"system.num_buckets: must be >= 1, got {cfg.num_buckets}")
-        if not cfg.fixed_buckets or sorted(set(cfg.fixed_buckets)) != list(cfg.fixed_buckets):
-            raise ConfigError(f"system.fixed_buckets: must be strictly increasing and non-empty, got {cfg.fixed_buckets}")
-        if cfg.ilp_time_limit_s <= 0 or not 0 <= cfg.ilp_gap < 1:
-            raise ConfigError(f"system.ilp_time_limit_s ({cfg.ilp_time_limit_s}) must be > 0 and system.ilp_gap "
-                              f"({cfg.ilp_gap}) in [0, 1)")
-        if cfg.sim.max_tokens_from not in MAX_TOKENS_FROM:
-            raise ConfigError(f"system.sim.max_tokens_from: unknown value {cfg.sim.max_tokens_from!r} "
-                              f"(one of: {', '.join(MAX_TOKENS_FROM)})")
-        if not 0 < cfg.sim.lora_matrix_factor <= 1:
-            raise ConfigError(f"system.sim.lora_matrix_factor: must be in (0, 1], got {cfg.sim.lora_matrix_factor}")
-        if not cfg.sim.profile_lengths or min(cfg.sim.profile_lengths) < 1:
-            raise ConfigError(f"system.sim.profile_lengths: need lengths >= 1, got {list(cfg.sim.profile_lengths)}")
-        for i, row in enumerate(cfg.sim.replica_table):
-            if row.gpus < 1 or row.tasks < 0 or not row.replicas:
-                raise ConfigError(f"system.sim.replica_table[{i}]: need gpus >= 1, tasks >= 0 and replicas")
-            for r in row.replicas:
-                if len(r) != 4 or min(r) < 1:
-                    raise ConfigError(f"system.sim.replica_table[{i}].replicas: {list(r)} is not [dp, tp, pp, "
-                                      f"max_tokens] >= 1")
-            if sum(r[0] * r[1] * r[2] for r in row.replicas) != row.gpus:
-                raise ConfigError(f"system.sim.replica_table[{i}]: replicas use "
-                                  f"{sum(r[0] * r[1] * r[2] for r in row.replicas)} GPUs, the row says {row.gpus}")
-        if len(cfg.sim.homogeneous) != 2 or min(cfg.sim.homogeneous) < 1:
-            raise ConfigError(f"system.sim.homogeneous: must be [tp, pp] >= 1, got {cfg.sim.homogeneous}")
-        for p in cfg.real.interleave:
-            if p not in POLICIES:
-                raise ConfigError(f"system.real.interleave: unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+        def __post_init__(self):
+            for fld, allowed in (("policy", POLICIES.names()), ("deployment", DEPLOYMENTS), ("planner", PLANNERS),
+                                 ("dispatch", DISPATCHERS), ("bucketing", BUCKETINGS), ("exec_mode", EXEC_MODES),
+                                 ("bucket_cuts", BUCKET_CUTS)):
+                if getattr(self, fld) not in allowed:
+                    raise ConfigError(f"system.{fld}: unknown value {getattr(self, fld)!r} (one of: {', '.join(allowed)})")
+            if self.num_buckets < 1:
+                raise ConfigError(f"system.num_buckets: must be >= 1, got {self.num_buckets}")
+            if not self.fixed_buckets or sorted(set(self.fixed_buckets)) != list(self.fixed_buckets):
+                raise ConfigError(f"system.fixed_buckets: must be strictly increasing and non-empty, got {self.fixed_buckets}")
+            if self.ilp_time_limit_s <= 0 or not 0 <= self.ilp_gap < 1:
+                raise ConfigError(f"system.ilp_time_limit_s ({self.ilp_time_limit_s}) must be > 0 and system.ilp_gap "
+                                  f"({self.ilp_gap}) in [0, 1)")
 
     def check(self, mode, wl, hardware, fault) -> None:
         self.require_workload(wl, "multitask_lora")
@@ -165,7 +167,7 @@ class LobRA(System):
             if top < wl.max_len:
                 raise ConfigError(f"workload.tasks: the longest sequence {wl.max_len} is beyond every replica's "
                                   f"max_tokens (largest {top})")
-            if self.cfg.bucketing == "fixed" or self.cfg.policy != "lobra":
+            if POLICIES.get(self.cfg.policy).bucketing_kind(self.cfg) == "fixed":
                 if self.cfg.fixed_buckets[-1] < wl.max_len:
                     raise ConfigError(f"system.fixed_buckets: largest {self.cfg.fixed_buckets[-1]} is below the "
                                       f"longest sequence {wl.max_len}")

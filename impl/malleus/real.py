@@ -23,6 +23,7 @@ from impl.common.parallel.plan import Plan, format_plan, group_rates
 from impl.common.runtime.hybrid import Controller, HybridRunConfig, probe_once, run_hybrid
 from impl.common.workloads.pipeline import ModelShape
 
+from .policies import POLICIES
 from .straggler import StragglerMonitor, probe_baseline
 
 
@@ -80,7 +81,7 @@ class MalleusController(Controller):
                 self.events.append({"iteration": it, "rates": [round(v, 3) for v in x],
                                     "plans": {k: format_plan(v) for k, v in self.plans.items()}})
             return self.plans[self.interleave[(it - self.warmup) % len(self.interleave)]]
-        if self.policy == "uniform":
+        if not POLICIES.get(self.policy).react:
             return None
         # a finished background plan applies at this boundary
         if self.future is not None and self.future.done():
@@ -130,8 +131,8 @@ def check_real(system, wl) -> None:
     """Real-mode limits, checked at preflight (:meth:`HybridTraining.check`)."""
     if wl.tp != 1:
         raise ConfigError(f"workload.tp: real mode runs DP x PP only (tp=1 on CPU), got tp={wl.tp}")
-    if system.cfg.policy == "restart_replan" and not system.cfg.interleave:
-        raise ConfigError("system.policy: restart_replan runs in sim mode only (a real restart is not emulated)")
+    if system.policy.by_restart and not system.cfg.interleave:
+        raise ConfigError(f"system.policy: {system.cfg.policy} runs in sim mode only (a real restart is not emulated)")
     tiny_shape(wl.model)
 
 

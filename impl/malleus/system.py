@@ -27,13 +27,12 @@ from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.parallel.cost import HybridCostModel, iteration_cost, memory_model, state_bytes_per_layer
 from impl.common.parallel.migration import migration_time_s, plan_migration
 from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_diff, plan_z, z_lower_bound
-from impl.common.parallel.planner import PlannerConfig, check_feasible, check_uniform_fits, plan as hetero_plan
+from impl.common.parallel.planner import PlannerConfig, check_feasible, check_uniform_fits
 from impl.common.parallel.tp_groups import check_shrink_penalty, shrink_levels
 
-from . import baselines
+from .policies import POLICIES, RESTART_PLANS, Policy
 from .straggler import StragglerMonitor
 
-POLICIES = ("malleus", "uniform", "data_only", "layers_only", "restart_replan")
 SUPPORTED_FAULTS = ("none", "compute_slowdown")
 
 
@@ -83,20 +82,23 @@ class HybridTraining(System):
         loss_rtol: float = 1e-5
         timeout_s: float = 600.0
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        for fld, allowed in (("policy", POLICIES), ("detection", ("measured", "oracle")),
-                             ("restart_plan", ("exclude", "malleus")), ("solver_a", ("cbc", "highs")),
-                             ("solver_b", ("cbc", "highs", "search"))):
-            if getattr(cfg, fld) not in allowed:
-                raise ConfigError(f"system.{fld}: unknown value {getattr(cfg, fld)!r} (one of: {', '.join(allowed)})")
-        for k in cfg.interleave:
-            if k not in POLICIES:
-                raise ConfigError(f"system.interleave: unknown policy {k!r} (one of: {', '.join(POLICIES)})")
-        if cfg.check_every < 1 or cfg.window < 1:
-            raise ConfigError(f"system.check_every ({cfg.check_every}) and system.window ({cfg.window}) must be >= 1")
-        if cfg.top_k < 1:
-            raise ConfigError(f"system.top_k must be >= 1, got {cfg.top_k}")
+        def __post_init__(self):
+            for fld, allowed in (("policy", POLICIES.names()), ("detection", ("measured", "oracle")),
+                                 ("restart_plan", RESTART_PLANS.names()), ("solver_a", ("cbc", "highs")),
+                                 ("solver_b", ("cbc", "highs", "search"))):
+                if getattr(self, fld) not in allowed:
+                    raise ConfigError(f"system.{fld}: unknown value {getattr(self, fld)!r} (one of: {', '.join(allowed)})")
+            for k in self.interleave:
+                if k not in POLICIES:
+                    raise ConfigError(f"system.interleave: unknown policy {k!r} (one of: {', '.join(POLICIES.names())})")
+            if self.check_every < 1 or self.window < 1:
+                raise ConfigError(f"system.check_every ({self.check_every}) and system.window ({self.window}) must be >= 1")
+            if self.top_k < 1:
+                raise ConfigError(f"system.top_k must be >= 1, got {self.top_k}")
+
+    @property
+    def policy(self) -> Policy:
+        return POLICIES.get(self.cfg.policy)
 
     # ---- shared ------------------------------------------------------------------------
     def alpha(self, mode: str, wl, hardware) -> list[float]:
@@ -133,7 +135,7 @@ class HybridTraining(System):
             check_real(self, wl)
         pcfg = self.planner_config(wl, hardware, self.alpha(mode, wl, hardware))
         check_uniform_fits(pcfg.uniform(), pcfg)
-        if self.cfg.policy == "malleus" or (self.cfg.policy == "restart_replan" and self.cfg.restart_plan == "malleus"):
+        if self.policy.runs_planner(self.cfg.restart_plan):
             from faults.compute_slowdown import change_iterations
 
             iters = wl.warmup_iterations + wl.iterations
@@ -141,17 +143,8 @@ class HybridTraining(System):
                 check_feasible(pcfg, slowdown_at(fault, it, wl.num_gpus))
 
     def policy_plan(self, policy: str, pcfg: PlannerConfig, x, old: Plan, cost_fn=None, cm=None) -> tuple[Plan, dict]:
-        if policy == "malleus" or (policy == "restart_replan" and self.cfg.restart_plan == "malleus"):
-            res = hetero_plan(pcfg, x, old_plan=old, cost_fn=cost_fn if self.cfg.rescore else None, label="malleus")
-            return res.plan, {"z": res.z, "stats": res.stats,
-                              "candidates": [{"z": c.z, "cost_s": c.cost_s} for c in res.candidates]}
-        if policy == "uniform":
-            return baselines.uniform(pcfg, x), {}
-        if policy == "data_only":
-            return baselines.data_only(pcfg, x), {}
-        if policy == "layers_only":
-            return baselines.layers_only(pcfg, x), {}
-        return baselines.restart_exclude(pcfg, x, cm), {}
+        plan_fn = POLICIES.get(policy).plan_fn(self.cfg.restart_plan)
+        return plan_fn(pcfg, x, old, cost_fn if self.cfg.rescore else None, cm)
 
     def run(self, job: JobContext) -> RunResult:
         if job.mode == "sim":
@@ -189,7 +182,8 @@ class HybridTraining(System):
         def unit_bytes(u: int) -> float:
             return per_layer_state if 0 <= u < L else per_layer_state * 0.5
 
-        react = cfg.policy != "uniform"
+        policy = self.policy
+        react = policy.react
         it_range = range(iters)
         if job.show_progress:
             from tqdm import tqdm
@@ -202,7 +196,7 @@ class HybridTraining(System):
             # apply a finished plan at this iteration boundary
             if pending is not None and clock >= pending.ready_at_s:
                 if pending.plan.signature() != current.signature():
-                    if cfg.policy == "restart_replan":
+                    if policy.by_restart:
                         stall = self.restart_cost_s(pending.plan, cm)
                         restart_total += stall
                     else:
@@ -219,9 +213,7 @@ class HybridTraining(System):
                 pending = None
             cost = iteration_cost(current, x_true, cm)
             t = cost.iteration_time_s
-            if cfg.policy == "restart_replan" and cfg.episode_iterations == 0:
-                t += stall
-            elif cfg.policy != "restart_replan":
+            if not policy.by_restart or cfg.episode_iterations == 0:
                 t += stall
             clock += t
             if it >= wl.warmup_iterations:
@@ -254,7 +246,7 @@ class HybridTraining(System):
                     cache[key] = new
                     latency = cfg.planner_latency_s if cfg.detection == "measured" else 0.0
                 pending = _Pending(new, clock + latency, list(x_seen))
-        if cfg.policy == "restart_replan" and cfg.episode_iterations > 0 and restart_total > 0:
+        if policy.by_restart and cfg.episode_iterations > 0 and restart_total > 0:
             share = restart_total / cfg.episode_iterations
             times = [t + share for t in times]
         x_end = slowdown_at(job.fault, iters - 1, N)

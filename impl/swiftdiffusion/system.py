@@ -58,29 +58,28 @@ class SwiftDiffusionSystem(System):
         profile: SimProfile = field(default_factory=SimProfile)
         plots: bool = True
 
-    def __init__(self, cfg, name):
-        super().__init__(cfg, name)
-        if cfg.variant not in VARIANTS:
-            raise ConfigError(f"system.variant: unknown value {cfg.variant!r} (one of: {', '.join(VARIANTS)})")
-        from impl.swiftdiffusion.denoise import AGGREGATIONS
+        def __post_init__(self):
+            if self.variant not in VARIANTS:
+                raise ConfigError(f"system.variant: unknown value {self.variant!r} (one of: {', '.join(VARIANTS)})")
+            from impl.swiftdiffusion.denoise import AGGREGATIONS
 
-        if cfg.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"system.aggregation: unknown value {cfg.aggregation!r} (one of: {', '.join(AGGREGATIONS)})")
-        if cfg.k < 0:
-            raise ConfigError(f"system.k (patch step bound K) must be >= 0, got {cfg.k}")
-        if cfg.nirvana_k < 0:
-            raise ConfigError(f"system.nirvana_k (steps skipped) must be >= 0, got {cfg.nirvana_k}")
-        if not 0.0 <= cfg.nirvana_hit_rate <= 1.0:
-            raise ConfigError(f"system.nirvana_hit_rate must be in [0, 1], got {cfg.nirvana_hit_rate}")
-        for f in ("cn_cache", "sim_cn_cache", "lora_cache", "diffusers_cn_cache", "diffusers_lora_cache", "base_replicas"):
-            if getattr(cfg, f) < 0:
-                raise ConfigError(f"system.{f} must be >= 0, got {getattr(cfg, f)}")
-        if not cfg.slo_factor > 0:
-            raise ConfigError(f"system.slo_factor must be > 0, got {cfg.slo_factor}")
-        if not isinstance(cfg.profile, SimProfile):
-            cfg.profile = SimProfile(**dataclasses.asdict(cfg.profile)) if dataclasses.is_dataclass(cfg.profile) \
-                else SimProfile(**dict(cfg.profile))
-        cfg.profile.validate()
+            if self.aggregation not in AGGREGATIONS:
+                raise ConfigError(f"system.aggregation: unknown value {self.aggregation!r} (one of: {', '.join(AGGREGATIONS)})")
+            if self.k < 0:
+                raise ConfigError(f"system.k (patch step bound K) must be >= 0, got {self.k}")
+            if self.nirvana_k < 0:
+                raise ConfigError(f"system.nirvana_k (steps skipped) must be >= 0, got {self.nirvana_k}")
+            if not 0.0 <= self.nirvana_hit_rate <= 1.0:
+                raise ConfigError(f"system.nirvana_hit_rate must be in [0, 1], got {self.nirvana_hit_rate}")
+            for f in ("cn_cache", "sim_cn_cache", "lora_cache", "diffusers_cn_cache", "diffusers_lora_cache", "base_replicas"):
+                if getattr(self, f) < 0:
+                    raise ConfigError(f"system.{f} must be >= 0, got {getattr(self, f)}")
+            if not self.slo_factor > 0:
+                raise ConfigError(f"system.slo_factor must be > 0, got {self.slo_factor}")
+            if not isinstance(self.profile, SimProfile):
+                self.profile = SimProfile(**dataclasses.asdict(self.profile)) if dataclasses.is_dataclass(self.profile) \
+                    else SimProfile(**dict(self.profile))
+            self.profile.validate()
 
     def check(self, mode, workload, hardware, fault) -> None:
         kind = getattr(workload, "kind", None)

@@ -26,6 +26,7 @@ from impl.caraserve.cpu_prefill import CPULoRAWorker
 from impl.common.llm.serving_engine import EngineRequest, ServingEngine, run_alone
 from impl.common.llm.forward import InlineCPU
 from impl.common.llm.lora import HostAdapter
+from impl.caraserve.policies import serving
 from impl.common.llm.scheduler import SchedulerConfig
 from tests.support.inprocess import run_job
 
@@ -96,7 +97,7 @@ def test_engine_cold_prefill_on_the_cpu_path_equals_the_resident_prefill(tiny, d
         return out
 
     monkeypatch.setattr(engine_mod, "ragged_forward", spy)
-    eng = ServingEngine(model, host, SchedulerConfig(policy="caraserve", pool_slots=2, load_groups=2),
+    eng = ServingEngine(model, host, SchedulerConfig(policy=serving("caraserve"), pool_slots=2, load_groups=2),
                         seconds_for=lambda a: 0.3, device=device)
     try:
         cold = eng.serve([EngineRequest(0, 0.0, "a32", list(PROMPT), 1)])

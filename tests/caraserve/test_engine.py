@@ -10,6 +10,7 @@ from impl.common.llm.serving_engine import EngineRequest, ServingEngine, run_alo
 from impl.common.llm.forward import InlineCPU
 from impl.common.llm.lora import LoRABatch
 from impl.common.llm.pool import AdapterNotResident, AdapterPool
+from impl.caraserve.policies import serving
 from impl.common.llm.scheduler import SchedulerConfig
 
 PROMPT = [5 + (7 * i) % 250 for i in range(19)]
@@ -66,7 +67,7 @@ def _reqs(names):
 def test_engine_policies_serve_every_request(tiny, policy):
     base, ads = tiny
     names = ["a16", "a32", "a64", "a16", "b16", "a16", "a16", "a16"]
-    cfg = SchedulerConfig(policy=policy, max_batch=4, pool_slots=2, load_groups=2, dlora_merge_min=3)
+    cfg = SchedulerConfig(policy=serving(policy), max_batch=4, pool_slots=2, load_groups=2, dlora_merge_min=3)
     eng = ServingEngine(base, ads, cfg, seconds_for=lambda a: 0.004)  # residency checked on every layer
     try:
         st = eng.serve(_reqs(names))
@@ -76,7 +77,7 @@ def test_engine_policies_serve_every_request(tiny, policy):
     assert sorted(r.rid for r in st.records) == list(range(len(names)))
     if policy == "caraserve":
         # prefills never wait for a load; a decode step may wait for the rest of a load that its
-        # request's prefill outran (scheduler.DECODE_WAITS_FOR_LOAD), never longer than the loads
+        # request's prefill outran (ServingPolicy.decode_waits_for_load), never longer than the loads
         assert st.cpu_layers > 0 and st.stall_s < 0.004 * st.loads
     if policy == "ondmd":
         assert st.stall_s > 0
@@ -84,7 +85,7 @@ def test_engine_policies_serve_every_request(tiny, policy):
 
 def test_engine_greedy_tokens_match_a_lone_request(tiny):
     base, ads = tiny
-    eng = ServingEngine(base, ads, SchedulerConfig(policy="caraserve", pool_slots=2, load_groups=2),
+    eng = ServingEngine(base, ads, SchedulerConfig(policy=serving("caraserve"), pool_slots=2, load_groups=2),
                         seconds_for=lambda a: 0.01)
     req = EngineRequest(rid=0, arrival_s=0.0, adapter="a64", prompt=PROMPT, output_len=4)
     captured = {}
@@ -105,7 +106,7 @@ def test_engine_greedy_tokens_match_a_lone_request(tiny):
 
 def test_unknown_adapter_id_is_one_line(tiny):
     base, ads = tiny
-    eng = ServingEngine(base, ads, SchedulerConfig(policy="cached"))
+    eng = ServingEngine(base, ads, SchedulerConfig(policy=serving("cached")))
     try:
         with pytest.raises(KeyError, match="request 0: unknown adapter id 'nope'"):
             eng.serve([EngineRequest(0, 0.0, "nope", [5, 6], 2)])
@@ -125,7 +126,7 @@ def test_cpu_assisted_prefill_profile_pairs_a_cold_prefill_with_the_resident_one
     from impl.common.llm.serving_engine import time_cpu_assisted_prefills
 
     base, ads = tiny
-    cfg = SchedulerConfig(policy="caraserve", pool_slots=2, load_groups=2)
+    cfg = SchedulerConfig(policy=serving("caraserve"), pool_slots=2, load_groups=2)
     cpu = InlineCPU(ads)
     # a copy longer than the prefill: the cold one runs its first layer group on the CPU path
     out = time_cpu_assisted_prefills(base, ads, cfg, ["a16", "a64"], PROMPT, lambda a: 0.05, cpu, reps=2, idle_s=0.001)

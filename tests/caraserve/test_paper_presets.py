@@ -11,6 +11,7 @@ from impl.caraserve.figures import paper_values, s2_vs_paper, s3_vs_paper, s4_vs
 from impl.caraserve.sim import build_cost
 from impl.caraserve.system import ServingSystem
 from impl.common.api import ConfigError
+from impl.caraserve.policies import serving
 from impl.common.llm.scheduler import SchedulerConfig, kernels_of
 from impl.common.workloads.serving import ServingAdapters, ServingTrace, ServingWorkload
 from tests.caraserve.test_config import S1
@@ -20,12 +21,12 @@ from bench.app import preflight
 
 
 def test_lora_kernels_knob_picks_the_kernel_family_for_any_policy():
-    assert kernels_of(SchedulerConfig(policy="caraserve")) == ("sgmv", "bgmv")
-    assert kernels_of(SchedulerConfig(policy="caraserve", lora_kernels="slora")) == ("mbgmv", "mbgmv")
-    assert kernels_of(SchedulerConfig(policy="slora", lora_kernels="punica")) == ("sgmv", "bgmv")
-    assert kernels_of(SchedulerConfig(policy="slora")) == ("mbgmv", "mbgmv")
+    assert kernels_of(SchedulerConfig(policy=serving("caraserve"))) == ("sgmv", "bgmv")
+    assert kernels_of(SchedulerConfig(policy=serving("caraserve"), lora_kernels="slora")) == ("mbgmv", "mbgmv")
+    assert kernels_of(SchedulerConfig(policy=serving("slora"), lora_kernels="punica")) == ("sgmv", "bgmv")
+    assert kernels_of(SchedulerConfig(policy=serving("slora"))) == ("mbgmv", "mbgmv")
     with pytest.raises(ConfigError, match=r"^system.lora_kernels: unknown 'cutlass' \(one of: auto, punica, slora\)$"):
-        SchedulerConfig(lora_kernels="cutlass")
+        SchedulerConfig(policy=serving("caraserve"), lora_kernels="cutlass")
     error = preflight([*S1, "+system.lora_kernels=cutlass"])
     assert error is not None and error.startswith("system.lora_kernels: unknown 'cutlass'"), error
 

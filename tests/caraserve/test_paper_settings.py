@@ -12,6 +12,7 @@ from impl.caraserve.sim import build_cost, simulate_policy
 from impl.caraserve.system import ServingSystem
 from impl.common.api import ConfigError, JobContext
 from impl.common.hardware import HardwareProfile
+from impl.caraserve.policies import serving
 from impl.common.llm.scheduler import BatchScheduler, SchedulerConfig, SReq
 from impl.common.servesim.cost import ServingCost, ServingCostConfig
 from impl.common.servesim.load_profile import A10_V1_FIG3
@@ -61,7 +62,7 @@ def sreq(i, adapter, out=3, t=0.0):
 
 def test_evict_on_finish_drops_every_adapter_the_remaining_batch_does_not_use():
     for evict, kept in ((True, {"b"}), (False, {"a", "b"})):
-        s = BatchScheduler(SchedulerConfig(policy="slora", max_batch=4, pool_slots=8, evict_on_finish=evict))
+        s = BatchScheduler(SchedulerConfig(policy=serving("slora"), max_batch=4, pool_slots=8, evict_on_finish=evict))
         s.arrive(sreq(0, "a", out=2))
         s.arrive(sreq(1, "b", out=5))
         p = s.plan(lambda r: True)
@@ -124,7 +125,7 @@ def test_per_request_trace_has_one_distinct_adapter_per_request():
 
 
 def test_hf_peft_never_batches_across_adapters():
-    s = BatchScheduler(SchedulerConfig(policy="hf_peft", max_batch=8, pool_slots=8))
+    s = BatchScheduler(SchedulerConfig(policy=serving("hf_peft"), max_batch=8, pool_slots=8))
     for i, a in enumerate("abab"):
         s.arrive(sreq(i, a, out=3))
     p = s.plan(lambda r: True)

@@ -15,6 +15,7 @@ from impl.caraserve.sim import base_reference, build_cost, simulate_policy
 from impl.caraserve.system import ServingSystem
 from impl.common.api import ConfigError
 from impl.common.llm.serving_engine import EngineRequest, ServingEngine
+from impl.caraserve.policies import serving
 from impl.common.llm.scheduler import SchedulerConfig
 from impl.common.traces import TraceSpec, generate_trace, lognormal_weights, maf_popularity, top_share
 from impl.common.workloads.serving import ServingAdapters, ServingTrace, ServingWorkload
@@ -63,7 +64,7 @@ def test_real_slo_reference_run_has_no_lora_work(tiny):
             for i, a in enumerate(["a16", "a64", "a32", "a16"])]
     counts = {}
     for lora in (False, True):
-        eng = ServingEngine(base, ads, SchedulerConfig(policy="caraserve", max_batch=4, pool_slots=2, load_groups=2),
+        eng = ServingEngine(base, ads, SchedulerConfig(policy=serving("caraserve"), max_batch=4, pool_slots=2, load_groups=2),
                             lora=lora)
         try:
             st = eng.serve(reqs)

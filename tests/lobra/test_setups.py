@@ -13,7 +13,7 @@ from impl.common.varlen.lengths import LengthDist
 from impl.lobra import datasets
 from impl.lobra.sim import simulate
 from impl.lobra.cost.step_model import SimCostKnobs, max_tokens, peak_bytes, memory_model, pp_degrees, tp_cost
-from impl.lobra.system import LobRA, ReplicaRow
+from impl.lobra.system import LobRA, LobRASimKnobs, ReplicaRow
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +77,9 @@ def test_max_tokens_is_the_profile_rule(profile):
 
 
 def _sys(**kw):
-    sim = kw.pop("sim", {})
-    cfg = LobRA.Config(**kw)
-    for a, v in sim.items():
-        setattr(cfg.sim, a, v)
-    cfg.ilp_time_limit_s = 2.0
+    # the knobs go in at construction, where the config checks them
+    sim = LobRASimKnobs(**kw.pop("sim", {}))
+    cfg = LobRA.Config(**{**kw, "ilp_time_limit_s": 2.0}, sim=sim)
     return LobRA(cfg, kw.get("policy", "lobra"))
 
 

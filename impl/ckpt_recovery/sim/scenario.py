@@ -31,6 +31,7 @@ from impl.common.parallel.plan import Plan
 from impl.common.parallel.planner import PlannerConfig, check_uniform_fits
 from impl.common.storage.emulator import PAPER_PROFILES, StorageProfile, paper_profile
 
+from impl.ckpt_recovery.policies import POLICIES
 from impl.ckpt_recovery.sim.cost import SaveCost, read_time_s, save_cost, write_time_s
 from impl.ckpt_recovery.sim.checkpoint_io import CheckpointIO, LoadIO
 from impl.ckpt_recovery.sim.layouts import after_loss, describe, rectangular, step_time_s
@@ -114,19 +115,20 @@ def check_sim(system, wl, hw, fault) -> None:
     if k.trials < 1:
         raise ConfigError(f"system.sim.trials: must be >= 1, got {k.trials}")
     nodes = wl.num_gpus // wl.gpus_per_node
-    if k.local_copies and (system.cfg.policy != "ckpt_recovery" or not 0 < k.local_copies < nodes):
+    elastor = POLICIES.get(system.cfg.policy).elastor
+    if k.local_copies and (not elastor or not 0 < k.local_copies < nodes):
         raise ConfigError(f"system.sim.local_copies: needs policy ckpt_recovery and 0 <= k < {nodes} nodes, "
                           f"got k={k.local_copies} with policy {system.cfg.policy!r}")
     if k.local_copies < 0:
         raise ConfigError(f"system.sim.local_copies: must be >= 0, got {k.local_copies}")
-    if k.peer_copies and (system.cfg.policy != "ckpt_recovery" or not 0 < k.peer_copies < nodes or k.local_copies):
+    if k.peer_copies and (not elastor or not 0 < k.peer_copies < nodes or k.local_copies):
         raise ConfigError(f"system.sim.peer_copies: needs policy ckpt_recovery, no local_copies and 0 <= k < {nodes} "
                           f"nodes, got k={k.peer_copies} with policy {system.cfg.policy!r}, local_copies={k.local_copies}")
     if k.peer_copies < 0:
         raise ConfigError(f"system.sim.peer_copies: must be >= 0, got {k.peer_copies}")
     if k.tier_choice not in TIER_CHOICES:
         raise ConfigError(f"system.sim.tier_choice: unknown {k.tier_choice!r} (one of: {', '.join(TIER_CHOICES)})")
-    if k.tier_choice == "auto" and (system.cfg.policy != "ckpt_recovery" or k.local_copies or k.peer_copies < 1):
+    if k.tier_choice == "auto" and (not elastor or k.local_copies or k.peer_copies < 1):
         raise ConfigError(f"system.sim.tier_choice: auto needs policy ckpt_recovery, peer_copies >= 1 (the peer "
                           f"candidate) and local_copies 0, got policy {system.cfg.policy!r}, "
                           f"peer_copies={k.peer_copies}, local_copies={k.local_copies}")

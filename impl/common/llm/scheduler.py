@@ -5,18 +5,10 @@ The scheduler is plain data + decisions: it never measures or sleeps. Each call 
 the adapter actions it needs; the caller (real engine or simulator) executes it and reports
 back with :meth:`prefilled`, :meth:`decoded`, :meth:`finished`.
 
-Policies (CaraServe's baselines as the harness builds them, impl/caraserve/README.md):
-| policy    | cold adapter at prefill                    | prefill kernel | decode kernel |
-|-----------|--------------------------------------------|----------------|---------------|
-| cached    | never cold (all preloaded)                 | sgmv           | bgmv          |
-| ondmd     | synchronous load, stalls the iteration     | sgmv           | bgmv          |
-| caraserve | async load from arrival + CPU-assisted     | sgmv           | bgmv          |
-| slora     | async prefetch from arrival, sync remainder| mbgmv          | mbgmv         |
-| punica    | synchronous load; ranks 16/32/64 only      | sgmv           | bgmv_punica   |
-| dlora     | synchronous load; merged mode when one     | sgmv           | bgmv          |
-|           | adapter dominates the batch                |                |               |
-| hf_peft   | synchronous load; always merged: one       | (merged)       | (merged)      |
-|           | adapter at a time, no cross-adapter batch  |                |               |
+A :class:`ServingPolicy` says what a server does with adapters (when a cold one loads, which
+kernels run, whether the weights are merged); a serving system registers its policies by name
+(CaraServe's and its baselines': impl/caraserve/policies.py) and hands the component in, so this
+module and the engine and simulator that run it know no policy by name.
 
 ``evict_on_finish`` (S-LoRA's public code): whenever a request finishes, every adapter
 that no running or pinned queued request uses is evicted, so an arrival misses unless its
@@ -31,23 +23,8 @@ from typing import Callable, Optional
 from impl.common.api import ConfigError
 from impl.common.llm.pool import AdapterPool
 
-POLICIES = ("cached", "ondmd", "caraserve", "slora", "punica", "dlora", "hf_peft")
-SYNC_LOAD = ("ondmd", "punica", "dlora", "slora", "hf_peft")  # the load is awaited before prefill
-ASYNC_AT_ARRIVAL = ("caraserve",)  # S-LoRA prefetches only for the next batch (see plan)
-# A request whose prefill ended before its adapter finished loading (CaraServe: the load runs
-# beside the CPU-assisted prefill) joins the next decode step, and that step waits for the load
-# (the engine and the simulator price the wait as a load stall of the batch). Elsewhere a
-# running request decodes only once resident (dLoRA's migrated requests). Holding it out of the
-# step instead made the step cheaper than CACHED's with the same requests resident, and
-# CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md,
-# "The paper's SLO, the MAF popularity stand-in, the kernel law").
-DECODE_WAITS_FOR_LOAD = ("caraserve",)
-KERNELS = {
-    "cached": ("sgmv", "bgmv"), "ondmd": ("sgmv", "bgmv"), "caraserve": ("sgmv", "bgmv"),
-    "slora": ("mbgmv", "mbgmv"), "punica": ("sgmv", "bgmv_punica"), "dlora": ("sgmv", "bgmv"),
-    "hf_peft": ("sgmv", "bgmv"),  # never used: every iteration runs on merged weights
-}
-# ``lora_kernels`` other than "auto" (a policy's own pair above): run any policy's scheduling on
+
+# ``lora_kernels`` other than "auto" (a policy's own pair): run any policy's scheduling on
 # one system's kernels, e.g. CaraServe's servers on S-LoRA's (CaraServe v1's scheduler
 # simulation reports both).
 KERNEL_FAMILIES = {"punica": ("sgmv", "bgmv"), "slora": ("mbgmv", "mbgmv")}
@@ -78,9 +55,70 @@ class IterationPlan:
     merged: Optional[str] = None  # dLoRA merged-mode adapter
 
 
+def dominant_adapter(sched: "BatchScheduler") -> Optional[str]:
+    """Merged mode while one adapter holds ``dlora_merge_share`` of the queued and running
+    requests (and at least ``dlora_merge_min`` of them), else none."""
+    counts: dict[str, int] = {}
+    for r in list(sched.waiting) + sched.running:
+        counts[r.adapter] = counts.get(r.adapter, 0) + 1
+    total = sum(counts.values())
+    if not total:
+        return None
+    top = min(counts, key=lambda a: (-counts[a], a))
+    if counts[top] >= sched.cfg.dlora_merge_min and counts[top] / total >= sched.cfg.dlora_merge_share:
+        return top
+    return None
+
+
+def serving_adapter(sched: "BatchScheduler") -> Optional[str]:
+    """Always merged, one adapter at a time: the running batch's, else the queue head's."""
+    if sched.running:
+        return sched.running[0].adapter
+    return sched.waiting[0].adapter if sched.waiting else None
+
+
+@dataclass(frozen=True)
+class ServingPolicy:
+    """What a serving policy does with adapters."""
+
+    # (prefill, decode) LoRA kernels of its own (lora_kernels="auto")
+    kernels: tuple[str, str] = ("sgmv", "bgmv")
+    # every adapter of the trace resident before the first request; never evicts
+    preload_all: bool = False
+    # a cold adapter's load is awaited before the prefill that needs it
+    sync_load: bool = False
+    # a cold adapter loads in the background from the moment it holds a slot (at arrival, for a
+    # request that can join the next batches), and the prefill does not wait for it
+    async_load: bool = False
+    # a cold prefill layer runs its LoRA part on the CPU until the layer's group is resident
+    cpu_assisted_prefill: bool = False
+    # A request whose prefill ended before its adapter finished loading (the load runs beside the
+    # CPU-assisted prefill) joins the next decode step, and that step waits for the load (the
+    # engine and the simulator price the wait as a load stall of the batch). Otherwise a running
+    # request decodes only once resident (dLoRA's migrated requests). Holding it out of the step
+    # instead made the step cheaper than a preloaded server's with the same requests resident,
+    # and CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md, "The paper's SLO, the MAF popularity stand-in, the kernel law").
+    decode_waits_for_load: bool = False
+    # while an iteration runs, the adapters of the requests that can join the next batch load
+    prefetch_next_batch: bool = False
+    # the adapter the weights are merged with before each iteration (None: unmerged, LoRA kernels)
+    merged_adapter: Optional[Callable[["BatchScheduler"], Optional[str]]] = None
+    # False: always on merged weights, no LoRA compute priced
+    lora_compute: bool = True
+    # the adapter copy moves the full A+B bytes for A and again for B (S-LoRA's public code)
+    loads_ab_twice: bool = False
+    # requests and their adapters move between servers (sim, more than one server)
+    migrates: bool = False
+
+
+# Every adapter resident from the start, loaded on the device with no wait and never evicted: the
+# upper bound of a serving comparison, and how the base-model reference run schedules.
+PRELOADED = ServingPolicy(preload_all=True)
+
+
 @dataclass
 class SchedulerConfig:
-    policy: str = "caraserve"
+    policy: ServingPolicy
     max_batch: int = 32
     max_prefill_tokens: int = 4096
     pool_slots: int = 8
@@ -93,7 +131,7 @@ class SchedulerConfig:
     dlora_migrate_interval_s: float = 0.5
     dlora_migrate_threshold: int = 4
     evict_on_finish: bool = False
-    lora_kernels: str = "auto"  # "auto" = the policy's own (KERNELS), else a KERNEL_FAMILIES key
+    lora_kernels: str = "auto"  # "auto" = the policy's own kernels, else a KERNEL_FAMILIES key
 
     def __post_init__(self):
         if self.lora_kernels != "auto" and self.lora_kernels not in KERNEL_FAMILIES:
@@ -106,13 +144,11 @@ class SchedulerConfig:
 
 def kernels_of(cfg: SchedulerConfig) -> tuple[str, str]:
     """(prefill, decode) kernel a scheduler with ``cfg`` runs."""
-    return KERNELS[cfg.policy] if cfg.lora_kernels == "auto" else KERNEL_FAMILIES[cfg.lora_kernels]
+    return cfg.policy.kernels if cfg.lora_kernels == "auto" else KERNEL_FAMILIES[cfg.lora_kernels]
 
 
 class BatchScheduler:
     def __init__(self, cfg: SchedulerConfig):
-        if cfg.policy not in POLICIES:
-            raise ConfigError(f"system.policy: unknown policy {cfg.policy!r} (one of: {', '.join(POLICIES)})")
         if cfg.max_batch < 1:
             raise ConfigError(f"system.max_batch must be >= 1, got {cfg.max_batch}")
         self.cfg = cfg
@@ -129,7 +165,7 @@ class BatchScheduler:
         """Queue ``r``. Returns the adapter to start loading now (async policies), if any."""
         self.waiting.append(r)
         self.unpinned += 1
-        if self.cfg.policy in ASYNC_AT_ARRIVAL and len(self.waiting) <= self._window():
+        if self.cfg.policy.async_load and len(self.waiting) <= self._window():
             return self._pin(r)
         return None
 
@@ -150,7 +186,7 @@ class BatchScheduler:
     def retry_pins(self) -> list[str]:
         """Async policies: pin queued requests that found the pool full at arrival."""
         out = []
-        if self.cfg.policy in ASYNC_AT_ARRIVAL and self.unpinned and self.pool.has_free_slot():
+        if self.cfg.policy.async_load and self.unpinned and self.pool.has_free_slot():
             for k, r in enumerate(self.waiting):
                 if k >= self._window():
                     break
@@ -161,31 +197,11 @@ class BatchScheduler:
         return out
 
     # ---- decisions -----------------------------------------------------------------------
-    def _dlora_mode(self) -> Optional[str]:
-        counts: dict[str, int] = {}
-        for r in list(self.waiting) + self.running:
-            counts[r.adapter] = counts.get(r.adapter, 0) + 1
-        total = sum(counts.values())
-        if not total:
-            return None
-        top = min(counts, key=lambda a: (-counts[a], a))
-        if counts[top] >= self.cfg.dlora_merge_min and counts[top] / total >= self.cfg.dlora_merge_share:
-            return top
-        return None
-
-    def _hf_peft_adapter(self) -> Optional[str]:
-        """HF-PEFT serves one merged adapter at a time: the running batch's, else the queue head's."""
-        if self.running:
-            return self.running[0].adapter
-        return self.waiting[0].adapter if self.waiting else None
-
     def plan(self, decode_ready: Callable[[SReq], bool]) -> Optional[IterationPlan]:
         """Prefill first (LightLLM/vLLM default), else one decode step of the ready running set."""
         cfg = self.cfg
-        if cfg.policy == "dlora":
-            self.merged = self._dlora_mode()
-        elif cfg.policy == "hf_peft":
-            self.merged = self._hf_peft_adapter()
+        if cfg.policy.merged_adapter is not None:
+            self.merged = cfg.policy.merged_adapter(self)
         sel, tokens, new = [], 0, []
         for r in list(self.waiting):
             if len(self.running) + len(sel) >= cfg.max_batch:
@@ -216,7 +232,7 @@ class BatchScheduler:
     def _prefetch(self, joining: int) -> list:
         """S-LoRA: while this iteration runs, load the adapters of the requests that can join
         the next batch (queue head, up to the free batch slots)."""
-        if self.cfg.policy != "slora":
+        if not self.cfg.policy.prefetch_next_batch:
             return []
         out = []
         room = self.cfg.max_batch - len(self.running) - joining

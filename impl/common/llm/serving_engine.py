@@ -23,7 +23,7 @@ from impl.common.llm.kernels import check_kernel_rank
 from impl.common.llm.lora import HostAdapter, LoRABatch, group_of_layer, layer_groups, merge_adapter, unmerge_adapter
 from impl.common.llm.metrics import RequestRecord
 from impl.common.llm.model import SITES
-from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, IterationPlan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import PRELOADED, BatchScheduler, IterationPlan, SchedulerConfig, SReq
 
 
 @dataclass
@@ -186,7 +186,7 @@ class ServingEngine:
         cfg = dataclasses.replace(cfg, load_groups=min(cfg.load_groups, model.config.num_hidden_layers))
         self.lora = lora
         if not lora:
-            cfg = dataclasses.replace(cfg, policy="cached", evict_on_finish=False)
+            cfg = dataclasses.replace(cfg, policy=PRELOADED, evict_on_finish=False)
             cpu = None
         self.cfg = cfg
         self.sched = BatchScheduler(cfg)
@@ -203,13 +203,13 @@ class ServingEngine:
         self.group_of = group_of_layer(self.num_layers, cfg.load_groups)
         self.loader = Loader(adapters, self.sched, self.num_layers, cfg.load_groups, self.device, seconds_for,
                              dtype=self.dtype)
-        if cpu is None and cfg.policy == "caraserve":
+        if cpu is None and cfg.policy.cpu_assisted_prefill:
             cpu = InlineCPU(adapters)  # cpu_workers: 0 -> the CPU path runs in-process
         self.cpu = cpu
         self.check_residency = check_residency
         self.merged: Optional[str] = None
         self._saved = None
-        if cfg.policy == "cached":
+        if cfg.policy.preload_all:
             self.sched.pool.capacity = max(self.sched.pool.capacity, len(adapters))
             for name in adapters:
                 self.sched.pool.preload(name)
@@ -268,17 +268,17 @@ class ServingEngine:
         if plan.kind == "prefill":
             pol = self.cfg.policy
             for a in plan.new_adapters:
-                if pol == "caraserve":
+                if pol.async_load:
                     self.loader.start(a)
             for r in reqs:
                 entry = self.sched.pool.get(r.adapter)
                 r.data["cold"] = not entry.resident()
-            if pol in SYNC_LOAD:
+            if pol.sync_load:
                 for a in sorted({r.adapter for r in reqs}):
                     if not self.sched.pool.get(a).resident():
                         stats.stall_s += self.loader.wait(a)
             batch, names = self._lora_batch(reqs, self.sched.prefill_kernel)
-            if pol == "caraserve" and self.cpu is not None:
+            if pol.cpu_assisted_prefill and self.cpu is not None:
                 pool = self.sched.pool
                 decided: dict = {}
 
@@ -296,7 +296,7 @@ class ServingEngine:
 
                 cpu_path = CPUPath(decide, lambda s, layer, sites, x: self.cpu.submit(names[s], layer, sites, x))
         else:
-            if self.cfg.policy in DECODE_WAITS_FOR_LOAD:
+            if self.cfg.policy.decode_waits_for_load:
                 # a request whose prefill ended before its adapter finished loading: the step
                 # waits for the load (decode never runs on the CPU path), a stall of the batch
                 for a in sorted({r.adapter for r in reqs}):
@@ -338,7 +338,7 @@ class ServingEngine:
                 if a is not None:
                     self.loader.start(a)
                 i += 1
-            if self.cfg.policy in DECODE_WAITS_FOR_LOAD:
+            if self.cfg.policy.decode_waits_for_load:
                 plan = sched.plan(lambda r: True)  # the decode step waits for the load (_run)
             else:
                 plan = sched.plan(lambda r: sched.pool.get(r.adapter).resident())

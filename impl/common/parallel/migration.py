@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Optional
 
+from impl.common.registry import Registry
+
 from .plan import Plan
 
 
@@ -57,15 +59,63 @@ def held_units(plan: Plan) -> dict[int, dict[int, tuple[Fraction, Fraction]]]:
     return out
 
 
-POLICIES = ("bandwidth_greedy", "greedy_msgs", "node_aware_rr", "round_robin", "fcfs")
+# A sender picker serves one plan change: ``pick(u, lo, hi, cost_bytes, same, cover)`` names
+# the GPU that sends slice [lo, hi) of unit u, given the slice's holders on the needer's node
+# (``same``) and all of them (``cover``); it keeps its own counters or cursors across the change.
+Picker = Callable[[int, Fraction, Fraction, float, list, list], int]
+
+
+def _greedy(by_bytes: bool) -> Callable[[], Picker]:
+    def make() -> Picker:
+        sent: dict[int, float] = {}
+        sent_inter: dict[int, float] = {}
+
+        def pick(u, lo, hi, nbytes, same, cover) -> int:
+            cost = nbytes if by_bytes else 1.0
+            if same:
+                src = min(same, key=lambda d: (sent.get(d, 0.0), d))
+            else:
+                src = min(cover, key=lambda d: (sent_inter.get(d, 0.0), d))
+                sent_inter[src] = sent_inter.get(src, 0.0) + cost
+            sent[src] = sent.get(src, 0.0) + cost
+            return src
+        return pick
+    return make
+
+
+def _round_robin(node_aware: bool) -> Callable[[], Picker]:
+    def make() -> Picker:
+        rr: dict[tuple, int] = {}  # cursor per slice
+
+        def pick(u, lo, hi, nbytes, same, cover) -> int:
+            pool = same if (same and node_aware) else cover
+            k = rr.get((u, lo, hi), 0)
+            rr[(u, lo, hi)] = k + 1
+            return pool[k % len(pool)]
+        return pick
+    return make
+
+
+def _fcfs() -> Picker:
+    return lambda u, lo, hi, nbytes, same, cover: cover[0]
+
+
+SENDERS: Registry[Callable[[], Picker]] = Registry("policy", "switch policy")
+SENDERS.add("bandwidth_greedy", _greedy(by_bytes=True))
+SENDERS.add("greedy_msgs", _greedy(by_bytes=False))
+SENDERS.add("node_aware_rr", _round_robin(node_aware=True))
+SENDERS.add("round_robin", _round_robin(node_aware=False))
+SENDERS.add("fcfs", _fcfs)
+POLICIES = SENDERS.names()
 
 
 def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float],
                    policy: str = "bandwidth_greedy") -> tuple[list[Transfer], dict]:
     """Transfers taking ``old``'s state to where ``new`` needs it, plus a summary. ``policy``
     picks the sender of each piece (module doc); the default is the bandwidth-aware greedy."""
-    if policy not in POLICIES:
+    if policy not in SENDERS:
         raise ValueError(f"switch policy: unknown {policy!r} (one of: {', '.join(POLICIES)})")
+    pick = SENDERS.get(policy)()
     have = held_units(old)
     need = held_units(new)
     gpn = new.gpus_per_node
@@ -73,11 +123,8 @@ def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float],
     for dev, units in have.items():
         for u, (lo, hi) in units.items():
             holders.setdefault(u, []).append((dev, lo, hi))
-    sent: dict[int, float] = {}
-    sent_inter: dict[int, float] = {}
     transfers: list[Transfer] = []
     reused = 0.0
-    rr: dict[tuple, int] = {}  # round-robin cursor per slice
     for dst in sorted(need):
         for u in sorted(need[dst]):
             lo, hi = need[dst][u]
@@ -92,21 +139,7 @@ def plan_migration(old: Plan, new: Plan, unit_bytes: Callable[[int], float],
                     reused += nbytes
                     continue
                 same = [d for d in cover if d // gpn == dst // gpn]
-                if policy in ("bandwidth_greedy", "greedy_msgs"):
-                    cost = nbytes if policy == "bandwidth_greedy" else 1.0
-                    if same:
-                        src = min(same, key=lambda d: (sent.get(d, 0.0), d))
-                    else:
-                        src = min(cover, key=lambda d: (sent_inter.get(d, 0.0), d))
-                        sent_inter[src] = sent_inter.get(src, 0.0) + cost
-                    sent[src] = sent.get(src, 0.0) + cost
-                elif policy == "fcfs":
-                    src = cover[0]
-                else:
-                    pool = same if (same and policy == "node_aware_rr") else cover
-                    k = rr.get((u, a, b), 0)
-                    rr[(u, a, b)] = k + 1
-                    src = pool[k % len(pool)]
+                src = pick(u, a, b, nbytes, same, cover)
                 inter = src // gpn != dst // gpn
                 transfers.append(Transfer(u, a, b, src, dst, nbytes, inter))
     recv: dict[int, float] = {}

@@ -6,7 +6,7 @@ come from :class:`~impl.common.servesim.cost.ServingCost`. A router (``route(req
 now) -> index``) places each arrival. Deterministic: plain floats, insertion-ordered events,
 seeded RNGs only; the same inputs give bit-identical results.
 
-dLoRA's request-adapter co-migration (policy ``dlora``, more than one server,
+dLoRA's request-adapter co-migration (a policy that ``migrates``, more than one server,
 ``SchedulerConfig.dlora_migrate``) is a periodic balancer in the same event engine
 (:class:`Migrator`); every other policy schedules no extra event.
 """
@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from impl.common.llm.lora import group_of_layer
 from impl.common.llm.metrics import RequestRecord
-from impl.common.llm.scheduler import DECODE_WAITS_FOR_LOAD, SYNC_LOAD, BatchScheduler, IterationPlan, SchedulerConfig, SReq
+from impl.common.llm.scheduler import BatchScheduler, IterationPlan, SchedulerConfig, SReq
 from impl.common.servesim.cost import ServingCost
 from impl.common.sim.events import EventLoop
 
@@ -87,8 +87,7 @@ class SimServer:
         self.version = 0  # bumped on every change of queue/batch state (routers cache on it)
         self.migrator: Optional["Migrator"] = None
         self.incoming = 0  # running requests whose KV cache is on its way here
-        # S-LoRA's public code moves the full A+B bytes for A and again for B.
-        self.load_copies = 2.0 if cfg.policy == "slora" and cost.slora_copies_ab_twice else 1.0
+        self.load_copies = 2.0 if cfg.policy.loads_ab_twice and cost.slora_copies_ab_twice else 1.0
         self.outbox: list = []  # running requests leaving at the end of the iteration in flight
 
     # ---- state visible to routers ---------------------------------------------------------
@@ -148,7 +147,7 @@ class SimServer:
         self.version += 1
         for a in self.sched.retry_pins():
             self._start_load(a, self._rank_in_queue(a), now)
-        if self.cfg.policy in DECODE_WAITS_FOR_LOAD:
+        if self.cfg.policy.decode_waits_for_load:
             plan = self.sched.plan(lambda r: True)  # the step waits for the loads (_duration)
         else:
             plan = self.sched.plan(lambda r: self._resident(r.adapter, now))
@@ -206,7 +205,7 @@ class SimServer:
             loading = sorted({r.adapter for r in reqs if not self._resident(r.adapter, now)})
             if not loading:
                 return stall + step, stall
-            # CaraServe (DECODE_WAITS_FOR_LOAD): a request whose prefill ended before its adapter
+            # decode_waits_for_load (CaraServe): a request whose prefill ended before its adapter
             # finished loading decodes with the batch, and each layer waits for its group of
             # every such adapter (the GPU stream waits on the load's event per group); decode
             # never runs on the CPU (as in the paper). The wait is a load stall for the whole batch.
@@ -221,22 +220,22 @@ class SimServer:
             self.ready_at.pop(a, None)
         for r in reqs:
             r.data["cold"] = not self._resident(r.adapter, now)
-        if pol in SYNC_LOAD:
+        if pol.sync_load:
             for a in plan.new_adapters:
                 rank = next(r.rank for r in reqs if r.adapter == a)
                 self._start_load(a, rank, now)
         start = now
-        if pol in SYNC_LOAD:
+        if pol.sync_load:
             for r in reqs:
                 if r.adapter in self.ready_at:
                     start = max(start, self.ready_at[r.adapter][-1])
-        elif pol == "caraserve":
+        elif pol.async_load:
             for a in plan.new_adapters:
                 rank = next(r.rank for r in reqs if r.adapter == a)
                 self._start_load(a, rank, now)
         stall += start - now
         total = c.prefill_s(lens, ranks, lora=lora, kernel=self.sched.prefill_kernel)
-        if pol != "caraserve":
+        if not pol.cpu_assisted_prefill:
             return stall + total, stall
         cold = [r for r in reqs if not self._resident(r.adapter, now)]
         if not cold:
@@ -495,7 +494,7 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
             s.sched.pool.preload(a)
 
     mig = None
-    if cfg.policy == "dlora" and cfg.dlora_migrate and num_servers > 1 and requests:
+    if cfg.policy.migrates and cfg.dlora_migrate and num_servers > 1 and requests:
         mig = Migrator(servers, cost, eng, cfg.dlora_migrate_interval_s, cfg.dlora_migrate_threshold)
 
     def arrive(r: SReq):
@@ -519,5 +518,5 @@ def simulate(requests: Sequence[SReq], num_servers: int, cfg: SchedulerConfig, c
                      iteration_mean_s={k: (sum(s.iter_s[k][0] for s in servers) / n if n else None)
                                        for k in ("prefill", "decode")
                                        for n in [sum(s.iter_s[k][1] for s in servers)]},
-                     migrations=(mig.summary() if mig is not None else Migrator.empty()) if cfg.policy == "dlora" else None,
+                     migrations=(mig.summary() if mig is not None else Migrator.empty()) if cfg.policy.migrates else None,
                      migration_log=mig.log if mig is not None else [])
