@@ -97,7 +97,8 @@ class ServingPolicy:
     # engine and the simulator price the wait as a load stall of the batch). Otherwise a running
     # request decodes only once resident (dLoRA's migrated requests). Holding it out of the step
     # instead made the step cheaper than a preloaded server's with the same requests resident,
-    # and CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md, "The paper's SLO, the MAF popularity stand-in, the kernel law").
+    # and CaraServe's mean TTFT came out below CACHED's (the order check of impl/caraserve/README.md,
+    # "The paper's SLO, the MAF popularity stand-in, the kernel law").
     decode_waits_for_load: bool = False
     # while an iteration runs, the adapters of the requests that can join the next batch load
     prefetch_next_batch: bool = False
