@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make a docker engine available for the container tests (tests/test_container.py).
+# Make a docker engine available for the container tests (tests/containers/test_container.py).
 #
 # - installs docker.io with apt when dockerd is missing (needs root + Debian's apt repos);
 # - starts `dockerd --bridge=none --iptables=false --ip-masq=false` in the background

@@ -25,7 +25,7 @@ entries get a row, a short label per row, the reference presets), ``impl/<system
 
 The reference records are ``bench/data/reference_records.jsonl.gz``: the records of the reference
 presets, cut down to the fields the matching reads (so the table can be rebuilt, and checked by
-``tests/test_readme_table.py``, without running anything); a cross preset's records are cut to
+``tests/bench/test_readme_table.py``, without running anything); a cross preset's records are cut to
 what ``bench/cross.py`` reads (:func:`bench.readme_cross.compact_cross`).
 
 ``--add`` merges instead of replacing (:func:`merge_reference`): the added records replace the
@@ -187,7 +187,7 @@ def compact(records: list[dict], spec: dict, papers: dict[str, PaperFile]) -> li
             found, value = _lookup(rec, dotted)
             if found:
                 _put(small, dotted, value)
-        if hinge:  # what re-runs the record (tests/test_hinges_reference.py replays a few)
+        if hinge:  # what re-runs the record (tests/bench/test_hinges_reference.py replays a few)
             small["overrides"] = [o for o in rec.get("overrides") or [] if not o.startswith(("results_dir=", "progress="))]
         git = ((rec.get("provenance") or {}).get("git") or {})
         small["provenance"] = {"git": {k: git.get(k) for k in ("commit", "dirty")}}

@@ -19,7 +19,7 @@ from tests.adaptra.test_real_system import SMALL
 pytestmark = [pytest.mark.real, pytest.mark.timeout(300)]
 
 # Equality of the two launches is the point here, not the host's quiet: the validity rule that
-# counts the other node's ranks as this job is tested in tests/test_host_load.py.
+# counts the other node's ranks as this job is tested in tests/bench/test_host_load.py.
 JOB = ["system=adaptra/adaptra", *SMALL, "validity.max_foreign_cpu_frac=null"]
 
 

@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from tests.test_layering import _lint
+from tests.tree.test_layering import _lint
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HARNESS = ("bench", "faults", "impl", "conf", "pyproject.toml")

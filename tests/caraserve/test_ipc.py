@@ -1,5 +1,5 @@
 """IPC benchmark transports (impl/caraserve/README.md): the shared-memory ring and the ``multiprocessing.Queue`` baseline both
-return exactly the worker's ``-x``, byte for byte (timings: tests/bench/test_ipc_speed.py)."""
+return exactly the worker's ``-x``, byte for byte (timings: tests/speed/test_ipc_speed.py)."""
 from __future__ import annotations
 
 import numpy as np

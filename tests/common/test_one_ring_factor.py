@@ -1,5 +1,5 @@
 """No pricer under impl/ writes its own ring factor or NCCL bus-bandwidth rule: collectives are
-priced by impl/common/collectives.py only (like tests/test_citations.py, a grep over the sources)."""
+priced by impl/common/collectives.py only (like tests/tree/test_citations.py, a grep over the sources)."""
 from __future__ import annotations
 
 import pathlib

@@ -4,7 +4,7 @@ since a user of the repository does not have them. A claim cites the paper (arXi
 figure), the authors' code, or a file in the repository (a system's README states the reconstructed
 choices).
 
-``python tests/test_citations.py [PATH ...]`` lists the offending lines under the given paths."""
+``python tests/tree/test_citations.py [PATH ...]`` lists the offending lines under the given paths."""
 from __future__ import annotations
 
 import pathlib
@@ -13,7 +13,7 @@ import sys
 
 from impl.common.systems import systems
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCANNED = ("impl", "bench", "faults", "conf", "containers", "tests", "README.md", ".ci")
 SUFFIXES = {".py", ".yaml", ".yml", ".md", ".sh", ".toml", ".txt", ".cfg"}
 _DOCS = rf"({'|'.join((*systems(), 'harness'))})"  # the design notes were named after the systems

@@ -1,7 +1,7 @@
 """Side by side (not a test): the pipeline simulator's engines on 1F1B S=128 N=1024 (Python
 loop, compiled on Action lists, compiled on a ScheduleTable), alternating in one process, best
 of 4; ratios against the Python loop.
-Run from the repo root: PYTHONPATH=. python tests/bench/sim_speed_engines.py
+Run from the repo root: PYTHONPATH=. python tests/speed/sim_speed_engines.py
 """
 import os
 import time

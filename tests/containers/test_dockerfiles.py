@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["containers/Dockerfile", "containers/Dockerfile.cuda"]
 SCRIPTS = ["containers/build_base.sh", "containers/build_image.sh", ".ci/docker.sh"]
 

@@ -21,7 +21,7 @@ from tests.conftest import run_bench
 
 ROOT = pathlib.Path(str(resources.files("conf"))) / "system"
 YAMLS = sorted(ROOT.glob("*/*.yaml"))
-SNAPSHOT = pathlib.Path(__file__).parent / "bench" / "data" / "typed_system_configs.json"
+SNAPSHOT = pathlib.Path(__file__).parent / "data" / "typed_system_configs.json"
 PAPERS = {"adaptra", "caraserve", "ckpt_recovery", "fisedit", "hotspa", "hydraulis", "lobra", "malleus",
           "swiftdiffusion", "harness"}
 

@@ -14,7 +14,7 @@ from bench.fidelity import fork_logs as fl
 from impl.common.api import ConfigError
 from impl.common.megatron.runs import load_runs, parse_line
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 HOLDOUT = REPO / "impl/common/megatron/data/megatron_h100_holdout.jsonl.gz"
 FEB = REPO / "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
 

@@ -88,7 +88,7 @@ def test_every_experiment_and_its_sweep_types(composer, experiment):
     # Every value of every axis appears in some checked combination, without the full product.
     picked = {tuple(axis[i % len(axis)] for axis in axes) for i in range(max(map(len, axes), default=1))}
     # gpu/* and gpu8/* presets ask for CUDA (gpu8: 8 GPUs); without them they are refused in preflight
-    # (tests/test_execution.py), and here they are typed on the CPU.
+    # (tests/common/test_execution.py), and here they are typed on the CPU.
     on_cpu = (["execution=cpu"] if experiment.startswith(("gpu/", "gpu8/")) and not torch.cuda.is_available()
               else [])
     if experiment == "gpu8/lobra" and on_cpu:

@@ -1,6 +1,6 @@
 """Malleus planner speed: a 1,024-GPU plan (128 nodes, DP16 TP8 PP8, 70B-like memory, three
 straggling GPUs regrouped into shrunk TP groups), target < 2 s, and every plan the S1-S7
-presets make (README table; ``pytest tests/bench/test_malleus_planner_speed.py
+presets make (README table; ``pytest tests/speed/test_malleus_planner_speed.py
 --benchmark-enable``). Both also check the plans equal the ones recorded before the speed-ups."""
 import json
 import pathlib

@@ -13,7 +13,7 @@ from bench.megatron_runs import calibrate_main, main
 from impl.common.hardware import load_hardware
 from impl.common.megatron.runs import file_sha256
 
-RUNS = pathlib.Path(__file__).resolve().parents[1] / "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
+RUNS = pathlib.Path(__file__).resolve().parents[2] / "impl/common/megatron/data/megatron_h100_feb2024.jsonl.gz"
 FIELDS = {"id", "predicted_fits", "predicted_peak_allocated_mb", "predicted_iteration_ms",
           "measured_iteration_ms", "measured_peak_allocated_mb", "measured_fits", "status", "mode"}
 

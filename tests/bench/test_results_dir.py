@@ -5,7 +5,7 @@ import re
 
 from bench.config import compose_config
 from bench.record import write_record
-from tests.bench.test_harness_speed import typical_record
+from tests.speed.test_harness_speed import typical_record
 from tests.conftest import REPO
 
 README = REPO / "results" / "README.md"

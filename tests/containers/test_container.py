@@ -20,7 +20,7 @@ import pytest
 from bench.launchers import docker as launcher
 from bench.record import validate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IMAGE = launcher.DEFAULT_IMAGE
 BASE_IMAGE = "mlsys-bench-base:bookworm"
 
@@ -31,7 +31,7 @@ CHEAP_JOB = [
     "system.min_repeats=2", "system.mem_bw_bytes=1048576",
     "system.p2p_sizes_bytes=[8,65536]", "system.allreduce_sizes_bytes=[8]",
     # The container's plumbing is under test, not the host: a busy CI host must not make the
-    # record invalid (tests/test_host_load.py tests that rule).
+    # record invalid (tests/bench/test_host_load.py tests that rule).
     "validity.max_foreign_cpu_frac=null",
 ]
 

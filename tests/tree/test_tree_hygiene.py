@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 ISSUE_NUMBER = re.compile(r"\b[Ii]ssues? #?\d+")
 THIS = pathlib.Path(__file__).resolve()  # its planted examples match
 SCANNED = (("impl", "*.py"), ("bench", "*.py"), ("faults", "*.py"), ("tests", "*.py"), ("conf", "*.yaml"))

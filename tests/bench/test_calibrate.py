@@ -12,7 +12,7 @@ from impl.common.api import ConfigError, JobContext, RunResult
 from bench.calibrate.system import Calibrate, CalibrateConfig, resolve_output, write_profile_atomic
 from impl.common.hardware import HardwareProfile
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 TINY = dict(matmul_sizes=[16, 32], dtypes=["fp32", "bf16"], warmup=1, repeats=3, min_repeats=2,
             max_seconds_per_measurement=0.5, mem_bw_bytes=1 << 20, comm_procs=2,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from bench.default_plan import closing_story, load_plan
-from tests.test_compare import metric, record
+from tests.bench.test_compare import metric, record
 
 
 def test_closing_story_reads_calibration_then_sim_then_real():

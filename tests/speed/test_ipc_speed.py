@@ -2,7 +2,7 @@
 measurements"): 8 MiB of activations to a spawned worker (1 thread) and back, through the CPU LoRA
 worker's shared-memory ring + sequence flag vs ``multiprocessing.Queue`` (pickling both ways).
 The worker negates (``negate_job``), so each path moves 8 MiB in and 8 MiB out. Expect shm
-several times faster. Time with ``pytest tests/bench/test_ipc_speed.py --benchmark-enable``;
+several times faster. Time with ``pytest tests/speed/test_ipc_speed.py --benchmark-enable``;
 without it each runs once, as a correctness check (see also tests/caraserve/test_ipc.py)."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 from bench import gate
 from bench.record import new_run_id, now_iso, write_record
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def record(system, mode, status="ok", metrics=None, error=None):
@@ -196,7 +196,7 @@ def test_real_subprocess_run_of_the_calibrate_system(tmp_path):
                  "system.p2p_sizes_bytes=[8,1024]", "system.allreduce_sizes_bytes=[8]",
                  "system.mem_bw_bytes=1048576",
                  # The gate's job plumbing is under test, not the host's load (a busy host
-                 # makes a real record invalid: tests/test_host_load.py).
+                 # makes a real record invalid: tests/bench/test_host_load.py).
                  "validity.max_foreign_cpu_frac=null"]
     probe = gate.Gate(name="calib", candidate="calibrate", metric="?", mode=gate.GateMode.real,
                       overrides=overrides, max_value=float("inf"), repeats=1)

@@ -143,7 +143,7 @@ def test_threads_are_set_in_one_place():
     process calls it with the count its job's execution decision gave it)."""
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     setters = [str(p.relative_to(root)) for pkg in ("impl", "bench", "faults") for p in (root / pkg).rglob("*.py")
                if "set_num_threads(" in p.read_text(encoding="utf-8")]
     assert setters == ["impl/common/execution.py"], setters
