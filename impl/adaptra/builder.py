@@ -6,6 +6,7 @@ The list scheduler itself is shared with the ZB baseline and lives in
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from impl.adaptra.adapt import adapt_warmup
@@ -21,3 +22,21 @@ def adaptra_schedule(tF: Sequence[float], tB: Sequence[float], tW: Sequence[floa
     """
     warmup = adapt_warmup(tF, tB, c, num_microbatches, formula=formula)
     return build_schedule(tF, tB, tW, c, warmup, num_microbatches=num_microbatches, **build_kw), warmup
+
+
+@dataclass
+class AdaptraPlanner:
+    """Picklable schedule provider: Alg. 2 + Alg. 3/4 for the delays the scheduler sees."""
+
+    t_op_s: float
+    num_stages: int
+    num_microbatches: int
+    formula: str
+    steps_per_op: int
+
+    def __call__(self, iteration: int, delays: dict) -> Schedule:
+        S, t = self.num_stages, self.t_op_s
+        c = [float(delays.get((i, i + 1), 0.0)) for i in range(S - 1)]
+        sched, _ = adaptra_schedule([t] * S, [t] * S, [t] * S, c, self.num_microbatches, formula=self.formula,
+                                    steps_per_op=self.steps_per_op)
+        return sched

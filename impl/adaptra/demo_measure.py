@@ -22,7 +22,7 @@ from impl.common.execution import set_torch_threads
 
 
 def main(argv=None) -> None:
-    from impl.adaptra.real import AdaptraPlanner
+    from impl.adaptra.builder import AdaptraPlanner
     from impl.common.runtime.executor import LaunchOptions, NamedSchedule, PipelineJob, run_pipeline
     from impl.common.workloads.pipeline import ModelShape, PipelineWorkload
 

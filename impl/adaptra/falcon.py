@@ -20,6 +20,7 @@ from typing import ClassVar, Optional
 
 from impl.adaptra.detect import HAZARD, MIN_REL_CHANGE, THRESHOLD, ChangeDetector
 from impl.adaptra.mitigate import DpMitigation
+from impl.adaptra.policies import COMMS
 from impl.adaptra.system import PipelineTraining
 from impl.common.api import ConfigError
 
@@ -112,7 +113,7 @@ class Falcon(PipelineTraining):
 
         def __post_init__(self):
             super().__post_init__()
-            if self.comm == "delegated":
+            if COMMS.get(self.comm).delegated:
                 raise ConfigError("system.comm: falcon runs ZB on GPU-direct P2P (in_stream, inline or latency), "
                                   "not 'delegated'")
             if not 0 < self.hazard < 1:

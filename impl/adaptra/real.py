@@ -6,34 +6,10 @@ link-delay experiment [R], impl/adaptra/README.md, "Reconstructed choices").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from impl.adaptra.policies import COMMS, SCHEDULES
 from impl.common.api import JobContext, Metric, RunResult
-from impl.common.schedule.ir import Schedule
 
-# What the executor calls each comm path (ours: in_stream = its fifo).
-_RUNTIME_COMM = {"inline": "inline", "in_stream": "fifo", "delegated": "delegated"}
 MIN_MEASURED_ITERATIONS = 3
-
-
-@dataclass
-class AdaptraPlanner:
-    """Picklable schedule provider: Alg. 2 + Alg. 3/4 for the delays the scheduler sees."""
-
-    t_op_s: float
-    num_stages: int
-    num_microbatches: int
-    formula: str
-    steps_per_op: int
-
-    def __call__(self, iteration: int, delays: dict) -> Schedule:
-        from impl.adaptra.builder import adaptra_schedule
-
-        S, t = self.num_stages, self.t_op_s
-        c = [float(delays.get((i, i + 1), 0.0)) for i in range(S - 1)]
-        sched, _ = adaptra_schedule([t] * S, [t] * S, [t] * S, c, self.num_microbatches, formula=self.formula,
-                                    steps_per_op=self.steps_per_op)
-        return sched
 
 
 def _stage_slowdown(fault, wl):
@@ -53,13 +29,11 @@ def run_real(system, job: JobContext) -> RunResult:
 
     cfg, wl = system.cfg, job.workload
     # system.check has vetted comm, op_pad_s and the fault before we get here.
-    if cfg.schedule == "adaptra":
-        schedule_fn = AdaptraPlanner(wl.op_pad_s, wl.stages, wl.num_microbatches, cfg.adapt_formula,
-                                     cfg.steps_per_op)
-    else:
-        schedule_fn = NamedSchedule(cfg.schedule, wl.stages, wl.num_microbatches)
+    planner = SCHEDULES.get(cfg.schedule).real_planner
+    schedule_fn = (planner(cfg, wl) if planner is not None
+                   else NamedSchedule(cfg.schedule, wl.stages, wl.num_microbatches))
     slowdown = _stage_slowdown(job.fault, wl)
-    pipeline = PipelineJob(schedule_fn, wl, comm=_RUNTIME_COMM[cfg.comm], delays=job.fault
+    pipeline = PipelineJob(schedule_fn, wl, comm=COMMS.get(cfg.comm).runtime, delays=job.fault
                            if job.fault.kind == "link_delay" else None, seed=job.seed,
                            num_delegates=cfg.num_delegates or None, op_pad_s=wl.op_pad_s,
                            fifo_depth=cfg.queue_depth, delegate_when=cfg.delegate_when,

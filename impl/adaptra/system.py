@@ -38,14 +38,11 @@ from faults.dp_link import dp_link_delays_at, validate_dp_link_delay
 from faults.link_delay import link_delays_at, validate_link_delay
 from faults.varying_delay import DelayTimeline, validate_varying_link_delay
 from impl.adaptra.mitigate import DP_LINK_POLICIES
+from impl.adaptra.policies import COMMS, INLINE_MODELS, SCHEDULES
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.schedule.comm import insert_comm
-from impl.common.schedule.generators import generate
 from impl.common.schedule.ir import Schedule
 
-SCHEDULES = ("adaptra", "zb", "zb_uncapped", "1f1b", "gpipe")
-# latency: no queueing at all (the simulator reference [R] of impl/adaptra/README.md, sim only).
-COMMS = ("inline", "in_stream", "delegated", "latency")
 DELEGATE_WHEN = ("always", "on_delay")
 P2P_ORDERS = ("batch", "schedule")
 DETECTIONS = ("oracle", "measured")
@@ -96,11 +93,14 @@ class PipelineTraining(System):
         DP_POLICIES: ClassVar[tuple[str, ...]] = DP_LINK_POLICIES.names()
 
         def __post_init__(self):
-            for field, allowed in (("schedule", SCHEDULES), ("comm", COMMS), ("delegate_when", DELEGATE_WHEN),
-                                   ("adapt_formula", ("paper", "artifact")), ("p2p_order", P2P_ORDERS)):
+            SCHEDULES.get(self.schedule)
+            COMMS.get(self.comm)
+            for field, allowed in (("delegate_when", DELEGATE_WHEN), ("adapt_formula", ("paper", "artifact")),
+                                   ("p2p_order", P2P_ORDERS)):
                 value = getattr(self, field)
                 if value not in allowed:
                     raise ConfigError(f"system.{field}: unknown value {value!r} (one of: {', '.join(allowed)})")
+            INLINE_MODELS.get(self.inline_model)
             if self.queue_depth < 1:
                 raise ConfigError(f"system.queue_depth must be >= 1, got {self.queue_depth}")
             if self.num_delegates < 0:
@@ -126,24 +126,12 @@ class PipelineTraining(System):
         return k
 
     def _uses_delegates(self, detected: dict) -> bool:
-        if self.cfg.comm != "delegated":
+        if not COMMS.get(self.cfg.comm).delegated:
             return False
         return self.cfg.delegate_when == "always" or any(v > 0 for v in detected.values())
 
     def _compute_schedule(self, tF, tB, tW, detected: dict, S: int, N: int) -> tuple[Schedule, Optional[list]]:
-        if self.cfg.schedule == "adaptra":
-            from impl.adaptra.builder import adaptra_schedule
-
-            c = [detected.get((i, i + 1), 0.0) for i in range(S - 1)]
-            sched, warmup = adaptra_schedule(tF, tB, tW, c, N, formula=self.cfg.adapt_formula,
-                                             steps_per_op=self.cfg.steps_per_op)
-            return sched, warmup
-        if self.cfg.schedule == "zb_uncapped":
-            # The paper's simulator builds its uncapped ZB from the profiled op times (at c = 0).
-            from impl.common.schedule.generators import zero_bubble_uncapped
-
-            return zero_bubble_uncapped(S, N, tF, tB, tW, steps_per_op=self.cfg.steps_per_op), None
-        return generate(self.cfg.schedule, S, N), None
+        return SCHEDULES.get(self.cfg.schedule).plan(self.cfg, tF, tB, tW, detected, S, N)
 
     def check(self, mode, wl, hardware, fault) -> None:
         from impl.common.workloads.hybrid import as_pipeline
@@ -182,18 +170,17 @@ class PipelineTraining(System):
             raise ConfigError(f"{what} exists only in sim mode (mode={mode})")
         if fault.kind == "rank_kill" and mode != "real":
             raise ConfigError("fault.kind rank_kill: only a real run has ranks to kill (mode=real)")
-        if self.cfg.comm == "delegated" and wl.num_microbatches % self._delegate_count(fault):
+        if COMMS.get(self.cfg.comm).delegated and wl.num_microbatches % self._delegate_count(fault):
             k = self._delegate_count(fault)
             raise ConfigError(f"workload.num_microbatches {wl.num_microbatches} is not divisible by delegate "
                               f"count {k} (system.num_delegates)")
-        if self.cfg.inline_model not in ("fifo", "blocking"):
-            raise ConfigError(f"system.inline_model: unknown value {self.cfg.inline_model!r} (one of: fifo, blocking)")
         if mode == "real":
-            if self.cfg.comm == "latency":
-                raise ConfigError("system.comm: 'latency' exists only in sim mode (real: inline, in_stream, delegated)")
-            if self.cfg.schedule == "adaptra" and wl.op_pad_s <= 0:
-                raise ConfigError("workload.op_pad_s: the adaptra schedule in real mode plans with the padded op "
-                                  "time; set it > 0 (the CPU link-delay experiment uses 20 ms)")
+            if COMMS.get(self.cfg.comm).runtime is None:
+                real = ", ".join(name for name, path in COMMS.items() if path.runtime is not None)
+                raise ConfigError(f"system.comm: {self.cfg.comm!r} exists only in sim mode (real: {real})")
+            if SCHEDULES.get(self.cfg.schedule).real_planner is not None and wl.op_pad_s <= 0:
+                raise ConfigError(f"workload.op_pad_s: the {self.cfg.schedule} schedule in real mode plans with the "
+                                  "padded op time; set it > 0 (the CPU link-delay experiment uses 20 ms)")
 
     def _delegate_count(self, fault) -> int:
         """Delegates per direction over the whole run: the knob, or the artifact's rule applied
@@ -237,15 +224,7 @@ class PipelineTraining(System):
         return self.cfg.p2p_order == "batch"
 
     def _stream_comm(self):
-        from impl.common.sim.pipeline import CommModel
-
-        if self.cfg.comm == "latency":
-            return CommModel(kind="latency")
-        if self.cfg.comm == "inline" and self.cfg.inline_model == "blocking":
-            # Sends in schedule order on the compute thread (the FIFO model put the CPU
-            # runtime's 1F1B 34% under real at 60 ms; fidelity/pipeline).
-            return CommModel(kind="blocking", batch_p2p=False)
-        return CommModel(kind="in_stream", queue_depth=self.cfg.queue_depth, batch_p2p=self._batch_p2p)
+        return COMMS.get(self.cfg.comm).stream(self.cfg)
 
     def _mitigation(self, job: JobContext):
         return DP_LINK_POLICIES.get(self.cfg.dp_link_policy)(self.cfg, job)
@@ -327,7 +306,7 @@ class PipelineTraining(System):
             dp_inj = dp_link_delays_at(fault, it, S)
             new = ctl.boundary(it, dp_inj)
             if it in rnic_failures:
-                if self.cfg.comm == "delegated":
+                if COMMS.get(self.cfg.comm).delegated:
                     failed_over = True
                     new.append({"iteration": it, "action": "rnic_failover", "cost_s": 0.0,
                                 "why": "RNIC failure: delegates switch NIC"})
@@ -355,14 +334,14 @@ class PipelineTraining(System):
             else:
                 # One iteration of lag; a remapped link's delay is known from the profiling that found it.
                 detected = {**prev_pp, **remapped_links}
-            delegated = self.cfg.comm == "delegated" and (failed_over or self._uses_delegates(detected))
+            delegated = COMMS.get(self.cfg.comm).delegated and (failed_over or self._uses_delegates(detected))
             if delegated:
                 max_delay = max(list(detected.values()) + [0.0])
                 comm = CommModel(kind="delegated", delegates=self._delegates(job, max_delay),
                                  cpu_penalty=self.cfg.cpu_penalty, batch_p2p=self._batch_p2p)
             else:
                 comm = self._stream_comm()
-            plan_key = tuple(sorted(detected.items())) if self.cfg.schedule == "adaptra" else ()
+            plan_key = tuple(sorted(detected.items())) if SCHEDULES.get(self.cfg.schedule).delay_aware else ()
             if plan_key not in sched_cache:
                 sched, warmup = self._compute_schedule(tF, tB, tW, dict(plan_key), S, N)
                 sched_cache[plan_key] = (insert_comm(sched), warmup)
@@ -403,7 +382,7 @@ class PipelineTraining(System):
         sched0, _ = self._compute_schedule(tF, tB, tW, {}, S, N)
         comm0 = (CommModel(kind="delegated", delegates=self._delegates(job, 0.0), cpu_penalty=self.cfg.cpu_penalty,
                            batch_p2p=self._batch_p2p)
-                 if self.cfg.comm == "delegated" and self.cfg.delegate_when == "always"
+                 if COMMS.get(self.cfg.comm).delegated and self.cfg.delegate_when == "always"
                  else self._stream_comm())
         t0 = simulate_iteration(insert_comm(sched0), costs, link, comm0,
                                 dp_allreduce_s=self._dp_times(dp_spec, wl.dp, {})).iteration_time_s + per_iter_s

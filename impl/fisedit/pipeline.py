@@ -26,6 +26,7 @@ from impl.fisedit.cache import ActivationCache
 from impl.fisedit.sparse_modules import EngineState, install, uninstall
 from impl.fisedit.graphs import GraphedUNet, resolve_cuda_graph
 from impl.fisedit.mask import capture_mask, check_mask, check_pool_factors
+from impl.fisedit.schedules import EDIT_SCHEDULES
 
 
 @dataclass
@@ -244,7 +245,7 @@ class FISEditPipeline:
         ``mask_steps`` dense steps (``mask_override`` then replaces it, e.g. a synthetic mask of
         a controlled ratio, after the capture cost was paid)."""
         k = mask_steps
-        if schedule == "supplied":
+        if not EDIT_SCHEDULES.get(schedule, "schedule").captures_mask:
             if mask is None:
                 raise ValueError("the supplied-mask schedule needs a mask")
             mask = check_mask(mask, self.latent_hw)
@@ -256,8 +257,6 @@ class FISEditPipeline:
             phases = ["sparse"] * (num_steps - k) + ["dense"] * k
             return self.run(prompt, seed=seed, num_steps=num_steps, phases=phases, cache=cache, record=record,
                             mask=mask, decode=decode, desc="edit (supplied mask)")
-        if schedule != "online":
-            raise ValueError(f"unknown schedule {schedule!r}")
         info: dict = {}
 
         def capture(i, out: RunOutput):

@@ -20,6 +20,7 @@ from impl.fisedit.cost import Thresholds, step_cost
 from impl.fisedit.sparse_modules import CachedConv2d, uninstall, install, wrappers
 from impl.fisedit.mask import check_mask, synthetic_mask
 from impl.fisedit.pipeline import FISEditPipeline
+from impl.fisedit.schedules import EDIT_SCHEDULES
 
 log = logging.getLogger("impl.fisedit")
 
@@ -217,7 +218,8 @@ def _run_fisedit(system, job, pipe, device, N, k, budget, malloc) -> RunResult:
     if wl.edit_scheduler:
         pipe.c.scheduler = build_scheduler(wl.edit_scheduler)
     mask = make_mask(job, pipe, wl.mask_ratio) if wl.mask_ratio is not None else None
-    if cfg.schedule == "supplied" and mask is None:
+    schedule = EDIT_SCHEDULES.get(cfg.schedule)
+    if not schedule.captures_mask and mask is None:
         # a mask "supplied" by a capture pass (k dense steps), paid outside the timed edit
         probe = pipe.edit(wl.edited_prompt, seed=seed_edit, num_steps=N, cache=cache, schedule="online",
                           mask_steps=k, mask_method=cfg.mask_method, decode=False)
@@ -225,9 +227,8 @@ def _run_fisedit(system, job, pipe, device, N, k, budget, malloc) -> RunResult:
 
     def fis():
         return pipe.edit(wl.edited_prompt, seed=seed_edit, num_steps=N, cache=cache, schedule=cfg.schedule,
-                         mask_steps=k, mask=mask if cfg.schedule == "supplied" else None, mask_method=cfg.mask_method,
-                         dense_fallback_ratio=cfg.dense_fallback_ratio,
-                         mask_override=mask if cfg.schedule == "online" else None)
+                         mask_steps=k, mask_method=cfg.mask_method, dense_fallback_ratio=cfg.dense_fallback_ratio,
+                         **schedule.mask_args(mask))
 
     edits, denses, diffs = [], [], []
     for r in range(wl.repeats):
@@ -337,7 +338,8 @@ def _run_fisedit(system, job, pipe, device, N, k, budget, malloc) -> RunResult:
     info.update(launch_info(pipe))
     _print_table(system.name, f_latent, metrics)
     res = RunResult(metrics=metrics, info=info)
-    if wl.mask_ratio is not None and f_latent > 0 and "psnr_outside_db" in metrics and cfg.schedule == "supplied":
+    if wl.mask_ratio is not None and f_latent > 0 and "psnr_outside_db" in metrics \
+            and not EDIT_SCHEDULES.get(cfg.schedule).captures_mask:
         if metrics["psnr_outside_db"].value < 30.0:
             res.mark_invalid(f"quality gate: psnr_outside_db {metrics['psnr_outside_db'].value:.1f} < 30 dB "
                              "(README quality gate)")
@@ -348,14 +350,14 @@ def _session(system, job, pipe, N, k, first, seed, metrics, info, orig_cache):
     """Serial rounds: round r edits round r-1's image; the cache is the one round r-1's edit
     recorded (a continuous edit). Each round is timed against a dense run of its prompt."""
     cfg, wl = system.cfg, job.workload
+    schedule = EDIT_SCHEDULES.get(cfg.schedule)
     from impl.fisedit.cache import ActivationCache
 
     # round 1 again, recording its activations as the next round's cache
     prev_prompt = wl.edited_prompt
     rec = ActivationCache(budget_bytes=cfg.cache_budget_bytes or math.inf)
     cur = pipe.edit(prev_prompt, seed=seed, num_steps=N, cache=orig_cache,
-                    schedule=cfg.schedule, mask_steps=k, mask=first.mask if cfg.schedule == "supplied" else None,
-                    mask_override=first.mask if cfg.schedule == "online" else None,
+                    schedule=cfg.schedule, mask_steps=k, **schedule.mask_args(first.mask),
                     dense_fallback_ratio=cfg.dense_fallback_ratio, record=rec, decode=False)
     rounds = []
     for r, prompt in enumerate(wl.session_prompts):
@@ -363,8 +365,7 @@ def _session(system, job, pipe, N, k, first, seed, metrics, info, orig_cache):
                            seed=job.seed + r + 1)
         new_rec = ActivationCache(budget_bytes=cfg.cache_budget_bytes or math.inf)
         ed = pipe.edit(prompt, seed=seed, num_steps=N, cache=rec, schedule=cfg.schedule, mask_steps=k,
-                       mask=m if cfg.schedule == "supplied" else None,
-                       mask_override=m if cfg.schedule == "online" else None,
+                       **schedule.mask_args(m),
                        dense_fallback_ratio=cfg.dense_fallback_ratio, record=new_rec)
         dn = pipe.dense(prompt, seed=seed, num_steps=N)
         rng = float(cur.latent.max() - cur.latent.min())

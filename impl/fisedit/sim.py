@@ -32,9 +32,9 @@ from impl.common.registry import Registry
 
 from impl.fisedit.cost import Thresholds, cache_bytes_per_step, step_cost
 from impl.fisedit.mask import synthetic_mask
+from impl.fisedit.schedules import EDIT_SCHEDULES
 
 SCENARIOS = ("f1", "f2", "f3", "f4")
-MASK_CAPTURE_S = 1e-3  # [R] D2H of k latents + Otsu + opening on a 96^2 map, host side
 PAPER_BAND = (3.0, 4.5)
 F_BUCKET = 0.005  # F2 memoises step costs per mask-ratio bucket
 
@@ -81,7 +81,7 @@ class Model:
         n_sparse = self.N - self.k
         hit = n_sparse if cached_steps is None else max(0, min(n_sparse, cached_steps))
         t = (self.N - hit) * dense + hit * self.sparse_step_s(f, with_gain=with_gain, on_gpu=on_gpu)
-        return t + (MASK_CAPTURE_S if schedule == "online" else 0.0)
+        return t + EDIT_SCHEDULES.get(schedule).mask_capture_s
 
 
 def _sparse_step(m: Model, f: float, with_gain: bool, on_gpu: bool) -> float:

@@ -21,6 +21,7 @@ from typing import List
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from impl.fisedit.cost import SIM_ENGINES
+from impl.fisedit.schedules import EDIT_SCHEDULES
 
 VARIANTS = ("fisedit", "dense_edit", "diffusers_dense")
 class EditSchedule(enum.StrEnum):
@@ -37,7 +38,6 @@ class MaskMethod(enum.StrEnum):
     offline = "offline"
 
 
-SCHEDULES = tuple(EditSchedule)
 ENGINES = ("fast", "reference")
 CACHE_DEVICES = ("auto", "host", "device")
 CUDA_GRAPH = ("auto", "off")
@@ -96,8 +96,7 @@ class FISEditSystem(System):
         def __post_init__(self):
             if self.variant not in VARIANTS:
                 raise ConfigError(f"system.variant: unknown value {self.variant!r} (one of: {', '.join(VARIANTS)})")
-            if self.schedule not in SCHEDULES:
-                raise ConfigError(f"system.schedule: unknown value {self.schedule!r} (one of: {', '.join(SCHEDULES)})")
+            EDIT_SCHEDULES.get(self.schedule)
             if self.mask_method not in ("otsu", "offline"):
                 raise ConfigError(f"system.mask_method: unknown value {self.mask_method!r} (one of: otsu, offline)")
             if self.sim_engine not in SIM_ENGINES:

@@ -9,6 +9,7 @@ import torch
 
 from impl.common.api import JobContext, Metric, RunResult
 from impl.common.execution import set_torch_threads
+from impl.swiftdiffusion.variants import VARIANTS
 
 
 def _mean(xs) -> float:
@@ -142,7 +143,7 @@ def run_real(system, job: JobContext) -> RunResult:
             m[f"ssim_{v}"] = Metric.from_samples([x[1] for x in q], "ssim", "higher")
         for v, ts in r["times"].items():
             m[f"latency_{v}_s"] = _lat(ts)
-        own = {"katz": f"k{max(wl.k_grid)}", "nirvana": f"nirvana{cfg.nirvana_k}", "nolora": "nolora"}[cfg.variant]
+        own = VARIANTS.get(cfg.variant).quality_path(cfg, wl)
         m["latency_s"] = _lat(r["times"][own])
         m["throughput_rps"] = Metric.scalar(1.0 / _mean(r["times"][own]), "req/s", "higher")
         info.update(own_path=own, nirvana_start_step=r["nirvana_start"], reference="LoRAs merged before step 0",

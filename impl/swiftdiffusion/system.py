@@ -25,13 +25,11 @@ from impl.common.api import ConfigError, JobContext, RunResult, System
 
 from impl.swiftdiffusion.aggregation import Aggregation
 from impl.swiftdiffusion.profile import SimProfile
+from impl.swiftdiffusion.variants import BASELINE_SCENARIOS, VARIANTS
 
 NIRVANA_STEPS = 50  # the artifact's K counts steps of 50: strength = 1 - K/50
 
-VARIANTS = ("katz", "diffusers", "nirvana", "nolora", "distrifusion")
 SCENARIOS = ("controlnet", "bal", "cfg", "lora_api", "quality")
-# real scenarios a baseline variant runs itself (the others run their controls inside the katz job)
-BASELINE_SCENARIOS = ("quality",)
 SIM_SCENARIOS = ("e1", "e2", "e3", "e4")
 
 
@@ -59,8 +57,7 @@ class SwiftDiffusionSystem(System):
         plots: bool = True
 
         def __post_init__(self):
-            if self.variant not in VARIANTS:
-                raise ConfigError(f"system.variant: unknown value {self.variant!r} (one of: {', '.join(VARIANTS)})")
+            VARIANTS.get(self.variant)
             from impl.swiftdiffusion.denoise import AGGREGATIONS
 
             if self.aggregation not in AGGREGATIONS:
@@ -92,10 +89,11 @@ class SwiftDiffusionSystem(System):
             if self.cfg.k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.k (patch step bound K) must be < system.profile.steps = "
                                   f"{self.cfg.profile.steps}, got {self.cfg.k}")
-            if self.cfg.variant == "distrifusion" and workload.sim.scenario != "e1":
-                raise ConfigError(f"system.variant: distrifusion is modelled for E1 only (its GPU count is not in "
+            variant = VARIANTS.get(self.cfg.variant)
+            if variant.e1_only and workload.sim.scenario != "e1":
+                raise ConfigError(f"system.variant: {self.cfg.variant} is modelled for E1 only (its GPU count is not in "
                                   f"the sources), got workload.sim.scenario={workload.sim.scenario}")
-            if workload.sim.scenario == "e3" and self.cfg.variant != "katz":
+            if workload.sim.scenario == "e3" and not variant.sweeps:
                 raise ConfigError(f"system.variant: E3 sweeps Katz (system=swiftdiffusion/swiftdiffusion), got {self.cfg.variant!r}")
             if self.cfg.nirvana_k >= self.cfg.profile.steps:
                 raise ConfigError(f"system.nirvana_k (steps skipped) must be < system.profile.steps = "
@@ -103,8 +101,8 @@ class SwiftDiffusionSystem(System):
             return
         if workload.scenario not in SCENARIOS:
             raise ConfigError(f"workload.scenario: unknown value {workload.scenario!r} (one of: {', '.join(SCENARIOS)})")
-        if self.cfg.variant != "katz" and (self.cfg.variant in ("diffusers", "distrifusion")
-                                           or workload.scenario not in BASELINE_SCENARIOS):
+        variant = VARIANTS.get(self.cfg.variant)
+        if not variant.runs_all_real and (variant.quality_path is None or workload.scenario not in BASELINE_SCENARIOS):
             raise ConfigError(f"system.variant: {self.cfg.variant} runs real scenario(s) {', '.join(BASELINE_SCENARIOS)} "
                               f"only (sim otherwise; real '{workload.scenario}' runs its controls in the swiftdiffusion job)")
         for k in [self.cfg.nirvana_k, *workload.nirvana_k_grid]:

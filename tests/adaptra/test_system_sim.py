@@ -105,6 +105,8 @@ def test_schedule_order_holds_a_send_behind_a_receive(tmp_path):
     (["fault=link_delay_60ms", "system.num_delegates=5"], "num_microbatches 12 is not divisible by delegate count 5"),
     (["system.schedule=zigzag"], "system.schedule: unknown value 'zigzag'"),
     (["system.p2p_order=eager"], "system.p2p_order: unknown value 'eager' (one of: batch, schedule)"),
+    (["system.comm=rdma"], "system.comm: unknown value 'rdma' (one of: inline, in_stream, delegated, latency)"),
+    (["system.inline_model=queue"], "system.inline_model: unknown value 'queue' (one of: fifo, blocking)"),
 ])
 def test_bad_input_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as err:

@@ -2,8 +2,10 @@
 import pytest
 import torch
 
+from impl.common.errors import ConfigError
 from impl.fisedit.cache import ActivationCache
 from impl.fisedit.mask import synthetic_mask
+from impl.fisedit.schedules import EDIT_SCHEDULES
 
 N = 4
 
@@ -84,6 +86,24 @@ def test_online_schedule_captures_mask_then_goes_sparse(pipe):
     assert ed.phases[:2] == ["dense", "dense"]
     assert ed.mask is not None and ed.mask_info["method"] == "otsu"
     assert set(ed.phases[2:]) == {"sparse"}
+
+
+def test_unknown_schedule_is_one_line_naming_the_known_ones(pipe):
+    orig = pipe.record("a cat", seed=0, num_steps=2, decode=False)
+    with pytest.raises(ConfigError) as err:
+        pipe.edit("a dog", seed=0, num_steps=2, cache=orig.cache, schedule="offline", mask_steps=1, decode=False)
+    assert str(err.value) == "schedule: unknown value 'offline' (one of: supplied, online)"
+
+
+def test_online_mask_override_replaces_the_captured_mask(pipe):
+    orig = pipe.record("a cat", seed=0, num_steps=N, decode=False)
+    m = synthetic_mask((16, 16), 0.2, seed=3)
+    ed = pipe.edit("a dog", seed=0, num_steps=N, cache=orig.cache, schedule="online", mask_steps=2,
+                   dense_fallback_ratio=1.0, decode=False, **EDIT_SCHEDULES.get("online").mask_args(m))
+    assert torch.equal(ed.mask, m) and ed.mask_info["override_ratio"] == float(m.float().mean())
+    sup = pipe.edit("a dog", seed=0, num_steps=N, cache=orig.cache, schedule="supplied", mask_steps=2,
+                    decode=False, **EDIT_SCHEDULES.get("supplied").mask_args(m))
+    assert sup.phases == ["sparse"] * (N - 2) + ["dense"] * 2
 
 
 def test_large_mask_falls_back_to_dense_and_says_so(pipe):

@@ -6,6 +6,7 @@ from impl.common.api import ConfigError
 from impl.common.traces.addons import generate_addon_trace, load_addon_trace
 
 from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
+from impl.swiftdiffusion.variants import VARIANTS
 
 
 def trace_for(job):
@@ -31,7 +32,7 @@ def katz_runner(cfg, p, b: int, pool: int, k=None, cn_cache=None):
     cn_cache = cfg.sim_cn_cache if cn_cache is None else cn_cache
 
     def katz(q):
-        return simulate_katz(q, p, b, pool, k, cn_cache, cfg.lora_cache, drop_loras=cfg.variant == "nolora")
+        return simulate_katz(q, p, b, pool, k, cn_cache, cfg.lora_cache, drop_loras=VARIANTS.get(cfg.variant).drops_loras)
 
     return katz
 

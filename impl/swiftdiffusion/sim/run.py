@@ -10,6 +10,7 @@ from impl.common.traces.addons import AddonRequest
 from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, simulate_diffusers, simulate_katz
 from impl.swiftdiffusion.sim.common import _plt, best_split, diffusers_slo, trace_for
 from impl.swiftdiffusion.sim.sweeps import e3, e4
+from impl.swiftdiffusion.variants import VARIANTS
 
 # The artifact's measured s/request (its run logs), for comparison only: (ControlNets, LoRAs) -> (Diffusers, Katz)
 ARTIFACT = {(0, 0): (2.88, 1.71), (0, 1): (6.19, 1.84), (1, 0): (4.26, 1.74), (1, 1): (7.29, 1.89),
@@ -65,7 +66,8 @@ def e1(system, job) -> RunResult:
             errs.append(abs(err))
             m[f"ratio_err_{tag}"] = Metric.scalar(err, "rel")
         rows.append((tag, d, k, ref, (c, l) in CALIBRATION_ROWS, nir[cfg.nirvana_k], nol, dfu))
-    own = [r[{"katz": 2, "diffusers": 1, "nirvana": 5, "nolora": 6, "distrifusion": 7}[cfg.variant]] for r in rows]
+    column = VARIANTS.get(cfg.variant).e1_column
+    own = [r[column] for r in rows]
     m["latency_s"] = Metric.scalar(float(np.mean(own)), "s")
     m["throughput_rps"] = Metric.scalar(1.0 / float(np.mean(own)), "req/s", "higher")
     if errs:
@@ -90,9 +92,10 @@ def e2(system, job) -> RunResult:
     r_d, res_d = max_rate_at_slo(diff, reqs, base_rate, slo)
     m = {"p99_slo_s": Metric.scalar(slo, "s"), "throughput_diffusers_rps": Metric.scalar(r_d, "req/s", "higher")}
     curves = {"diffusers": _curve(diff, reqs, base_rate, sim.rates_rps)}
-    if cfg.variant in ("diffusers", "nirvana"):
+    variant = VARIANTS.get(cfg.variant)
+    if variant.e2_replicas:
         r_o, res_o, run_o = r_d, res_d, diff
-        if cfg.variant == "nirvana":
+        if variant.skips_steps:
             def run_o(q):
                 return simulate_diffusers(q, p, gpus, cfg.diffusers_cn_cache, cfg.diffusers_lora_cache,
                                           skip_steps=cfg.nirvana_k, hit_rate=cfg.nirvana_hit_rate, seed=job.seed)

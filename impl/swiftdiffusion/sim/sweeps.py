@@ -16,6 +16,7 @@ from impl.common.api import ConfigError, Metric, RunResult
 from impl.swiftdiffusion.cache import LFUCache, LRUCache
 from impl.swiftdiffusion.sim.serving import max_rate_at_slo, scale_arrivals, simulate_diffusers
 from impl.swiftdiffusion.sim.common import _plt, best_split, diffusers_slo, katz_runner, trace_for
+from impl.swiftdiffusion.variants import VARIANTS
 
 POLICIES = {"lru": LRUCache, "lfu": LFUCache}
 
@@ -26,7 +27,7 @@ def _unloaded_mean(run, reqs, base_rate) -> float:
 
 def e3(system, job) -> RunResult:
     cfg, p, sim = system.cfg, system.cfg.profile, job.workload.sim
-    if cfg.variant != "katz":
+    if not VARIANTS.get(cfg.variant).sweeps:
         raise ConfigError(f"system.variant: E3 sweeps Katz; got {cfg.variant!r}")
     reqs, base_rate = trace_for(job)
     gpus = sim.gpus
