@@ -26,7 +26,7 @@ from impl.hotspa.sim import group_plan, simulate_grid, simulate_grouped, simulat
 
 
 @dataclass(frozen=True)
-class Policy:
+class HotSPaPolicy:
     name: str
     modes: tuple = ("sim", "real")
     # real mode: the home strategy for every sequence instead of the group plan
@@ -42,11 +42,11 @@ class Policy:
         raise NotImplementedError
 
 
-POLICIES: Registry[Policy] = Registry("policy")
+POLICIES: Registry[HotSPaPolicy] = Registry("policy")
 
 
 @dataclass(frozen=True)
-class Grouped(Policy):
+class Grouped(HotSPaPolicy):
     """HotSPa's engine on the group plan (``home_only``: its home strategy alone)."""
 
     home_only: bool = False
@@ -60,7 +60,7 @@ class Grouped(Policy):
 
 
 @dataclass(frozen=True)
-class Static(Policy):
+class Static(HotSPaPolicy):
     parallel: str = "tp"
 
     def check_sim(self, system, wl) -> None:
@@ -73,7 +73,7 @@ class Static(Policy):
 
 
 @dataclass(frozen=True)
-class GridRule(Policy):
+class GridRulePolicy(HotSPaPolicy):
     modes: tuple = ("sim",)
 
     def check_sim(self, system, wl) -> None:
@@ -89,7 +89,7 @@ for _p in (Grouped("hotspa"),
            Grouped("hotspa_static", home_only=True, real_home_only=True),
            Static("megatron_static", parallel="tp", real_home_only=True),
            Static("deepspeed_static", modes=("sim",), parallel="ulysses"),
-           GridRule("megatron_grid")):
+           GridRulePolicy("megatron_grid")):
     POLICIES.add(_p.name, _p)
 
 

@@ -11,7 +11,7 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from impl.hotspa.policies import POLICIES, Policy
+from impl.hotspa.policies import POLICIES, HotSPaPolicy
 from impl.hotspa.presets import PRESET_GROUPINGS
 from impl.hotspa.real_config import HotSPaRealKnobs
 from impl.hotspa.sim import SWITCH_POLICIES
@@ -50,7 +50,7 @@ class HotSPa(System):
 
 
     @property
-    def component(self) -> Policy:
+    def component(self) -> HotSPaPolicy:
         return POLICIES.get(self.cfg.policy)
 
     @property

@@ -38,7 +38,7 @@ from impl.hydraulis.sim import (PoolRun, SimEnv, SimRun, price_groups, deepspeed
 
 
 @dataclass(frozen=True)
-class Policy:
+class HydraulisPolicy:
     """A policy: the modes it runs and, per mode, what it runs there."""
 
     name: str
@@ -51,18 +51,18 @@ class Policy:
         raise NotImplementedError
 
 
-POLICIES: Registry[Policy] = Registry("policy")
+POLICIES: Registry[HydraulisPolicy] = Registry("policy")
 
 
 @dataclass(frozen=True)
-class MegatronLike(Policy):
+class MegatronLike(HydraulisPolicy):
     def prices(self, env, run):
         run.info["grid_search_step_s"] = run.grid
         return [price_homo_greedy(env, run.mega_r, run.mega_dp, b.lengths.tolist(), env.wl.context) for b in run.batches]
 
 
 @dataclass(frozen=True)
-class MegatronGridLike(Policy):
+class MegatronGridLike(HydraulisPolicy):
     adds_iteration_overhead: bool = False
 
     def prices(self, env, run):
@@ -72,7 +72,7 @@ class MegatronGridLike(Policy):
 
 
 @dataclass(frozen=True)
-class DeepSpeedLike(Policy):
+class DeepSpeedLike(HydraulisPolicy):
     def prices(self, env, run):
         r, gather_ms, zero, scores = deepspeed_grid(env, run.sample)
         run.info.update(deepspeed_layout=f"zero{zero} sp{r.tp} dp{env.n // r.tp}", grid_search_step_s=scores)
@@ -80,7 +80,7 @@ class DeepSpeedLike(Policy):
 
 
 @dataclass(frozen=True)
-class PoolPolicy(Policy):
+class PoolPolicy(HydraulisPolicy):
     """A policy on the optimizer layout and the candidate pool (the Hydraulis engine)."""
 
     def prices(self, env, run):
@@ -151,7 +151,7 @@ class PlannedStatic(Planned):
 
 
 @dataclass(frozen=True)
-class RealRunPolicy(Policy):
+class RealRunPolicy(HydraulisPolicy):
     """A run of the CPU experiment (README "Real mode"): batching and candidate pool of replica kinds."""
 
     modes: tuple = ("real",)

@@ -12,7 +12,7 @@ from typing import List
 
 from impl.common.api import ConfigError, JobContext, RunResult, System
 
-from impl.hydraulis.policies import POLICIES, Policy, in_mode
+from impl.hydraulis.policies import POLICIES, HydraulisPolicy, in_mode
 from impl.hydraulis.real.config import HydraulisRealKnobs
 from impl.hydraulis.sim_config import HydraulisSimKnobs
 from impl.hydraulis.step_plan import IlpScope
@@ -71,7 +71,7 @@ class Hydraulis(System):
             POLICIES.get(self.policy)
 
     @property
-    def component(self) -> Policy:
+    def component(self) -> HydraulisPolicy:
         return POLICIES.get(self.cfg.policy)
 
     @property

@@ -36,7 +36,7 @@ RESTART_PLANS.add("malleus", _malleus)
 
 
 @dataclass(frozen=True)
-class Policy:
+class MalleusPolicy:
     # None: the plan of system.restart_plan (the restart baseline's two variants)
     planner: Optional[PlanFn]
     # False: keeps the nominal layout, so nothing is observed or replanned
@@ -53,9 +53,9 @@ class Policy:
         return self.plan_fn(restart_plan) is _malleus
 
 
-POLICIES: Registry[Policy] = Registry("policy")
-POLICIES.add("malleus", Policy(_malleus))
-POLICIES.add("uniform", Policy(_baseline(baselines.uniform), react=False))
-POLICIES.add("data_only", Policy(_baseline(baselines.data_only)))
-POLICIES.add("layers_only", Policy(_baseline(baselines.layers_only)))
-POLICIES.add("restart_replan", Policy(None, by_restart=True))
+POLICIES: Registry[MalleusPolicy] = Registry("policy")
+POLICIES.add("malleus", MalleusPolicy(_malleus))
+POLICIES.add("uniform", MalleusPolicy(_baseline(baselines.uniform), react=False))
+POLICIES.add("data_only", MalleusPolicy(_baseline(baselines.data_only)))
+POLICIES.add("layers_only", MalleusPolicy(_baseline(baselines.layers_only)))
+POLICIES.add("restart_replan", MalleusPolicy(None, by_restart=True))

@@ -30,7 +30,7 @@ from impl.common.parallel.plan import Plan, format_plan, group_rates, plan_diff,
 from impl.common.parallel.planner import PlannerConfig, check_feasible, check_uniform_fits
 from impl.common.parallel.tp_groups import check_shrink_penalty, shrink_levels
 
-from .policies import POLICIES, RESTART_PLANS, Policy
+from .policies import POLICIES, RESTART_PLANS, MalleusPolicy
 from .straggler import StragglerMonitor
 
 SUPPORTED_FAULTS = ("none", "compute_slowdown")
@@ -97,7 +97,7 @@ class HybridTraining(System):
                 raise ConfigError(f"system.top_k must be >= 1, got {self.top_k}")
 
     @property
-    def policy(self) -> Policy:
+    def policy(self) -> MalleusPolicy:
         return POLICIES.get(self.cfg.policy)
 
     # ---- shared ------------------------------------------------------------------------
