@@ -11,7 +11,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from faults.spec import KINDS as FAULT_KINDS
+from impl.common.fault_model.spec import KINDS as FAULT_KINDS
 from impl.common.api import ConfigError, NotApplicable, System
 from impl.common.errors import first_line
 from impl.common.execution import Execution, ExecutionConfig, RankScope, resolve as resolve_execution

@@ -1,1 +1,2 @@
-"""Fault and straggler specs, and the injectors that apply one spec to both modes."""
+"""The injectors that apply one fault spec to both modes (the typed specs themselves, and the
+functions the runtime evaluates, are :mod:`impl.common.fault_model`)."""

@@ -17,7 +17,7 @@ def _stage_slowdown(fault, wl):
     replica's factor (as the sim prices it); real mode runs dp = tp = 1, so GPU g is stage g."""
     if getattr(fault, "kind", None) != "compute_slowdown":
         return None
-    from faults.compute_slowdown import slowdown_at
+    from impl.common.fault_model.compute_slowdown import slowdown_at
 
     x = slowdown_at(fault, 0, wl.stages * wl.dp * wl.tp)
     per = wl.dp * wl.tp

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from faults.dp_link import dp_link_delays_at, validate_dp_link_delay
-from faults.link_delay import link_delays_at, validate_link_delay
+from impl.common.fault_model.link_delay import link_delays_at, validate_link_delay
 from faults.varying_delay import DelayTimeline, validate_varying_link_delay
 from impl.adaptra.mitigate import DP_LINK_POLICIES
 from impl.adaptra.policies import COMMS, INLINE_MODELS, SCHEDULES
@@ -149,7 +149,7 @@ class PipelineTraining(System):
         validate_dp_link_delay(fault, wl.stages, wl.dp)
         validate_varying_link_delay(fault, wl.stages)
         if fault.kind == "compute_slowdown":
-            from faults.compute_slowdown import validate_compute_slowdown
+            from impl.common.fault_model.compute_slowdown import validate_compute_slowdown
 
             validate_compute_slowdown(fault, wl.stages * wl.dp * wl.tp)
             if fault.trace:
@@ -278,7 +278,7 @@ class PipelineTraining(System):
         costs, link = self._costs(job)
         tF, tB, tW = list(costs.tf_s), list(costs.tb_s), list(costs.tw_s)
         if fault.kind == "compute_slowdown":
-            from faults.compute_slowdown import slowdown_at
+            from impl.common.fault_model.compute_slowdown import slowdown_at
 
             per_stage = wl.dp * wl.tp
             x = slowdown_at(fault, 0, S * per_stage)

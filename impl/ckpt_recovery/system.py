@@ -15,7 +15,7 @@ a knob; baselines: impl/ckpt_recovery/README.md, "Reconstructed choices").
 
 Sim mode lives in :mod:`impl.ckpt_recovery.sim.scenario` (knobs in the nested ``sim`` node), real mode
 in :mod:`impl.ckpt_recovery.real` (knobs in ``real``). Faults: ``gpu_loss`` / ``node_loss``
-(``faults.spec``), one spec for both modes; ``none`` with ``sim.failures=poisson``.
+(``impl.common.fault_model.spec``), one spec for both modes; ``none`` with ``sim.failures=poisson``.
 """
 from __future__ import annotations
 

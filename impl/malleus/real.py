@@ -202,7 +202,7 @@ def run_real(system, job: JobContext) -> RunResult:
 
 
 def _first_change(fault, total: int) -> Optional[int]:
-    from faults.compute_slowdown import change_iterations
+    from impl.common.fault_model.compute_slowdown import change_iterations
 
     ch = change_iterations(fault, total)
     return ch[0] if ch else None

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from faults.compute_slowdown import slowdown_at, validate_compute_slowdown
+from impl.common.fault_model.compute_slowdown import slowdown_at, validate_compute_slowdown
 from impl.common.api import ConfigError, JobContext, Metric, RunResult, System
 from impl.common.parallel.cost import HybridCostModel, iteration_cost, memory_model, state_bytes_per_layer
 from impl.common.parallel.migration import migration_time_s, plan_migration
@@ -136,7 +136,7 @@ class HybridTraining(System):
         pcfg = self.planner_config(wl, hardware, self.alpha(mode, wl, hardware))
         check_uniform_fits(pcfg.uniform(), pcfg)
         if self.policy.runs_planner(self.cfg.restart_plan):
-            from faults.compute_slowdown import change_iterations
+            from impl.common.fault_model.compute_slowdown import change_iterations
 
             iters = wl.warmup_iterations + wl.iterations
             for it in [0] + change_iterations(fault, iters):

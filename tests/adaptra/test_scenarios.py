@@ -7,7 +7,7 @@ import random
 import pytest
 
 from bench.system_choice import choice_of
-from faults.spec import VaryingLinkDelay
+from impl.common.fault_model.spec import VaryingLinkDelay
 from faults.varying_delay import DelayTimeline
 from impl.adaptra.detect import detect_changes
 from impl.adaptra.falcon import SkiRentalLadder

@@ -10,7 +10,7 @@ import tempfile
 import pytest
 import torch
 
-from faults.spec import GpuLoss, NodeLoss
+from impl.common.fault_model.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim import peer as sim_peer
 from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics
 from impl.ckpt_recovery.sim.config import CkptSimKnobs

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from faults.spec import GpuLoss, NodeLoss
+from impl.common.fault_model.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim.scenario import POLICY_MODELS, Scenario, canonical, failure_trace, fault_metrics, poisson_metrics
 from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.sim.cost import save_cost, young_daly_s
@@ -118,7 +118,7 @@ def test_deterministic_records(hw):
                          hardware=hw, hardware_name="h100", fault=fault, fault_name="f", out_dir=None)
         return {k: v.to_dict() for k, v in run_sim(sysm, job).metrics.items()}
     assert run(0) == run(0)
-    from faults.spec import NoFault
+    from impl.common.fault_model.spec import NoFault
     assert run(7, "dcp_async", "poisson", NoFault()) == run(7, "dcp_async", "poisson", NoFault())
     k = CkptSimKnobs()
     assert failure_trace(1024, 8, k, 7) == failure_trace(1024, 8, k, 7) != failure_trace(1024, 8, k, 8)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from faults.spec import GpuLoss, NodeLoss
+from impl.common.fault_model.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim import local as sim_local
 from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, run_sim
 from impl.ckpt_recovery.sim.config import CkptSimKnobs

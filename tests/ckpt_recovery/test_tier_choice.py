@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from faults.spec import GpuLoss, NodeLoss
+from impl.common.fault_model.spec import GpuLoss, NodeLoss
 from impl.ckpt_recovery.sim.scenario import Scenario, check_sim, fault_metrics, predicted_ettr, run_sim, tier_candidates
 from impl.ckpt_recovery.sim.config import CkptSimKnobs
 from impl.ckpt_recovery.system import CkptRecovery

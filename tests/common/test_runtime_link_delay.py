@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from faults.spec import DelayEvent, LinkDelay
+from impl.common.fault_model.spec import DelayEvent, LinkDelay
 from impl.common.api import ConfigError
 from impl.common.runtime.link_delay import DelayEstimator, LinkDelayController
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from faults.spec import LinkDelay
+from impl.common.fault_model.spec import LinkDelay
 from impl.common.api import ConfigError
 from impl.common.models.tiny_gpt import params_digest, reference_train
 from impl.common.runtime.executor import LaunchOptions, NamedSchedule, PerIterationSchedule, PipelineJob, run_pipeline

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from faults.spec import DelayEvent, LinkDelay
+from impl.common.fault_model.spec import DelayEvent, LinkDelay
 from impl.common.api import ConfigError
 from impl.common.cost import LinkCosts, StageCosts
 from impl.common.schedule.comm import insert_comm

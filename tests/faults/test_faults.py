@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from faults.link_delay import link_delays_at, validate_link_delay
-from faults.spec import DelayEvent, LinkDelay, NoFault
+from impl.common.fault_model.link_delay import link_delays_at, validate_link_delay
+from impl.common.fault_model.spec import DelayEvent, LinkDelay, NoFault
 from impl.common.api import ConfigError
 
 
@@ -47,8 +47,8 @@ def test_impossible_specs_fail_in_one_line(fault, message):
 
 
 def test_slowdown_severity_scales_each_factors_excess():
-    from faults.compute_slowdown import slowdown_at, validate_compute_slowdown
-    from faults.spec import ComputeSlowdown
+    from impl.common.fault_model.compute_slowdown import slowdown_at, validate_compute_slowdown
+    from impl.common.fault_model.spec import ComputeSlowdown
 
     f = ComputeSlowdown(gpus=[0, 2, 3], factors=[12.53, 2.57, 0.8])
     assert slowdown_at(f, 0, 4) == [12.53, 1.0, 2.57, 0.8]

@@ -88,7 +88,7 @@ def test_new_system_package_is_covered_without_being_declared(tree_copy):
     # and is held to the same rules as the others the moment it exists
     new = tree_copy / "impl" / "newsys"
     new.mkdir()
-    (new / "__init__.py").write_text("from impl.common import api\nimport faults.spec\n")
+    (new / "__init__.py").write_text("from impl.common import api\nimport faults.dp_link\n")
     assert _lint(tree_copy).returncode == 0
     (new / "planted.py").write_text("from impl.caraserve import system\n")
     out = _lint(tree_copy)
