@@ -17,6 +17,7 @@ are :mod:`impl.common.baselines` (Hydraulis runs them too).
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 from impl.common.errors import ConfigError
@@ -26,7 +27,7 @@ from impl.hotspa.sim import group_plan, simulate_grid, simulate_grouped, simulat
 
 
 @dataclass(frozen=True)
-class HotSPaPolicy:
+class HotSPaPolicy(abc.ABC):
     name: str
     modes: tuple = ("sim", "real")
     # real mode: the home strategy for every sequence instead of the group plan
@@ -38,8 +39,9 @@ class HotSPaPolicy:
     def check_context(self, system, env, wl) -> None:
         """Sim-mode limits at one context (``wl`` clipped to it)."""
 
+    @abc.abstractmethod
     def simulate(self, system, env, wl, hardware, seed: int, batches, info: dict):
-        raise NotImplementedError
+        """Sim mode: the per-step prices of this policy on the job's batches."""
 
 
 POLICIES: Registry[HotSPaPolicy] = Registry("policy")

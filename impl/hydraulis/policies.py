@@ -24,6 +24,7 @@ The static and grid-rule baselines and HotSPa-like bucketing are :mod:`impl.comm
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -38,7 +39,7 @@ from impl.hydraulis.sim import (PoolRun, SimEnv, SimRun, price_groups, deepspeed
 
 
 @dataclass(frozen=True)
-class HydraulisPolicy:
+class HydraulisPolicy(abc.ABC):
     """A policy: the modes it runs and, per mode, what it runs there."""
 
     name: str
@@ -47,8 +48,9 @@ class HydraulisPolicy:
     # False where the baseline's own step model already prices them in its iteration
     adds_iteration_overhead: bool = True
 
+    @abc.abstractmethod
     def prices(self, env: SimEnv, run: SimRun) -> list[StepPrice]:
-        raise NotImplementedError
+        """The per-step prices of this policy on the job's batches (sim mode)."""
 
 
 POLICIES: Registry[HydraulisPolicy] = Registry("policy")
@@ -89,8 +91,9 @@ class PoolPolicy(HydraulisPolicy):
         run.info["memory_limit_gib"] = pr.mem.capacity_bytes / GIB
         return prices
 
+    @abc.abstractmethod
     def pool_prices(self, env: SimEnv, run: SimRun, pr: PoolRun) -> list[StepPrice]:
-        raise NotImplementedError
+        """The per-step prices on the prepared optimizer layout and pool."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,11 @@ class RealRunPolicy(HydraulisPolicy):
     modes: tuple = ("real",)
     batching: str = "two_stage"
     pool: tuple = ()
+
+    def prices(self, env, run):
+        # The system refuses a real-only policy in sim mode before any pricing (Hydraulis.check).
+        raise ConfigError(f"system.policy: {self.name} runs in real mode only (one of the sim policies: "
+                          f"{', '.join(in_mode('sim'))})")
 
 
 for _p in (Planned("hydraulis"),

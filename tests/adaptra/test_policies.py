@@ -21,7 +21,7 @@ def test_every_schedule_plans_a_valid_schedule(name):
     cfg = PipelineTraining.Config(schedule=name)
     S, N, t = 4, 8, [1.0] * 4
     sched, _ = SCHEDULES.get(name).plan(cfg, t, t, t, {(1, 2): 3.0}, S, N)
-    validate_schedule(sched, S, N)
+    assert validate_schedule(sched, S, N) is None  # raises ScheduleError at the first broken invariant
 
 
 def test_only_the_delay_aware_schedule_replans_on_a_delay():
